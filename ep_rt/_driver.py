@@ -1,0 +1,195 @@
+"""The only module that talks to the CUDA driver (cuda-python's `cuda.bindings.driver`).
+
+Every call goes through `check`, so a failure names the call and the CUDA error. The bindings are
+imported on first use: `import ep_rt` works on machines without a GPU or driver.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+from .errors import CudaDriverError
+
+
+@functools.lru_cache(maxsize=None)
+def _cu():
+    from cuda.bindings import driver
+
+    return driver
+
+
+def check(result, call: str):
+    """Unpack a cuda-python result tuple; raise CudaDriverError naming `call` on failure."""
+    err, *values = result if isinstance(result, tuple) else (result,)
+    cu = _cu()
+    if err != cu.CUresult.CUDA_SUCCESS:
+        _, name = cu.cuGetErrorName(err)
+        _, text = cu.cuGetErrorString(err)
+        name = name.decode() if isinstance(name, bytes) else str(name)
+        text = text.decode() if isinstance(text, bytes) else str(text)
+        raise CudaDriverError(f"{call} failed: {name} ({text})")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+@functools.lru_cache(maxsize=None)
+def _initialised() -> bool:
+    check(_cu().cuInit(0), "cuInit")
+    return True
+
+
+def ensure_context(device_index: int) -> None:
+    """Make the device's primary context (the one torch uses) current on this thread."""
+    _initialised()
+    cu = _cu()
+    ctx = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    if int(ctx) != 0 and check(cu.cuCtxGetDevice(), "cuCtxGetDevice") == dev:
+        return
+    primary = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
+    check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")
+
+
+def compute_capability(device_index: int) -> tuple[int, int]:
+    _initialised()
+    cu = _cu()
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
+    minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+    return int(major), int(minor)
+
+
+def multiprocessor_count(device_index: int) -> int:
+    _initialised()
+    cu = _cu()
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    attr = cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT
+    return int(check(cu.cuDeviceGetAttribute(attr, dev), "cuDeviceGetAttribute"))
+
+
+# ---- memory -------------------------------------------------------------------------------------
+
+def mem_alloc(nbytes: int) -> int:
+    return int(check(_cu().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)"))
+
+
+def mem_free(ptr: int) -> None:
+    check(_cu().cuMemFree(ptr), "cuMemFree")
+
+
+def memset_d8(ptr: int, value: int, nbytes: int) -> None:
+    check(_cu().cuMemsetD8(ptr, value, nbytes), "cuMemsetD8")
+
+
+def mem_get_info() -> tuple[int, int]:
+    free, total = check(_cu().cuMemGetInfo(), "cuMemGetInfo")
+    return int(free), int(total)
+
+
+def host_alloc_mapped(nbytes: int) -> tuple[int, int]:
+    """Pinned host memory mapped into the device address space: (host pointer, device pointer)."""
+    cu = _cu()
+    flags = cu.CU_MEMHOSTALLOC_DEVICEMAP | cu.CU_MEMHOSTALLOC_PORTABLE
+    host = int(check(cu.cuMemHostAlloc(nbytes, flags), f"cuMemHostAlloc({nbytes} bytes)"))
+    ctypes.memset(host, 0, nbytes)
+    dev = int(check(cu.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+    return host, dev
+
+
+def host_free(host_ptr: int) -> None:
+    check(_cu().cuMemFreeHost(host_ptr), "cuMemFreeHost")
+
+
+# ---- IPC ----------------------------------------------------------------------------------------
+
+IPC_HANDLE_BYTES = 64
+
+
+def ipc_get_handle(ptr: int) -> bytes:
+    handle = check(_cu().cuIpcGetMemHandle(ptr), "cuIpcGetMemHandle")
+    return ctypes.string_at(handle.getPtr(), IPC_HANDLE_BYTES)
+
+
+def ipc_open_handle(handle_bytes: bytes) -> int:
+    cu = _cu()
+    if len(handle_bytes) != IPC_HANDLE_BYTES:
+        raise ValueError(f"an IPC handle has {IPC_HANDLE_BYTES} bytes, got {len(handle_bytes)}")
+    handle = cu.CUipcMemHandle()
+    ctypes.memmove(handle.getPtr(), handle_bytes, IPC_HANDLE_BYTES)
+    flags = cu.CUipcMem_flags.CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS
+    return int(check(cu.cuIpcOpenMemHandle(handle, flags), "cuIpcOpenMemHandle"))
+
+
+def ipc_close_handle(ptr: int) -> None:
+    check(_cu().cuIpcCloseMemHandle(ptr), "cuIpcCloseMemHandle")
+
+
+# ---- modules and launches -----------------------------------------------------------------------
+
+def module_load(image: bytes):
+    """Load a cubin image; the image bytes must stay alive only for the duration of this call."""
+    buf = ctypes.create_string_buffer(image, len(image))
+    return check(_cu().cuModuleLoadData(ctypes.addressof(buf)), "cuModuleLoadData")
+
+
+def module_unload(module) -> None:
+    check(_cu().cuModuleUnload(module), "cuModuleUnload")
+
+
+def module_function(module, name: str):
+    return check(_cu().cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+
+
+def set_max_dynamic_smem(function, nbytes: int) -> None:
+    attr = _cu().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    check(_cu().cuFuncSetAttribute(function, attr, nbytes), "cuFuncSetAttribute(max dynamic shared memory)")
+
+
+def make_stream(handle: int):
+    return _cu().CUstream(handle)
+
+
+def launch(function, grid: int, block: int, smem: int, stream, params_address: int, name: str) -> None:
+    check(_cu().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, smem, stream, params_address, 0),
+          f"cuLaunchKernel({name})")
+
+
+def make_launch_config(cooperative: bool, cluster: int):
+    """A reusable CUlaunchConfig carrying launch attributes (cooperative, cluster size)."""
+    cu = _cu()
+    attrs = []
+    if cooperative:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+        attr.value.cooperative = 1
+        attrs.append(attr)
+    if cluster > 1:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+        attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster, 1, 1
+        attrs.append(attr)
+    config = cu.CUlaunchConfig()
+    config.gridDimY = config.gridDimZ = config.blockDimY = config.blockDimZ = 1
+    config.attrs = attrs
+    config.numAttrs = len(attrs)
+    return config
+
+
+def launch_ex(config, function, grid: int, block: int, smem: int, stream, params_address: int, name: str) -> None:
+    config.gridDimX, config.blockDimX, config.sharedMemBytes, config.hStream = grid, block, smem, stream
+    check(_cu().cuLaunchKernelEx(config, function, params_address, 0), f"cuLaunchKernelEx({name})")
+
+
+def ctx_synchronize() -> None:
+    check(_cu().cuCtxSynchronize(), "cuCtxSynchronize")
+
+
+def pci_bus_id(device_index: int) -> str:
+    _initialised()
+    cu = _cu()
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    raw = check(cu.cuDeviceGetPCIBusId(32, dev), "cuDeviceGetPCIBusId")
+    raw = raw if isinstance(raw, (bytes, bytearray)) else bytes(raw)
+    return raw.split(b"\0", 1)[0].decode()

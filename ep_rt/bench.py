@@ -1,0 +1,124 @@
+"""Benchmarks of the high-throughput path in DeepEP's formulas (docs/PERF.md of the project brief).
+
+Kernel time: CUDA events on the comm stream around each kernel (notify excluded from "dispatch", as
+DeepEP reports it), median over iterations after warm-up, L2 flushed (256 MB write) before each
+iteration, inputs rotated. Whole-call time: events on the caller's stream around the Python call,
+what a user waits for (includes the notify kernel and the host reading the receive count).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from . import reference
+from .config import Config
+
+
+@dataclass
+class BenchRow:
+    name: str
+    num_sms: int
+    kernel_us: float
+    notify_us: float
+    call_us: float
+    host_us: float
+    gbps: float
+    num_recv: int
+
+
+class KernelTimer:
+    """Plugged into IntranodeOp: events recorded on the launch stream around each kernel."""
+
+    def __init__(self):
+        self.pending = []
+
+    def around(self, name, stream, launch):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record(stream)
+        launch()
+        end.record(stream)
+        self.pending.append((name, start, end))
+
+    def collect(self) -> dict:
+        out = {}
+        for name, start, end in self.pending:
+            out.setdefault(name, []).append(start.elapsed_time(end) * 1000.0)
+        self.pending = []
+        return out
+
+
+def ht_inputs(num_tokens, hidden, num_topk, num_experts, device, copies=2, seed=0):
+    g = torch.Generator(device=device).manual_seed(seed)
+    sets = []
+    for _ in range(copies):
+        x = torch.randn(num_tokens, hidden, device=device, generator=g).to(torch.bfloat16)
+        scores = torch.rand(num_tokens, num_experts, device=device, generator=g)
+        idx = torch.topk(scores, num_topk, dim=1).indices
+        w = torch.rand(num_tokens, num_topk, device=device, generator=g)
+        sets.append((x, reference.per_token_cast_to_fp8(x), idx, w))
+    return sets
+
+
+def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=5, iters=30):
+    """Dispatch BF16, dispatch FP8 and combine on the HT reference workload; one row each."""
+    dev = buffer.device
+    config = Config(num_sms, 6, 256, 6, 128)
+    sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev)
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    timer = KernelTimer()
+    op = buffer._intranode
+    rows = []
+    for name in ("dispatch BF16", "dispatch FP8", "combine BF16"):
+        samples, calls, hosts, num_recv = {}, [], [], 0
+        for it in range(warmup + iters):
+            x, x_fp8, idx, w = sets[it % len(sets)]
+            per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
+            args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                        topk_idx=idx, topk_weights=w, config=config)
+            if name.startswith("combine"):
+                recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
+            flush.zero_()
+            torch.cuda.synchronize()
+            op.timer = timer
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            if name == "dispatch BF16":
+                recv = buffer.dispatch(x, **args)[0]
+            elif name == "dispatch FP8":
+                recv = buffer.dispatch(x_fp8, **args)[0][0]
+            else:
+                buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
+                recv = recv_x
+            end.record()
+            t1 = time.perf_counter()
+            torch.cuda.synchronize()
+            op.timer = None
+            got = timer.collect()
+            if it >= warmup:
+                for k, v in got.items():
+                    samples.setdefault(k, []).extend(v)
+                calls.append(start.elapsed_time(end) * 1000.0)
+                hosts.append((t1 - t0) * 1e6)
+                num_recv = recv.size(0)
+        kernel_name = "combine" if name.startswith("combine") else "dispatch"
+        kernel_us = statistics.median(samples[kernel_name])
+        notify_us = statistics.median(samples["notify"]) if "notify" in samples else 0.0
+        bytes_moved = num_recv * hidden * 2
+        if name == "dispatch FP8":
+            bytes_moved = bytes_moved * (1 + 4 / 128) / 2
+        rows.append(BenchRow(name, num_sms, kernel_us, notify_us, statistics.median(calls), statistics.median(hosts),
+                             bytes_moved / kernel_us / 1e3, num_recv))
+    return rows
+
+
+def format_rows(rows, rank) -> str:
+    lines = [f"rank {rank}: {'workload':<14} {'SMs':>4} {'kernel us':>10} {'GB/s':>8} {'notify us':>10} "
+             f"{'call us':>9} {'host us':>8} {'recv tokens':>11}"]
+    for r in rows:
+        lines.append(f"rank {rank}: {r.name:<14} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.gbps:>8.1f} "
+                     f"{r.notify_us:>10.1f} {r.call_us:>9.1f} {r.host_us:>8.1f} {r.num_recv:>11}")
+    return "\n".join(lines)

@@ -1,0 +1,233 @@
+"""ep_rt.Buffer: DeepEP V1's Buffer API on one node (2 to 8 ranks over NVLink)."""
+from __future__ import annotations
+
+import warnings
+from typing import Optional, Tuple, Union
+
+import torch
+import torch.distributed as dist
+
+from . import _driver, config as config_mod, cubins, env, topology, validate
+from .config import Config
+from .errors import EpRtError
+from .events import EventHandle, EventOverlap, StreamScope
+from .nvl_buffer import NvlBuffer
+from .ops.intranode import IntranodeOp
+from .ops.layout import LayoutOp
+
+_NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode high-throughput dispatch and "
+            "combine on up to 8 ranks of one node)")
+
+
+class Buffer:
+    """Communication buffer for MoE dispatch and combine; the constructor is collective over `group`."""
+
+    num_sms: int = 20
+
+    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
+                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
+                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
+                 enable_shrink: bool = False, comm=None, timeout_s: Optional[float] = None):
+        self._nvl = None
+        self.destroyed = False
+        if group is None:
+            raise NotImplementedError(_NOT_YET.format(what="mpi4py communicators (comm=); pass a torch.distributed "
+                                                           "process group"))
+        if low_latency_mode or num_rdma_bytes:
+            raise NotImplementedError(_NOT_YET.format(what="low-latency mode and RDMA buffers"))
+        if use_fabric:
+            raise NotImplementedError(_NOT_YET.format(what="fabric (MNNVL) memory handles"))
+        if not isinstance(num_nvl_bytes, int) or num_nvl_bytes < 0 or num_nvl_bytes % 128:
+            raise ValueError(f"num_nvl_bytes must be a non-negative multiple of 128, got {num_nvl_bytes!r}")
+        self.rank = dist.get_rank(group)
+        self.group = group
+        self.group_size = dist.get_world_size(group)
+        if self.group_size > 8:
+            raise NotImplementedError(_NOT_YET.format(what="internode (more than 8 ranks)"))
+        self.num_nvl_bytes = num_nvl_bytes
+        self.num_rdma_bytes = num_rdma_bytes
+        self.low_latency_mode = low_latency_mode
+        self.explicitly_destroy = explicitly_destroy
+        self.enable_shrink = enable_shrink
+        self.device_index = torch.cuda.current_device()
+        self.device = torch.device("cuda", self.device_index)
+        _driver.ensure_context(self.device_index)
+
+        bus_ids = [None] * self.group_size
+        dist.all_gather_object(bus_ids, _driver.pci_bus_id(self.device_index), group=group)
+        if not env.skip_topology_check():
+            topology.require_nvlink(bus_ids)
+
+        self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
+        timeout = env.timeout_s() if timeout_s is None else float(timeout_s)
+        self._nvl = NvlBuffer(group, num_nvl_bytes, self.device_index, timeout)
+        self.runtime = self._nvl
+        self._layout = LayoutOp(self.device_index, _driver.multiprocessor_count(self.device_index))
+        self._intranode = IntranodeOp(self._nvl)
+        self._nvl.barrier(self.comm_stream)
+
+    # ---- lifetime -------------------------------------------------------------------------------
+    def destroy(self) -> None:
+        """Collective teardown; only for Buffers made with explicitly_destroy=True (as in DeepEP). Idempotent."""
+        if not self.explicitly_destroy:
+            raise EpRtError("destroy() is for Buffers created with explicitly_destroy=True; others are "
+                            "released when garbage-collected")
+        self._release(collective=True)
+
+    def _release(self, collective: bool) -> None:
+        if self.destroyed or self._nvl is None:
+            return
+        self.destroyed = True
+        nvl, self._nvl = self._nvl, None
+        if collective:
+            nvl.destroy(self.comm_stream)
+        else:
+            nvl.failed = nvl.failed or EpRtError("released")  # no barrier from a finalizer: peers may be gone
+            nvl.destroy(self.comm_stream)
+
+    def __del__(self):
+        if getattr(self, "_nvl", None) is None:
+            return
+        if self.explicitly_destroy:
+            warnings.warn("ep_rt.Buffer created with explicitly_destroy=True was not destroyed; call destroy()")
+            return
+        try:
+            self._release(collective=False)
+        except Exception:  # interpreter shutdown: the driver may be gone already
+            pass
+
+    def _live(self) -> NvlBuffer:
+        if self._nvl is None:
+            raise EpRtError("this Buffer has been destroyed")
+        return self._nvl
+
+    # ---- small static API -----------------------------------------------------------------------
+    @staticmethod
+    def is_sm90_compiled() -> bool:
+        try:
+            return any(e["arch"] == "sm_90" for e in cubins.manifest()["cubins"])
+        except EpRtError:
+            return False
+
+    @classmethod
+    def set_num_sms(cls, new_num_sms: int) -> None:
+        if not isinstance(new_num_sms, int) or new_num_sms <= 0 or new_num_sms % 2:
+            raise ValueError(f"num_sms must be a positive even int, got {new_num_sms!r}")
+        cls.num_sms = new_num_sms
+
+    @staticmethod
+    def capture() -> EventOverlap:
+        return EventOverlap(EventHandle())
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int) -> int:
+        from .ll_layout import rdma_size_hint
+
+        return rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
+
+    @staticmethod
+    def get_dispatch_config(num_ranks: int) -> Config:
+        return config_mod.table_config(config_mod.DISPATCH_TABLE, num_ranks, Buffer.num_sms)
+
+    @staticmethod
+    def get_combine_config(num_ranks: int) -> Config:
+        return config_mod.table_config(config_mod.COMBINE_TABLE, num_ranks, Buffer.num_sms)
+
+    def get_comm_stream(self) -> torch.cuda.Stream:
+        return self.comm_stream
+
+    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
+                                use_rdma_buffer: bool = False) -> torch.Tensor:
+        """A view of this rank's NVL buffer data region. `offset` is in bytes (as DeepEP's C++ does); unlike
+        DeepEP, the view's length stops at the buffer's end instead of running past it."""
+        if use_rdma_buffer:
+            raise NotImplementedError(_NOT_YET.format(what="RDMA buffers"))
+        raw = self._live().data_tensor()
+        if not 0 <= offset <= raw.numel():
+            raise ValueError(f"offset {offset} is outside the {raw.numel()}-byte buffer")
+        elem = torch.empty((), dtype=dtype).element_size()
+        usable = (raw.numel() - offset) // elem * elem
+        view = raw[offset:offset + usable].view(dtype)
+        if size is not None:
+            size = torch.Size(size)
+            if size.numel() > view.numel():
+                raise ValueError(f"size {tuple(size)} needs {size.numel()} elements; the buffer has {view.numel()}")
+            view = view[:size.numel()].view(size)
+        return view
+
+    # ---- layout ---------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
+                            previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                            allocate_on_comm_stream: bool = False):
+        nvl = self._live()
+        nvl.raise_if_failed()
+        validate.experts(num_experts, self.group_size)
+        validate.topk_idx(topk_idx, self.device, num_experts)
+        scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        per_rank, per_node, per_expert, in_rank, counts = self._layout(
+            topk_idx, num_experts, self.group_size, scope.alloc_stream(), self.comm_stream)
+        event = scope.finish([topk_idx, counts, in_rank])
+        return per_rank, per_node, per_expert, in_rank, event
+
+    # ---- dispatch -------------------------------------------------------------------------------
+    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], handle: Optional[Tuple] = None,
+                 num_tokens_per_rank: Optional[torch.Tensor] = None,
+                 num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
+                 is_token_in_rank: Optional[torch.Tensor] = None, num_tokens_per_expert: Optional[torch.Tensor] = None,
+                 topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
+                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                 allocate_on_comm_stream: bool = False):
+        from . import dispatch_args
+
+        nvl = self._live()
+        nvl.raise_if_failed()
+        config = config if config is not None else self.get_dispatch_config(self.group_size)
+        args = dispatch_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+                                   topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
+        scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        if handle is not None:
+            recv_x, recv_scales, tensors = self._intranode.cached_dispatch(
+                args.x, args.x_scales, handle, scope.alloc_stream(), self.comm_stream)
+            event = scope.finish(tensors)
+            out_x = (recv_x, recv_scales) if recv_scales is not None else recv_x
+            return out_x, None, None, None, None, event
+        r = self._intranode.dispatch(args.x, args.x_scales, topk_idx, topk_weights, num_tokens_per_rank,
+                                     is_token_in_rank, num_tokens_per_expert, expert_alignment, num_worst_tokens,
+                                     config.num_sms, scope.alloc_stream(), self.comm_stream)
+        event = scope.finish(r.tensors)
+        out_x = (r.recv_x, r.recv_x_scales) if r.recv_x_scales is not None else r.recv_x
+        return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
+
+    # ---- combine --------------------------------------------------------------------------------
+    def combine(self, x: torch.Tensor, handle: Tuple, topk_weights: Optional[torch.Tensor] = None,
+                bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
+                config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """Sum each token's rows over the ranks it was sent to (rank order, f32, bias first); no top-k
+        weighting. Runs with the channel count of the dispatch that made `handle` (config.num_sms must match)."""
+        from . import dispatch_args
+
+        nvl = self._live()
+        nvl.raise_if_failed()
+        bias0, bias1 = dispatch_args.check_combine(self, x, handle, topk_weights, bias, config)
+        scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        combined_x, combined_w, tensors = self._intranode.combine(x, handle, topk_weights, bias0, bias1,
+                                                                  scope.alloc_stream(), self.comm_stream)
+        event = scope.finish(tensors)
+        return combined_x, combined_w, event
+
+    # ---- not yet --------------------------------------------------------------------------------
+    def internode_dispatch(self, *args, **kwargs):
+        raise NotImplementedError(_NOT_YET.format(what="internode dispatch"))
+
+    def internode_combine(self, *args, **kwargs):
+        raise NotImplementedError(_NOT_YET.format(what="internode combine"))
+
+    def clean_low_latency_buffer(self, *args, **kwargs):
+        raise NotImplementedError(_NOT_YET.format(what="low-latency mode"))
+
+    low_latency_dispatch = low_latency_combine = get_next_low_latency_combine_buffer = clean_low_latency_buffer
+    low_latency_update_mask_buffer = low_latency_query_mask_buffer = clean_low_latency_buffer
+    low_latency_clean_mask_buffer = clean_low_latency_buffer

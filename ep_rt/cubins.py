@@ -1,0 +1,124 @@
+"""Finding, verifying and loading the ahead-of-time compiled cubins.
+
+The manifest (cubins/manifest.json, written by tools/build_cubins.py) is the contract: a kernel
+family is found by (family, arch, variant), its sha256 is verified before loading, and a missing
+entry is an error that lists what exists. Lookup order: $EP_RT_CUBIN_DIR, the installed wheel's
+package data (ep_rt/cubins), then the source checkout's cubins/.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import _driver, env
+from .errors import CubinNotFoundError
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def candidate_dirs() -> list[Path]:
+    dirs = []
+    override = env.cubin_dir()
+    if override:
+        dirs.append(Path(override))
+    dirs += [_PACKAGE_DIR / "cubins", _PACKAGE_DIR.parent / "cubins"]
+    return dirs
+
+
+def cubin_root() -> Path:
+    """The first folder in lookup order that holds a manifest."""
+    for d in candidate_dirs():
+        if (d / "manifest.json").is_file():
+            return d
+    raise CubinNotFoundError("no cubins/manifest.json found; looked in: " + ", ".join(map(str, candidate_dirs())))
+
+
+@functools.lru_cache(maxsize=None)
+def _read_manifest(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def manifest() -> dict:
+    return _read_manifest(str(cubin_root() / "manifest.json"))
+
+
+def choose_entry(manifest: dict, family: str, arch: str, aggressive: bool) -> dict:
+    """The manifest entry for a family on an arch: the only variant, or safe / aggressive as asked."""
+    entries = [e for e in manifest["cubins"] if e["family"] == family]
+    if not entries:
+        known = sorted({e["family"] for e in manifest["cubins"]})
+        raise CubinNotFoundError(f"no kernel family {family!r} in the manifest; families: {known}")
+    on_arch = [e for e in entries if e["arch"] == arch]
+    if not on_arch:
+        archs = sorted({e["arch"] for e in entries})
+        raise CubinNotFoundError(
+            f"ep_rt ships no {family!r} cubin for this GPU's architecture {arch}; it has cubins for {archs}. "
+            f"Use a GPU of one of those architectures, or rebuild with tools/build_cubins.py for {arch}.")
+    by_variant = {e["variant"]: e for e in on_arch}
+    for variant in ("default", "aggressive" if aggressive else "safe"):
+        if variant in by_variant:
+            return by_variant[variant]
+    raise CubinNotFoundError(f"family {family!r} on {arch} has variants {sorted(by_variant)}, none usable")
+
+
+def read_verified(root: Path, entry: dict) -> bytes:
+    path = root / entry["path"]
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CubinNotFoundError(f"the manifest lists {path} but the file is missing; reinstall ep_rt") from None
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != entry["sha256"]:
+        raise CubinNotFoundError(f"{path} is corrupt or stale: sha256 {digest} != manifest {entry['sha256']}")
+    return data
+
+
+@dataclass
+class LoadedModule:
+    entry: dict
+    handle: object
+    functions: dict = field(default_factory=dict)
+
+    def function(self, name: str):
+        if name not in self.functions:
+            if name not in self.entry["kernels"]:
+                raise CubinNotFoundError(f"kernel {name!r} is not in {self.entry['path']} "
+                                         f"(it has {self.entry['kernels']})")
+            self.functions[name] = _driver.module_function(self.handle, name)
+        return self.functions[name]
+
+
+_lock = threading.Lock()
+_modules: dict[tuple[int, str, bool], LoadedModule] = {}
+
+
+def arch_of(device_index: int) -> str:
+    major, minor = _driver.compute_capability(device_index)
+    return f"sm_{major}{minor}"
+
+
+def load_family(device_index: int, family: str, aggressive: bool | None = None) -> LoadedModule:
+    """Load (once per device and variant) the cubin of a kernel family into the device's primary context."""
+    if aggressive is None:
+        aggressive = env.aggressive_ptx()
+    key = (device_index, family, aggressive)
+    with _lock:
+        if key not in _modules:
+            _driver.ensure_context(device_index)
+            root = cubin_root()
+            entry = choose_entry(manifest(), family, arch_of(device_index), aggressive)
+            if entry.get("needs_nvshmem"):
+                raise CubinNotFoundError(f"{family!r} needs NVSHMEM; load it through the NVSHMEM runtime")
+            _modules[key] = LoadedModule(entry, _driver.module_load(read_verified(root, entry)))
+        return _modules[key]
+
+
+def load_entry(device_index: int, entry: dict) -> LoadedModule:
+    """Load one manifest entry without caching (used by the cubin self-test)."""
+    _driver.ensure_context(device_index)
+    return LoadedModule(entry, _driver.module_load(read_verified(cubin_root(), entry)))

@@ -1,0 +1,40 @@
+"""Every environment knob ep_rt reads, in one place, each read through a function (never cached),
+all prefixed EP_RT_. The README lists them."""
+from __future__ import annotations
+
+import os
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or value == "":
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+def cubin_dir() -> str | None:
+    """EP_RT_CUBIN_DIR: a folder with manifest.json that overrides the shipped cubins."""
+    return os.environ.get("EP_RT_CUBIN_DIR") or None
+
+
+def aggressive_ptx() -> bool:
+    """EP_RT_AGGRESSIVE_PTX=1: use the cubin variant with non-coherent loads of peer-written memory."""
+    return _flag("EP_RT_AGGRESSIVE_PTX", False)
+
+
+def timeout_s() -> float:
+    """EP_RT_TIMEOUT_S: how long kernels and host waits wait for a peer before failing (default 100 s)."""
+    value = float(os.environ.get("EP_RT_TIMEOUT_S", "100"))
+    if value <= 0:
+        raise ValueError(f"EP_RT_TIMEOUT_S must be positive, got {value}")
+    return value
+
+
+def check_values() -> bool:
+    """EP_RT_CHECK_VALUES=0 skips the value checks that need a device sync (topk_idx range)."""
+    return _flag("EP_RT_CHECK_VALUES", True)
+
+
+def skip_topology_check() -> bool:
+    """EP_RT_SKIP_TOPOLOGY_CHECK=1: do not require NVLink between the GPUs of one node."""
+    return _flag("EP_RT_SKIP_TOPOLOGY_CHECK", False)

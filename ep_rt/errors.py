@@ -1,0 +1,68 @@
+"""Exceptions ep_rt raises, and the decoding of the error record kernels fill in."""
+from __future__ import annotations
+
+
+class EpRtError(RuntimeError):
+    """Base class of every ep_rt error."""
+
+
+class CudaDriverError(EpRtError):
+    """A CUDA driver call failed (the message names the call and the CUDA error)."""
+
+
+class CubinNotFoundError(EpRtError):
+    """No shipped cubin matches the GPU or the requested kernel family."""
+
+
+class TopologyError(EpRtError):
+    """The ranks of one node cannot reach each other over NVLink."""
+
+
+class BufferTooSmallError(EpRtError):
+    """The communication buffer cannot hold what a call needs."""
+
+
+class CommTimeoutError(EpRtError):
+    """A peer rank did not arrive in time; the buffer is unusable afterwards."""
+
+
+class KernelError(EpRtError):
+    """A kernel reported a failure through the error record."""
+
+
+# Codes and phases as in kernels_src/include/ep_rt/params.h.
+ERR_TIMEOUT, ERR_CAPACITY, ERR_WORST_TOKENS, ERR_MISMATCH = 1, 2, 3, 4
+PHASES = {
+    1: "barrier",
+    2: "dispatch notify (exchanging token counts)",
+    3: "cached dispatch handshake",
+    4: "dispatch (receiving tokens)",
+    5: "combine handshake",
+    6: "combine (receiving tokens)",
+}
+
+
+def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: int, detail0: int,
+                          detail1: int) -> EpRtError:
+    """Turn an error record into the exception to raise, with a message a user can act on."""
+    where = PHASES.get(phase, f"phase {phase}")
+    chan = f", channel {channel}" if channel >= 0 else ""
+    if code == ERR_TIMEOUT:
+        return CommTimeoutError(
+            f"rank {rank}: timed out in {where} waiting for rank {peer}{chan} (expected call #{detail0}, "
+            f"saw #{detail1}). Rank {peer} did not make the same ep_rt call, or died. The Buffer is unusable "
+            f"now: destroy it and create a new one (timeout: EP_RT_TIMEOUT_S or Buffer(timeout_s=...)).")
+    if code == ERR_CAPACITY:
+        return BufferTooSmallError(
+            f"rank {rank}: {where}: rank {peer} would receive {detail0} rows but its buffer holds {detail1}; "
+            f"construct Buffer with a larger num_nvl_bytes.")
+    if code == ERR_WORST_TOKENS:
+        return KernelError(
+            f"rank {rank}: {where}: {detail0} tokens arrived but num_worst_tokens={detail1}; rows past "
+            f"num_worst_tokens were dropped. Pass a larger num_worst_tokens.")
+    if code == ERR_MISMATCH:
+        return KernelError(
+            f"rank {rank}: {where}: rank {peer} called with different shapes (its hidden bytes {detail0}, "
+            f"top-k {detail1}, or channel / expert counts differ); every rank must pass the same "
+            f"hidden size, top-k, number of experts and config.")
+    return KernelError(f"rank {rank}: kernel error code {code} in {where} (peer {peer}{chan}, {detail0}, {detail1})")

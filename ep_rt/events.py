@@ -1,0 +1,74 @@
+"""Events and stream rules shared by every communication call (DeepEP's semantics)."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+
+
+class EventHandle:
+    """A CUDA event recorded on a stream (the current stream by default)."""
+
+    def __init__(self, stream: Optional[torch.cuda.Stream] = None):
+        self.event = torch.cuda.Event()
+        self.event.record(stream if stream is not None else torch.cuda.current_stream())
+
+    def current_stream_wait(self) -> None:
+        torch.cuda.current_stream().wait_event(self.event)
+
+
+class EventOverlap:
+    """What every call returns: an optional event to wait on, plus tensors kept alive until then
+    (a CUDA-graph-friendly stand-in for record_stream). Usable as a context manager."""
+
+    def __init__(self, event: Optional[EventHandle] = None, extra_tensors: Optional[Tuple[Any, ...]] = None):
+        self.event = event
+        self.extra_tensors = extra_tensors
+
+    def current_stream_wait(self) -> None:
+        if self.event is None:
+            raise RuntimeError("this EventOverlap holds no event (the call was not async_finish)")
+        self.event.current_stream_wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.event is not None:
+            self.event.current_stream_wait()
+
+
+class StreamScope:
+    """One call's stream discipline: the comm stream waits `previous_event` (or the current stream),
+    kernels run on the comm stream, then either an event is returned (async_finish, tensors recorded
+    on the comm stream) or the current stream waits the comm stream."""
+
+    def __init__(self, comm_stream: torch.cuda.Stream, previous_event: Optional[EventOverlap], async_finish: bool,
+                 allocate_on_comm_stream: bool):
+        if allocate_on_comm_stream and not (previous_event is not None and async_finish):
+            raise ValueError("allocate_on_comm_stream=True requires previous_event and async_finish=True")
+        if previous_event is not None and previous_event.event is None:
+            raise ValueError("previous_event holds no event")
+        self.comm = comm_stream
+        self.compute = torch.cuda.current_stream()
+        self.async_finish = async_finish
+        self.allocate_on_comm = allocate_on_comm_stream
+        if previous_event is not None:
+            self.comm.wait_event(previous_event.event.event)
+        else:
+            self.comm.wait_stream(self.compute)
+
+    def alloc_stream(self) -> torch.cuda.Stream:
+        return self.comm if self.allocate_on_comm else self.compute
+
+    def finish(self, tensors) -> EventOverlap:
+        if self.async_finish:
+            event = EventHandle(self.comm)
+            for t in tensors:
+                if isinstance(t, torch.Tensor):
+                    t.record_stream(self.comm)
+                    if self.allocate_on_comm:
+                        t.record_stream(self.compute)
+            return EventOverlap(event, tuple(t for t in tensors if isinstance(t, torch.Tensor)))
+        self.compute.wait_stream(self.comm)
+        return EventOverlap(None)

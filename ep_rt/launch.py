@@ -1,0 +1,53 @@
+"""Kernel launches with pre-packed arguments.
+
+Each kernel takes one parameter struct (kernels_src/include/ep_rt/params.h, mirrored in params.py).
+A Launcher owns one instance of it and the `void*[1]` array pointing at it, so a launch only updates
+the fields that change and passes one integer address to cuLaunchKernel (the driver copies the
+struct at launch time, so it can be reused at once). Launch attributes (cooperative, cluster) go
+through cuLaunchKernelEx with a config built once.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from . import _driver
+from .cubins import LoadedModule
+
+_streams: dict[int, object] = {}
+
+
+def driver_stream(torch_stream) -> object:
+    """The CUstream of a torch.cuda.Stream (cached by handle)."""
+    handle = int(torch_stream.cuda_stream)
+    stream = _streams.get(handle)
+    if stream is None:
+        stream = _streams[handle] = _driver.make_stream(handle)
+    return stream
+
+
+class Launcher:
+    def __init__(self, module: LoadedModule, name: str, params_type: type, block: int, smem: int = 0,
+                 cooperative: bool = False, cluster: int = 1):
+        self.name = name
+        self.function = module.function(name)
+        self.block = block
+        self.smem = smem
+        self.params = params_type()
+        self._args = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
+        self._args_address = ctypes.addressof(self._args)
+        self._config = _driver.make_launch_config(cooperative, cluster) if (cooperative or cluster > 1) else None
+        if smem > 48 * 1024:
+            _driver.set_max_dynamic_smem(self.function, smem)
+
+    def set(self, **fields) -> "Launcher":
+        for key, value in fields.items():
+            setattr(self.params, key, value)
+        return self
+
+    def __call__(self, grid: int, stream, smem: int | None = None) -> None:
+        smem = self.smem if smem is None else smem
+        if self._config is None:
+            _driver.launch(self.function, grid, self.block, smem, driver_stream(stream), self._args_address, self.name)
+        else:
+            _driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),
+                              self._args_address, self.name)

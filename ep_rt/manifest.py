@@ -1,0 +1,77 @@
+"""The cubin manifest (cubins/manifest.json): reading it and the source digest it records.
+
+Shared by tools/build_cubins.py (which writes the manifest and checks it in CI) and the
+runtime (which finds cubins through it). Standard library only, so the build tool can load
+this file without the rest of ep_rt and without torch.
+"""
+import hashlib
+import json
+import os
+
+SCHEMA = 1
+
+
+class ManifestError(Exception):
+    """The manifest is missing, unreadable or of an unknown schema."""
+
+
+def load_manifest(path):
+    """Read manifest.json at `path` and return it as a dict."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            manifest = json.load(f)
+    except FileNotFoundError:
+        raise ManifestError(
+            f"no cubin manifest at {path}: build one with python tools/build_cubins.py") from None
+    except (OSError, ValueError) as e:
+        raise ManifestError(f"cannot read cubin manifest {path}: {e}") from None
+    if manifest.get("schema") != SCHEMA:
+        raise ManifestError(
+            f"cubin manifest {path} has schema {manifest.get('schema')!r}, this ep_rt reads "
+            f"schema {SCHEMA}: rebuild with python tools/build_cubins.py")
+    return manifest
+
+
+def file_sha256(path):
+    """Hex sha256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def source_digest(src_root, family_file, include_files, flags, arch):
+    """Hex sha256 identifying what one cubin was built from.
+
+    Covers, for each file in sorted order, its path relative to `src_root` (the repo root,
+    so paths read like ``kernels_src/intranode.cu``), a NUL and its bytes; then the nvcc
+    flags and the arch. Paths are hashed relative and with ``/`` separators, so the digest
+    is the same on every machine and in every checkout folder.
+    """
+    rel_paths = sorted(_relative(src_root, p) for p in [family_file, *include_files])
+    h = hashlib.sha256()
+    for rel in rel_paths:
+        h.update(rel.encode() + b"\0")
+        with open(os.path.join(src_root, *rel.split("/")), "rb") as f:
+            h.update(f.read())
+    h.update(b"\0flags\0" + "\0".join(flags).encode())
+    h.update(b"\0arch\0" + arch.encode())
+    return h.hexdigest()
+
+
+def find_cubin_entries(manifest, family, arch=None, variant=None):
+    """Manifest entries of `family`, narrowed to `arch` / `variant` when given, sorted by path."""
+    return sorted(
+        (e for e in manifest.get("cubins", [])
+         if e["family"] == family
+         and (arch is None or e["arch"] == arch)
+         and (variant is None or e["variant"] == variant)),
+        key=lambda e: e["path"])
+
+
+def _relative(root, path):
+    path = os.fspath(path)
+    if os.path.isabs(path):
+        path = os.path.relpath(path, root)
+    return path.replace(os.sep, "/")

@@ -1,0 +1,43 @@
+"""get_dispatch_layout on the GPU (kernels_src/layout.cu)."""
+from __future__ import annotations
+
+import torch
+
+from .. import _driver, cubins, params
+from ..launch import Launcher
+
+_BLOCK = 256
+_MAX_SMEM = 200 * 1024
+
+
+class LayoutOp:
+    def __init__(self, device_index: int, num_sms: int):
+        module = cubins.load_family(device_index, "layout")
+        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", params.LayoutParams, block=_BLOCK)
+        _driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
+        self.num_sms = num_sms
+
+    def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream):
+        num_tokens, num_topk = topk_idx.shape
+        num_nodes = num_ranks // 8 if num_ranks > 8 else 0
+        smem = (num_experts + num_ranks + num_nodes) * 4
+        if smem > _MAX_SMEM:
+            raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
+        with torch.cuda.stream(alloc_stream):
+            counts = torch.empty(num_ranks + num_nodes + num_experts, dtype=torch.int32, device=topk_idx.device)
+            is_token_in_rank = torch.empty(num_tokens, num_ranks, dtype=torch.bool, device=topk_idx.device)
+        per_rank = counts[:num_ranks]
+        per_node = counts[num_ranks:num_ranks + num_nodes] if num_nodes else None
+        per_expert = counts[num_ranks + num_nodes:]
+        with torch.cuda.stream(comm_stream):
+            counts.zero_()
+        if num_tokens > 0:
+            blocks = min(max((num_tokens + 4 * _BLOCK - 1) // (4 * _BLOCK), 1), self.num_sms)
+            per_block = (num_tokens + blocks - 1) // blocks
+            self.kernel.set(topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=per_rank.data_ptr(),
+                            num_tokens_per_rdma_rank=per_node.data_ptr() if per_node is not None else 0,
+                            num_tokens_per_expert=per_expert.data_ptr(),
+                            is_token_in_rank=is_token_in_rank.data_ptr(), num_tokens=num_tokens, num_topk=num_topk,
+                            num_experts=num_experts, num_ranks=num_ranks, tokens_per_block=per_block)
+            self.kernel(blocks, comm_stream, smem=smem)
+        return per_rank, per_node, per_expert, is_token_in_rank, counts

@@ -1,0 +1,211 @@
+"""ctypes mirrors of the kernel parameter structs and constants in kernels_src/include/ep_rt/params.h.
+
+Hand-written: change this file together with params.h. tests/test_params.py compares every struct's
+size, alignment and field offsets, and every constant, with what tools/build_cubins.py measured
+from params.h (cubins/manifest.json). Device pointers are plain integers (c_uint64); 0 means absent.
+"""
+import ctypes
+
+EP_RT_MAX_NVL_RANKS = 8
+EP_RT_MAX_CHANNELS = 128
+EP_RT_MAX_LOCAL_EXPERTS = 1024
+EP_RT_MAX_TOPK = 32
+
+EP_RT_ERR_NONE = 0
+EP_RT_ERR_TIMEOUT = 1
+EP_RT_ERR_CAPACITY = 2
+EP_RT_ERR_WORST_TOKENS = 3
+EP_RT_ERR_MISMATCH = 4
+
+EP_RT_PHASE_BARRIER = 1
+EP_RT_PHASE_NOTIFY = 2
+EP_RT_PHASE_DISPATCH_HANDSHAKE = 3
+EP_RT_PHASE_DISPATCH_RECV = 4
+EP_RT_PHASE_COMBINE_HANDSHAKE = 5
+EP_RT_PHASE_COMBINE_RECV = 6
+
+EP_RT_NOTIFY_SLOT_BYTES = 5120
+EP_RT_NOTIFY_HIDDEN_BYTES = 2
+EP_RT_NOTIFY_NUM_TOPK = 3
+EP_RT_NOTIFY_NUM_CHANNELS = 4
+EP_RT_NOTIFY_NUM_EXPERTS = 5
+EP_RT_NOTIFY_RANK_COUNTS = 8
+EP_RT_NOTIFY_CHANNEL_COUNTS = 16
+EP_RT_NOTIFY_EXPERT_COUNTS = 144
+
+EP_RT_HOST_NUM_RECV = 0
+EP_RT_HOST_MAX_DISPATCH_ROWS = 1
+EP_RT_HOST_MAX_COMBINE_ROWS = 2
+EP_RT_HOST_EXPERT_COUNTS = 4
+EP_RT_HOST_COUNTER_WORDS = 4 + EP_RT_MAX_LOCAL_EXPERTS
+
+_u64, _i64, _i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
+_PeerBuffers = _u64 * EP_RT_MAX_NVL_RANKS
+
+
+class ErrorRecord(ctypes.Structure):
+    _fields_ = [
+        ("code", _i32),
+        ("phase", _i32),
+        ("rank", _i32),
+        ("peer", _i32),
+        ("channel", _i32),
+        ("pad", _i32),
+        ("detail0", _i64),
+        ("detail1", _i64),
+    ]
+
+
+class LayoutParams(ctypes.Structure):
+    _fields_ = [
+        ("topk_idx", _u64),
+        ("num_tokens_per_rank", _u64),
+        ("num_tokens_per_rdma_rank", _u64),
+        ("num_tokens_per_expert", _u64),
+        ("is_token_in_rank", _u64),
+        ("num_tokens", _i32),
+        ("num_topk", _i32),
+        ("num_experts", _i32),
+        ("num_ranks", _i32),
+        ("tokens_per_block", _i32),
+        ("pad", _i32),
+    ]
+
+
+class ControlLayout(ctypes.Structure):
+    _fields_ = [
+        ("notify_slots", _i64),
+        ("barrier_flags", _i64),
+        ("dispatch_ready", _i64),
+        ("combine_ready", _i64),
+        ("dispatch_done", _i64),
+        ("combine_done", _i64),
+        ("error_claim", _i64),
+        ("pad", _i64),
+        ("data", _i64),
+        ("data_bytes", _i64),
+    ]
+
+
+class BarrierParams(ctypes.Structure):
+    _fields_ = [
+        ("peer_buffers", _PeerBuffers),
+        ("error", _u64),
+        ("ctrl", ControlLayout),
+        ("seq", _i64),
+        ("timeout_ns", _i64),
+        ("rank", _i32),
+        ("num_ranks", _i32),
+    ]
+
+
+class NotifyParams(ctypes.Structure):
+    _fields_ = [
+        ("peer_buffers", _PeerBuffers),
+        ("error", _u64),
+        ("num_tokens_per_rank", _u64),
+        ("num_tokens_per_expert", _u64),
+        ("is_token_in_rank", _u64),
+        ("send_pos", _u64),
+        ("channel_prefix_matrix", _u64),
+        ("rank_prefix_matrix", _u64),
+        ("recv_channel_prefix_matrix", _u64),
+        ("host_counters", _u64),
+        ("ctrl", ControlLayout),
+        ("seq", _i64),
+        ("timeout_ns", _i64),
+        ("dispatch_row_bytes", _i64),
+        ("combine_row_bytes", _i64),
+        ("rank", _i32),
+        ("num_ranks", _i32),
+        ("num_tokens", _i32),
+        ("num_channels", _i32),
+        ("num_experts", _i32),
+        ("expert_alignment", _i32),
+        ("hidden_bytes", _i32),
+        ("num_topk", _i32),
+    ]
+
+
+class DispatchRegion(ctypes.Structure):
+    _fields_ = [
+        ("x", _i64),
+        ("scales", _i64),
+        ("topk_idx", _i64),
+        ("topk_weights", _i64),
+        ("src_idx", _i64),
+        ("capacity", _i64),
+    ]
+
+
+class DispatchParams(ctypes.Structure):
+    _fields_ = [
+        ("peer_buffers", _PeerBuffers),
+        ("error", _u64),
+        ("x", _u64),
+        ("x_scales", _u64),
+        ("topk_idx", _u64),
+        ("topk_weights", _u64),
+        ("send_pos", _u64),
+        ("rank_prefix_matrix", _u64),
+        ("recv_channel_prefix_matrix", _u64),
+        ("recv_x", _u64),
+        ("recv_x_scales", _u64),
+        ("recv_topk_idx", _u64),
+        ("recv_topk_weights", _u64),
+        ("recv_src_idx", _u64),
+        ("ctrl", ControlLayout),
+        ("region", DispatchRegion),
+        ("scale_token_stride", _i64),
+        ("scale_hidden_stride", _i64),
+        ("seq", _i64),
+        ("timeout_ns", _i64),
+        ("rank", _i32),
+        ("num_ranks", _i32),
+        ("num_tokens", _i32),
+        ("num_channels", _i32),
+        ("hidden_bytes", _i32),
+        ("num_scales", _i32),
+        ("num_topk", _i32),
+        ("num_local_experts", _i32),
+        ("num_out_rows", _i32),
+        ("fill_unused_rows", _i32),
+        ("handshake", _i32),
+        ("pad", _i32),
+    ]
+
+
+class CombineRegion(ctypes.Structure):
+    _fields_ = [
+        ("x", _i64),
+        ("topk_weights", _i64),
+        ("capacity", _i64),
+    ]
+
+
+class CombineParams(ctypes.Structure):
+    _fields_ = [
+        ("peer_buffers", _PeerBuffers),
+        ("error", _u64),
+        ("x", _u64),
+        ("topk_weights", _u64),
+        ("bias0", _u64),
+        ("bias1", _u64),
+        ("send_pos", _u64),
+        ("rank_prefix_matrix", _u64),
+        ("recv_channel_prefix_matrix", _u64),
+        ("combined_x", _u64),
+        ("combined_topk_weights", _u64),
+        ("ctrl", ControlLayout),
+        ("region", CombineRegion),
+        ("seq", _i64),
+        ("timeout_ns", _i64),
+        ("rank", _i32),
+        ("num_ranks", _i32),
+        ("num_tokens", _i32),
+        ("num_channels", _i32),
+        ("hidden", _i32),
+        ("num_topk", _i32),
+        ("num_in_rows", _i32),
+        ("pad", _i32),
+    ]

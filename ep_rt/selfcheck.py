@@ -1,0 +1,223 @@
+"""GPU checks against ep_rt.reference, shared by the GPU tests and `python -m ep_rt`.
+
+Every rank builds every rank's inputs from one seed (drawn fresh per run by rank 0 and shared), runs
+the collective on its GPU, runs the reference for all ranks, and compares its own results bit for bit.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from . import reference
+
+ROUTINGS = ("uniform", "holes", "hot_expert", "empty_rank")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    num_tokens: int = 512
+    hidden: int = 1024
+    num_topk: int = 8           # 0: dispatch without top-k (routing from is_token_in_rank only)
+    num_experts: int = 64
+    dtype: str = "bf16"         # bf16 | fp8 | fp8_colmajor | fp8_ue8m0
+    routing: str = "uniform"
+    num_worst_tokens: bool = False
+    async_finish: bool = False
+    previous_event: bool = False
+    bias: str = "none"          # none | one | pair
+    num_sms: int = 20
+    expert_alignment: int = 1
+    tokens_by_rank: tuple = field(default=())  # overrides num_tokens per rank when given
+
+
+def shared_seed(group) -> int:
+    seed = [int.from_bytes(os.urandom(4), "little") if dist.get_rank(group) == 0 else 0]
+    dist.broadcast_object_list(seed, src=dist.get_global_rank(group, 0), group=group)
+    return seed[0]
+
+
+def make_inputs(case: Case, seed: int, num_ranks: int, device):
+    """Per-rank inputs (x as given to dispatch, topk_idx, topk_weights), identical on every process."""
+    xs, idxs, weights = [], [], []
+    for r in range(num_ranks):
+        g = torch.Generator().manual_seed(seed * 1000 + r)
+        n = case.tokens_by_rank[r] if case.tokens_by_rank else case.num_tokens
+        x = (torch.randn(n, case.hidden, generator=g) * (1 + r)).to(torch.bfloat16)
+        E, K = case.num_experts, max(case.num_topk, 1)
+        scores = torch.rand(n, E, generator=g)
+        if case.routing == "empty_rank":  # nobody sends to the last rank
+            scores[:, E - E // num_ranks:] = -1
+        idx = torch.topk(scores, K, dim=1).indices if n else torch.empty(0, K, dtype=torch.int64)
+        if case.routing == "hot_expert":
+            idx[:, 0] = 0
+            idx[:, 1:] = torch.where(idx[:, 1:] == 0, torch.ones_like(idx[:, 1:]), idx[:, 1:])
+        if case.routing == "holes":
+            idx = torch.where(torch.rand(idx.shape, generator=g) < 0.2, torch.full_like(idx, -1), idx)
+        w = torch.rand(n, K, generator=g)
+        xs.append(_as_dispatch_x(x.to(device), case.dtype))
+        idxs.append(idx.to(device))
+        weights.append(w.to(device))
+    return xs, idxs, weights
+
+
+def _as_dispatch_x(x, dtype: str):
+    if dtype == "bf16":
+        return x
+    if x.size(0) == 0:
+        s = torch.empty(0, x.size(1) // (512 if dtype == "fp8_ue8m0" else 128), device=x.device,
+                        dtype=torch.int32 if dtype == "fp8_ue8m0" else torch.float32)
+        return x.to(torch.float8_e4m3fn), s
+    if dtype == "fp8_ue8m0":
+        return reference.per_token_cast_to_fp8(x, round_scale=True, use_ue8m0=True)
+    fp8, scales = reference.per_token_cast_to_fp8(x)
+    if dtype == "fp8_colmajor":  # same values, column-major strides
+        scales = scales.t().contiguous().t()
+    return fp8, scales
+
+
+def _bits(t):
+    if t is None:
+        return None
+    return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+class Checker:
+    def __init__(self, case: Case):
+        self.case, self.failures, self.checks = case, [], 0
+
+    def equal(self, what: str, got, want, rows=None) -> None:
+        self.checks += 1
+        if got is None or want is None:
+            if (got is None) != (want is None):
+                self.failures.append(f"{what}: got {'None' if got is None else 'a tensor'}, want "
+                                     f"{'None' if want is None else 'a tensor'}")
+            return
+        if isinstance(want, list):
+            if list(got) != want:
+                self.failures.append(f"{what}: got {list(got)[:8]}..., want {want[:8]}...")
+            return
+        got, want = got.to(want.device), want
+        if rows is not None:
+            got, want = got[:rows], want[:rows]
+        if got.shape != want.shape:
+            self.failures.append(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+        elif not torch.equal(_bits(got), _bits(want)):
+            bad = (_bits(got) != _bits(want)).nonzero()
+            self.failures.append(f"{what}: {bad.size(0)} elements differ, first at {bad[0].tolist()}")
+
+
+def run_case(buffer, case: Case, seed: int) -> Checker:
+    """One full round on this rank: layout, dispatch, cached dispatch, combine; each against the reference."""
+    from . import Config
+
+    group, R, me, dev = buffer.group, buffer.group_size, buffer.rank, buffer.device
+    chk = Checker(case)
+    xs, idxs, weights = make_inputs(case, seed, R, dev)
+    x, topk_idx, topk_w = xs[me], idxs[me], weights[me]
+    has_topk = case.num_topk > 0
+
+    # Layout.
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, case.num_experts)
+    ref_layout = reference.dispatch_layout(topk_idx, case.num_experts, R)
+    for name, got, want in zip(("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert",
+                                "is_token_in_rank"), (per_rank, per_node, per_expert, in_rank), ref_layout):
+        chk.equal(f"layout.{name}", got, want)
+
+    # Dispatch.
+    num_worst = 0
+    if case.num_worst_tokens:
+        num_worst = sum(case.tokens_by_rank) if case.tokens_by_rank else case.num_tokens * R
+    config = Config(case.num_sms, 6, 256, 6, 128)
+    prev = buffer.capture() if case.previous_event else None
+    kwargs = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                  num_tokens_per_expert=per_expert if has_topk else None,
+                  topk_idx=topk_idx if has_topk else None, topk_weights=topk_w if has_topk else None,
+                  expert_alignment=case.expert_alignment, num_worst_tokens=num_worst, config=config,
+                  previous_event=prev, async_finish=case.async_finish,
+                  allocate_on_comm_stream=case.async_finish and case.previous_event)
+    recv_x, recv_idx, recv_w, per_expert_list, handle, event = buffer.dispatch(x, **kwargs)
+    if case.async_finish:
+        event.current_stream_wait()
+    all_in_rank = [reference.dispatch_layout(i, case.num_experts, R)[3] for i in idxs]
+    ref = reference.intranode_dispatch(xs, idxs if has_topk else None, weights if has_topk else None,
+                                       case.num_experts, case.num_sms, case.expert_alignment, num_worst,
+                                       is_token_in_ranks=all_in_rank)
+    mine = ref[me]
+    n = mine["num_recv"]
+    got_x, got_s = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
+    chk.equal("dispatch.recv_x", got_x, mine["recv_x"], rows=n)
+    chk.equal("dispatch.recv_x_scales", got_s, mine["recv_x_scales"], rows=n)
+    chk.equal("dispatch.recv_topk_idx", recv_idx, mine["recv_topk_idx"])
+    chk.equal("dispatch.recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
+    chk.equal("dispatch.num_recv_tokens_per_expert_list", per_expert_list, mine["num_recv_tokens_per_expert_list"])
+    for i, key in enumerate(("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix",
+                             "recv_src_idx", "is_token_in_rank", "send_pos")):
+        chk.equal(f"dispatch.handle[{i}] {key}", handle[i], mine[key], rows=n if key == "recv_src_idx" else None)
+
+    # Cached dispatch reuses the layout.
+    cached_x, *rest = buffer.dispatch(x, handle=handle, config=config)
+    cx, cs = cached_x if isinstance(cached_x, tuple) else (cached_x, None)
+    chk.equal("cached_dispatch.recv_x", cx, mine["recv_x"], rows=n)
+    chk.equal("cached_dispatch.recv_x_scales", cs, mine["recv_x_scales"], rows=n)
+    chk.equal("cached_dispatch returns no topk/handle", [v is None for v in rest[:4]], [True] * 4)
+
+    # Combine: expert outputs derived from the reference's received rows, so combine is checked on its own.
+    comb_xs, comb_ws, biases = [], [], []
+    for r in range(R):
+        g = torch.Generator().manual_seed(seed * 1000 + 500 + r)
+        rows = ref[r]["recv_x"].size(0)
+        comb_xs.append((torch.randn(rows, case.hidden, generator=g)).to(torch.bfloat16).to(dev))
+        comb_ws.append(ref[r]["recv_topk_weights"] if has_topk else None)
+        nr = xs[r][0].size(0) if isinstance(xs[r], tuple) else xs[r].size(0)
+        b0 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(dev)
+        b1 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(dev)
+        biases.append({"none": None, "one": b0, "pair": (b0, b1)}[case.bias])
+    prev = buffer.capture() if case.previous_event else None
+    combined, combined_w, event = buffer.combine(
+        comb_xs[me], handle, topk_weights=comb_ws[me], bias=biases[me], config=config, previous_event=prev,
+        async_finish=case.async_finish, allocate_on_comm_stream=case.async_finish and case.previous_event)
+    if case.async_finish:
+        event.current_stream_wait()
+    ref_c = reference.intranode_combine(comb_xs, ref, comb_ws if has_topk else None, biases)[me]
+    chk.equal("combine.combined_x", combined, ref_c["combined_x"])
+    chk.equal("combine.combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
+    torch.cuda.synchronize()
+    buffer.runtime.raise_if_failed()
+    return chk
+
+
+def standard_cases(num_ranks: int) -> list[Case]:
+    """The GPU suite's cases: dtypes, options, routings and shapes (kept small except the HT shape)."""
+    R = num_ranks
+    return [
+        Case("bf16 uniform", num_tokens=1024, hidden=2048),
+        Case("bf16 HT shape", num_tokens=4096, hidden=7168, num_experts=256, num_sms=24),
+        Case("fp8 row scales", dtype="fp8", hidden=7168, num_experts=256),
+        Case("fp8 column-major scales", dtype="fp8_colmajor", hidden=4096),
+        Case("fp8 ue8m0 packed scales", dtype="fp8_ue8m0", hidden=2048),
+        Case("no top-k", num_topk=0),
+        Case("async + previous_event", async_finish=True, previous_event=True),
+        Case("async only", async_finish=True),
+        Case("previous_event only", previous_event=True),
+        Case("num_worst_tokens", num_worst_tokens=True),
+        Case("num_worst_tokens fp8", num_worst_tokens=True, dtype="fp8"),
+        Case("holes (-1 in topk_idx)", routing="holes"),
+        Case("one hot expert", routing="hot_expert"),
+        Case("a rank receives nothing", routing="empty_rank"),
+        Case("one token", num_tokens=1, hidden=256),
+        Case("zero tokens on one rank", tokens_by_rank=tuple(0 if r == 0 else 300 for r in range(R))),
+        Case("uneven token counts", tokens_by_rank=tuple(37 * (r + 1) for r in range(R))),
+        Case("odd hidden 1032, top-1", hidden=1032, num_topk=1),
+        Case("hidden 8 (16 bytes)", hidden=8, num_topk=2, num_experts=8),
+        Case("top-32", num_topk=32, num_experts=128),
+        Case("1024 local experts", num_experts=1024 * R, num_topk=8),
+        Case("bias tensor", bias="one"),
+        Case("bias pair", bias="pair"),
+        Case("expert_alignment 128", expert_alignment=128),
+        Case("many channels (64 SMs)", num_sms=64, num_tokens=2048),
+        Case("2 SMs", num_sms=2),
+    ]

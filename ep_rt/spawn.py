@@ -1,0 +1,77 @@
+"""Run a function on N local ranks (one process each, spawned), with a hard deadline.
+
+Rank r uses GPU r % num_gpus, so more ranks than GPUs share GPUs (the tests use that to cover 4 and
+8 ranks on a 2-GPU machine). Results come back through a queue; a rank that raises or the deadline
+passing fails the whole run with the ranks' messages.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import traceback
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
+    os.environ.update(env)
+    try:
+        torch.cuda.set_device(rank % num_gpus)
+        torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                             world_size=num_ranks)
+        result = fn(rank, num_ranks, *args)
+        queue.put((rank, "ok", result))
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    except BaseException as e:  # report, then let spawn see the failure too
+        queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        raise
+
+
+def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend: str | None = None,
+              timeout_s: float = 600.0, env: dict | None = None) -> list:
+    """Call fn(rank, num_ranks, *args) on every rank; return the ranks' results in rank order."""
+    num_gpus = num_gpus or torch.cuda.device_count()
+    if num_gpus == 0:
+        raise RuntimeError("no CUDA GPU visible")
+    if backend is None:  # NCCL refuses two ranks on one GPU
+        backend = "nccl" if num_ranks <= num_gpus else "gloo"
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    procs = mp.start_processes(_entry, args=(fn, num_ranks, num_gpus, free_port(), backend, dict(env or {}), queue,
+                                             tuple(args)),
+                               nprocs=num_ranks, join=False, start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    results, errors = {}, {}
+    try:
+        while len(results) + len(errors) < num_ranks:
+            while not queue.empty():
+                rank, status, payload = queue.get()
+                (results if status == "ok" else errors)[rank] = payload
+            if errors:
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"ranks did not finish within {timeout_s:.0f} s (done: {sorted(results)})")
+            if all(not p.is_alive() for p in procs.processes) and queue.empty():
+                break
+            time.sleep(0.05)
+        if not errors:
+            procs.join(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        for p in procs.processes:
+            if p.is_alive():
+                p.terminate()
+    if errors:
+        raise RuntimeError("\n".join(f"--- rank {r} ---\n{msg}" for r, msg in sorted(errors.items())))
+    missing = [r for r in range(num_ranks) if r not in results]
+    if missing:
+        raise RuntimeError(f"ranks {missing} exited without a result")
+    return [results[r] for r in range(num_ranks)]

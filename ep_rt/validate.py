@@ -1,0 +1,71 @@
+"""Input checks that run before any kernel: each failure is a TypeError / ValueError saying what is wrong."""
+from __future__ import annotations
+
+import torch
+
+from . import buffer_layout, env
+
+topk_idx_t = torch.int64
+FP8_DTYPE = torch.float8_e4m3fn
+
+
+def tensor(name: str, t, *, dtype=None, dtypes=None, ndim=None, device=None, contiguous=True, rows=None):
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if dtype is not None and t.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {dtype}, got {t.dtype}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name} must have one of dtypes {list(dtypes)}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name} must be {ndim}-D, got shape {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name} must be on {device} (this Buffer's GPU), got {t.device}")
+    if contiguous and not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous (call .contiguous())")
+    if rows is not None and t.size(0) != rows:
+        raise ValueError(f"{name} must have {rows} rows, got {t.size(0)}")
+    return t
+
+
+def topk_idx(t, device, num_experts: int, rows=None) -> None:
+    tensor("topk_idx", t, dtype=topk_idx_t, ndim=2, device=device, rows=rows)
+    if t.size(1) > buffer_layout.MAX_TOPK:
+        raise ValueError(f"top-k is at most {buffer_layout.MAX_TOPK}, got {t.size(1)}")
+    if env.check_values() and t.numel() > 0:
+        lo, hi = (int(v) for v in torch.aminmax(t))
+        if lo < -1 or hi >= num_experts:
+            raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), found range [{lo}, {hi}]")
+
+
+def experts(num_experts: int, num_ranks: int) -> int:
+    if not isinstance(num_experts, int) or num_experts <= 0:
+        raise ValueError(f"num_experts must be a positive int, got {num_experts!r}")
+    if num_experts % num_ranks:
+        raise ValueError(f"num_experts ({num_experts}) must be divisible by the number of ranks ({num_ranks})")
+    local = num_experts // num_ranks
+    if local > buffer_layout.MAX_LOCAL_EXPERTS:
+        raise ValueError(f"at most {buffer_layout.MAX_LOCAL_EXPERTS} experts per rank, got {local}")
+    return local
+
+
+def dispatch_x(x, device):
+    """Split x into (data, scales or None) and check it: bf16 [N, H], or (fp8 [N, H], scales [N, S])."""
+    if isinstance(x, tuple):
+        if len(x) != 2:
+            raise ValueError("x as a tuple must be (fp8 tensor, scales)")
+        data, scales = x
+        tensor("x[0]", data, dtype=FP8_DTYPE, ndim=2, device=device)
+        tensor("x[1] (scales)", scales, dtypes=(torch.float32, torch.int32), ndim=2, device=device, contiguous=False,
+               rows=data.size(0))
+        if scales.size(1) == 0:
+            raise ValueError("x[1] (scales) has no columns")
+    else:
+        data, scales = x, None
+        tensor("x", data, dtypes=(torch.bfloat16,), ndim=2, device=device)
+    hidden_bytes = data.size(1) * data.element_size()
+    if hidden_bytes == 0 or hidden_bytes % 16:
+        raise ValueError(f"hidden size times element size must be a positive multiple of 16 bytes, got "
+                         f"{data.size(1)} x {data.element_size()}")
+    if data.data_ptr() % 16:
+        raise ValueError("x must start at a 16-byte aligned address (slice it less, or .clone() it)")
+    return data, scales

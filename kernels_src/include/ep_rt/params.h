@@ -1,0 +1,196 @@
+// Kernel parameter structs: one per kernel, passed by value as the kernel's only argument.
+// Host-includable (plain C types) so tools/build_cubins.py can record sizes and field offsets,
+// which ep_rt/params.py mirrors with ctypes and a CPU test compares.
+// Every pointer is a uint64_t device address; 0 means "absent".
+#pragma once
+#include <stdint.h>
+
+#define EP_RT_MAX_NVL_RANKS 8
+#define EP_RT_MAX_CHANNELS 128
+#define EP_RT_MAX_LOCAL_EXPERTS 1024
+#define EP_RT_MAX_TOPK 32
+
+// Error record in host-mapped memory. The first failing block claims a device-memory word (host memory
+// has no native atomics on PCIe hosts), fills the record, and writes `code` last.
+#define EP_RT_ERR_NONE 0
+#define EP_RT_ERR_TIMEOUT 1
+#define EP_RT_ERR_CAPACITY 2
+#define EP_RT_ERR_WORST_TOKENS 3
+#define EP_RT_ERR_MISMATCH 4
+
+// Phases named in error records (ep_rt/errors.py maps them to words).
+#define EP_RT_PHASE_BARRIER 1
+#define EP_RT_PHASE_NOTIFY 2
+#define EP_RT_PHASE_DISPATCH_HANDSHAKE 3
+#define EP_RT_PHASE_DISPATCH_RECV 4
+#define EP_RT_PHASE_COMBINE_HANDSHAKE 5
+#define EP_RT_PHASE_COMBINE_RECV 6
+
+struct ErrorRecord {
+    int32_t code;
+    int32_t phase;
+    int32_t rank;
+    int32_t peer;
+    int32_t channel;
+    int32_t pad;
+    int64_t detail0;
+    int64_t detail1;
+};
+
+struct LayoutParams {
+    uint64_t topk_idx;                  // int64 [num_tokens, num_topk], -1 = no expert
+    uint64_t num_tokens_per_rank;       // int32 [num_ranks], zeroed by the caller
+    uint64_t num_tokens_per_rdma_rank;  // int32 [num_ranks / 8] or 0, zeroed by the caller
+    uint64_t num_tokens_per_expert;     // int32 [num_experts], zeroed by the caller
+    uint64_t is_token_in_rank;          // bool [num_tokens, num_ranks]
+    int32_t num_tokens;
+    int32_t num_topk;
+    int32_t num_experts;
+    int32_t num_ranks;
+    int32_t tokens_per_block;
+    int32_t pad;
+};
+
+// Buffer control region: offsets (bytes from each rank's buffer base), identical on every rank.
+struct ControlLayout {
+    int64_t notify_slots;       // [num_ranks src] NotifySlot-sized records of int32
+    int64_t barrier_flags;      // int64 [MAX_NVL_RANKS]
+    int64_t dispatch_ready;     // int64 [MAX_NVL_RANKS]
+    int64_t combine_ready;      // int64 [MAX_NVL_RANKS]
+    int64_t dispatch_done;      // int64 [MAX_NVL_RANKS][MAX_CHANNELS]
+    int64_t combine_done;       // int64 [MAX_NVL_RANKS][MAX_CHANNELS]
+    int64_t error_claim;        // int32 in device memory: the first failing block claims it atomically
+    int64_t pad;
+    int64_t data;               // start of the data region
+    int64_t data_bytes;         // size of the data region
+};
+
+struct BarrierParams {
+    uint64_t peer_buffers[EP_RT_MAX_NVL_RANKS];
+    uint64_t error;             // ErrorRecord* (host-mapped)
+    struct ControlLayout ctrl;
+    int64_t seq;
+    int64_t timeout_ns;
+    int32_t rank;
+    int32_t num_ranks;
+};
+
+struct NotifyParams {
+    uint64_t peer_buffers[EP_RT_MAX_NVL_RANKS];
+    uint64_t error;
+    uint64_t num_tokens_per_rank;        // int32 [R]
+    uint64_t num_tokens_per_expert;      // int32 [E] or 0
+    uint64_t is_token_in_rank;           // bool [N, R]
+    uint64_t send_pos;                   // out int32 [N, R]: position among tokens sent to that rank, -1 if not sent
+    uint64_t channel_prefix_matrix;      // out int32 [R, C]: inclusive prefix over my channels, per destination
+    uint64_t rank_prefix_matrix;         // out int32 [R, R]: inclusive prefix over sources, every column
+    uint64_t recv_channel_prefix_matrix; // out int32 [R, C]: exclusive start of source's channel in its block
+    uint64_t host_counters;              // host-mapped int32 HostCounters
+    struct ControlLayout ctrl;
+    int64_t seq;
+    int64_t timeout_ns;
+    int64_t dispatch_row_bytes;          // bytes one dispatched token needs in the data region
+    int64_t combine_row_bytes;           // bytes one combined token needs in the data region
+    int32_t rank;
+    int32_t num_ranks;
+    int32_t num_tokens;
+    int32_t num_channels;
+    int32_t num_experts;                 // 0 when no per-expert counts are given
+    int32_t expert_alignment;
+    int32_t hidden_bytes;                // checked equal on all ranks
+    int32_t num_topk;                    // checked equal on all ranks
+};
+
+// One notify slot per source rank in each receiver's control region (int32 words; flag is int64 at word 0).
+#define EP_RT_NOTIFY_SLOT_BYTES 5120
+#define EP_RT_NOTIFY_HIDDEN_BYTES 2
+#define EP_RT_NOTIFY_NUM_TOPK 3
+#define EP_RT_NOTIFY_NUM_CHANNELS 4
+#define EP_RT_NOTIFY_NUM_EXPERTS 5
+#define EP_RT_NOTIFY_RANK_COUNTS 8
+#define EP_RT_NOTIFY_CHANNEL_COUNTS 16
+#define EP_RT_NOTIFY_EXPERT_COUNTS 144
+
+// Host-mapped counters the notify kernel fills (int32 words); num_recv is written last.
+#define EP_RT_HOST_NUM_RECV 0
+#define EP_RT_HOST_MAX_DISPATCH_ROWS 1
+#define EP_RT_HOST_MAX_COMBINE_ROWS 2
+#define EP_RT_HOST_EXPERT_COUNTS 4
+#define EP_RT_HOST_COUNTER_WORDS (4 + EP_RT_MAX_LOCAL_EXPERTS)
+
+// Data region of a dispatch (structure of arrays, row = final receive index).
+struct DispatchRegion {
+    int64_t x;          // [capacity, hidden_bytes]
+    int64_t scales;     // int32 [capacity, num_scales]
+    int64_t topk_idx;   // int64 [capacity, num_topk]
+    int64_t topk_weights; // f32 [capacity, num_topk]
+    int64_t src_idx;    // int32 [capacity]
+    int64_t capacity;   // rows
+};
+
+struct DispatchParams {
+    uint64_t peer_buffers[EP_RT_MAX_NVL_RANKS];
+    uint64_t error;
+    uint64_t x;                      // [N, hidden_bytes]
+    uint64_t x_scales;               // 32-bit words, strided, or 0
+    uint64_t topk_idx;               // int64 [N, K] or 0
+    uint64_t topk_weights;           // f32 [N, K] or 0
+    uint64_t send_pos;               // int32 [N, R]
+    uint64_t rank_prefix_matrix;     // int32 [R, R]
+    uint64_t recv_channel_prefix_matrix; // int32 [R, C]
+    uint64_t recv_x;                 // [rows, hidden_bytes]
+    uint64_t recv_x_scales;          // int32 [rows, num_scales] or 0
+    uint64_t recv_topk_idx;          // int64 [rows, K] or 0
+    uint64_t recv_topk_weights;      // f32 [rows, K] or 0
+    uint64_t recv_src_idx;           // int32 [rows]
+    struct ControlLayout ctrl;
+    struct DispatchRegion region;
+    int64_t scale_token_stride;      // in 32-bit words
+    int64_t scale_hidden_stride;
+    int64_t seq;
+    int64_t timeout_ns;
+    int32_t rank;
+    int32_t num_ranks;
+    int32_t num_tokens;
+    int32_t num_channels;
+    int32_t hidden_bytes;            // multiple of 16
+    int32_t num_scales;
+    int32_t num_topk;
+    int32_t num_local_experts;
+    int32_t num_out_rows;            // rows allocated in recv_* (num_worst_tokens or the exact count)
+    int32_t fill_unused_rows;        // num_worst_tokens mode: recv_topk_idx = -1 past the real count
+    int32_t handshake;               // cached mode: no notify ran, wait for peers before writing
+    int32_t pad;
+};
+
+struct CombineRegion {
+    int64_t x;            // bf16 [capacity, hidden]
+    int64_t topk_weights; // f32 [capacity, num_topk]
+    int64_t capacity;
+};
+
+struct CombineParams {
+    uint64_t peer_buffers[EP_RT_MAX_NVL_RANKS];
+    uint64_t error;
+    uint64_t x;                      // bf16 [num_in_rows, hidden], dispatch order
+    uint64_t topk_weights;           // f32 [num_in_rows, K] or 0
+    uint64_t bias0;                  // bf16 [N, hidden] or 0
+    uint64_t bias1;                  // bf16 [N, hidden] or 0
+    uint64_t send_pos;               // int32 [N, R]
+    uint64_t rank_prefix_matrix;     // int32 [R, R]
+    uint64_t recv_channel_prefix_matrix; // int32 [R, C]
+    uint64_t combined_x;             // bf16 [N, hidden]
+    uint64_t combined_topk_weights;  // f32 [N, K] or 0
+    struct ControlLayout ctrl;
+    struct CombineRegion region;
+    int64_t seq;
+    int64_t timeout_ns;
+    int32_t rank;
+    int32_t num_ranks;
+    int32_t num_tokens;
+    int32_t num_channels;
+    int32_t hidden;                  // elements, multiple of 8
+    int32_t num_topk;
+    int32_t num_in_rows;
+    int32_t pad;
+};

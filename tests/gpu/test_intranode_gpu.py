@@ -1,0 +1,70 @@
+"""Multi-rank GPU tests: Buffer, peer mapping, barrier, dispatch/combine against the reference (both cubin
+variants), create/destroy cycles, timeouts, capacity errors, and more ranks than GPUs."""
+import pytest
+import torch
+
+from ep_rt.spawn import run_ranks
+
+from . import workers
+from .conftest import gpus
+
+
+def _report(results):
+    lines = []
+    for rank, res in enumerate(results):
+        for name, checks, failures in res["cases"]:
+            for f in failures:
+                lines.append(f"rank {rank} [{res['variant']}] {name}: {f}")
+    return lines
+
+
+@gpus(2)
+def test_buffer_construction_peer_mapping_and_barrier():
+    results = run_ranks(workers.buffer_basics, 2, timeout_s=300)
+    assert all(all(r) for r in results)
+
+
+@gpus(2)
+@pytest.mark.parametrize("aggressive", [False, True], ids=["safe", "aggressive"])
+def test_dispatch_combine_match_reference_2_ranks(aggressive):
+    results = run_ranks(workers.suite, 2, args=(None, aggressive), timeout_s=900)
+    assert results[0]["cases"], "no cases ran"
+    problems = _report(results)
+    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
+
+
+@gpus(2)
+def test_twenty_create_destroy_cycles_do_not_grow_memory():
+    growth = run_ranks(workers.create_destroy, 2, timeout_s=600)
+    assert all(g < 32 * (1 << 20) for g in growth), f"free memory shrank by {growth} bytes"
+
+
+@gpus(2)
+def test_missing_peer_raises_instead_of_hanging():
+    results = run_ranks(workers.timeout, 2, timeout_s=300)
+    messages = results[0]
+    assert len(messages) == 3
+    first, elapsed = messages[0]
+    assert "rank 0" in first and "rank 1" in first and "notify" in first, first
+    assert elapsed < 30, f"took {elapsed:.1f} s with a 3 s timeout"
+    assert "rank 1" in messages[2][0]
+
+
+@gpus(2)
+def test_buffer_too_small_raises_on_every_rank_and_buffer_stays_usable():
+    results = run_ranks(workers.too_small, 2, timeout_s=300)
+    for message, rows in results:
+        assert message is not None and "num_nvl_bytes" in message, message
+        assert rows > 0
+
+
+SHARED_GPU_CASES = ("bf16 uniform", "fp8 row scales", "num_worst_tokens", "holes (-1 in topk_idx)",
+                    "a rank receives nothing", "bias pair", "uneven token counts")
+
+
+@gpus(2)
+@pytest.mark.parametrize("num_ranks", [4, 8])
+def test_more_ranks_than_gpus(num_ranks):
+    results = run_ranks(workers.suite, num_ranks, args=(SHARED_GPU_CASES, False), num_gpus=2, timeout_s=900)
+    problems = _report(results)
+    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"

@@ -1,0 +1,47 @@
+"""The wheel is pure Python (py3-none-any), carries every cubin and the manifest, and an installed copy finds
+its cubins in its own package data (not in the checkout)."""
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
+    wheels = list(out.glob("*.whl"))
+    assert len(wheels) == 1
+    return wheels[0]
+
+
+def test_wheel_is_pure_python_and_carries_every_cubin(wheel):
+    assert wheel.name.endswith("-py3-none-any.whl"), wheel.name
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert not [n for n in names if n.endswith((".so", ".pyd", ".dll"))]
+    manifest = json.loads((ROOT / "cubins" / "manifest.json").read_text())
+    assert "ep_rt/cubins/manifest.json" in names
+    for entry in manifest["cubins"]:
+        assert f"ep_rt/cubins/{entry['path']}" in names, entry["path"]
+    assert "ep_rt/reference.py" in names and "ep_rt/ops/intranode.py" in names
+
+
+def test_installed_wheel_uses_its_own_cubins(wheel, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+                   check=True)
+    code = ("import ep_rt, ep_rt.cubins as c; r = c.cubin_root(); m = c.manifest(); "
+            "e = m['cubins'][0]; c.read_verified(r, e); print(r)")
+    env = dict(os.environ, PYTHONPATH=str(target))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert out.returncode == 0, out.stderr
+    assert Path(out.stdout.strip()).resolve() == (target / "ep_rt" / "cubins").resolve()

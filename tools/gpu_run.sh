@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The whole GPU job for one device-tool call, from the repository root of a checkout (no install: the
+# checkout on PYTHONPATH). Steps run in order of importance, each under its own time limit, logs in $OUT.
+# Usage: tools/gpu_run.sh [COMMIT]   (steps can be narrowed with STEPS="smoke suite main rest bench")
+set -uo pipefail
+OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# NVLink multicast stays off on these machines (shared hosts); EP_RT needs none of it.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+STEPS=${STEPS:-smoke suite main rest}
+{
+  echo "date: $(date -u +%FT%TZ)"; echo "commit: ${1:-unknown}"
+  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
+  nvidia-smi topo -m
+  python3 -c "import torch, cuda.bindings, importlib.metadata as m; print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| nvshmem', m.version('nvidia-nvshmem-cu13'), '| pytest-benchmark', m.version('pytest-benchmark'))"
+  python3 tools/build_cubins.py --check
+} > "$OUT/env.txt" 2>&1
+run() {  # name, limit_s, command...
+  local name=$1 limit=$2; shift 2
+  echo "=== $name: $*" | tee -a "$OUT/summary.txt"
+  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "=== $name: exit $?" | tee -a "$OUT/summary.txt"
+  tail -n 5 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+}
+for step in $STEPS; do
+  case $step in
+    smoke) run smoke 120 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
+             "tests/gpu/test_intranode_gpu.py::test_buffer_construction_peer_mapping_and_barrier" ;;
+    suite) run suite 360 python3 -m pytest -q -rs tests/gpu/test_intranode_gpu.py -k "match_reference" ;;
+    main)  run main 300 python3 -m ep_rt --quick ;;
+    rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping" ;;
+    bench) run bench 300 python3 -m pytest -q -m bench tests/bench ;;
+  esac
+done
