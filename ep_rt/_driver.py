@@ -45,7 +45,7 @@ def ensure_context(device_index: int) -> None:
     cu = _cu()
     ctx = check(cu.cuCtxGetCurrent(), "cuCtxGetCurrent")
     dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
-    if int(ctx) != 0 and check(cu.cuCtxGetDevice(), "cuCtxGetDevice") == dev:
+    if int(ctx) != 0 and int(check(cu.cuCtxGetDevice(), "cuCtxGetDevice")) == int(dev):
         return
     primary = check(cu.cuDevicePrimaryCtxRetain(dev), "cuDevicePrimaryCtxRetain")
     check(cu.cuCtxSetCurrent(primary), "cuCtxSetCurrent")

@@ -91,15 +91,14 @@ class NvlBuffer:
         if self.failed is not None:
             raise self.failed
 
-    def wait_host_counter(self, index: int, phase: str) -> int:
-        """Spin until the notify kernel publishes counter `index` (>= 0), with a timeout."""
-        counter = self.counters
+    def wait_host_counters(self, seq: int, phase: str) -> None:
+        """Spin until the notify kernel of call `seq` has published the host counters, with a timeout."""
+        counter, want = self.counters, seq & 0x7FFFFFFF
         deadline = time.monotonic() + self.timeout_s
         spins = 0
         while True:
-            value = counter[index]
-            if value >= 0:
-                return value
+            if counter[params.EP_RT_HOST_SEQ] == want:
+                return
             spins += 1
             if spins % 256 == 0:
                 self.raise_if_failed()

@@ -290,8 +290,9 @@ extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const 
         for (int s = 0; s < R; ++s) num_recv += counts[s][me];
         host[EP_RT_HOST_MAX_DISPATCH_ROWS] = max_dispatch;
         host[EP_RT_HOST_MAX_COMBINE_ROWS] = max_combine;
-        __threadfence_system();
         host[EP_RT_HOST_NUM_RECV] = num_recv;
+        __threadfence_system();
+        host[EP_RT_HOST_SEQ] = int32_t(p.seq & 0x7fffffff);
         __threadfence_system();
     }
 }

@@ -28,7 +28,7 @@ for step in $STEPS; do
              "tests/gpu/test_intranode_gpu.py::test_buffer_construction_peer_mapping_and_barrier" ;;
     suite) run suite 360 python3 -m pytest -q -rs tests/gpu/test_intranode_gpu.py -k "match_reference" ;;
     main)  run main 300 python3 -m ep_rt --quick ;;
-    rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping" ;;
+    rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping and not wheel" ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench ;;
   esac
 done

@@ -76,7 +76,6 @@ class IntranodeOp:
             send_pos = torch.empty(N, R, dtype=torch.int32, device=dev)
 
         counters = nvl.counters
-        counters[params.EP_RT_HOST_NUM_RECV] = -1
         self.notify.set(num_tokens_per_rank=num_tokens_per_rank.data_ptr(),
                         num_tokens_per_expert=num_tokens_per_expert.data_ptr() if num_experts else 0,
                         is_token_in_rank=is_token_in_rank.data_ptr(), send_pos=send_pos.data_ptr(),
@@ -92,7 +91,8 @@ class IntranodeOp:
         if num_worst_tokens > 0:
             num_rows, per_expert = num_worst_tokens, []
         else:
-            num_rows = nvl.wait_host_counter(params.EP_RT_HOST_NUM_RECV, "dispatch notify")
+            nvl.wait_host_counters(seq, "dispatch notify")
+            num_rows = counters[params.EP_RT_HOST_NUM_RECV]
             max_dispatch = counters[params.EP_RT_HOST_MAX_DISPATCH_ROWS]
             max_combine = counters[params.EP_RT_HOST_MAX_COMBINE_ROWS]
             if max_dispatch > capacity or max_combine > combine_capacity:

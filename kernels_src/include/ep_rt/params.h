@@ -111,10 +111,12 @@ struct NotifyParams {
 #define EP_RT_NOTIFY_CHANNEL_COUNTS 16
 #define EP_RT_NOTIFY_EXPERT_COUNTS 144
 
-// Host-mapped counters the notify kernel fills (int32 words); num_recv is written last.
+// Host-mapped counters the notify kernel fills (int32 words). The call's sequence number (low 31 bits) is
+// written last: the host waits for it, so a late notify of an earlier call can never be mistaken for this one.
 #define EP_RT_HOST_NUM_RECV 0
 #define EP_RT_HOST_MAX_DISPATCH_ROWS 1
 #define EP_RT_HOST_MAX_COMBINE_ROWS 2
+#define EP_RT_HOST_SEQ 3
 #define EP_RT_HOST_EXPERT_COUNTS 4
 #define EP_RT_HOST_COUNTER_WORDS (4 + EP_RT_MAX_LOCAL_EXPERTS)
 
