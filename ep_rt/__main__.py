@@ -12,25 +12,6 @@ import sys
 import torch
 
 
-def _gpu_rank(rank, num_ranks, quick, bench, num_sms):
-    from ep_rt import Buffer, Config, bench as bench_mod, selfcheck
-
-    hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
-    buffer = Buffer(torch.distributed.group.WORLD, hint, explicitly_destroy=True)
-    seed = selfcheck.shared_seed(buffer.group)
-    cases = selfcheck.standard_cases(num_ranks)
-    if quick:
-        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
-                                                "holes (-1 in topk_idx)", "bias pair")]
-    rows = []
-    for i, case in enumerate(cases):
-        chk = selfcheck.run_case(buffer, case, seed + i)
-        rows.append((case.name, chk.checks, chk.failures))
-    bench_rows = bench_mod.bench_ht(buffer, num_sms=num_sms) if bench else []
-    buffer.destroy()
-    return {"seed": seed, "rows": rows, "bench": bench_mod.format_rows(bench_rows, rank) if bench_rows else ""}
-
-
 def _cpu_demo() -> int:
     from ep_rt import reference
 
@@ -61,10 +42,11 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return _cpu_demo()
+    from ep_rt import selfcheck
     from ep_rt.spawn import run_ranks
 
     num_ranks = args.ranks or torch.cuda.device_count()
-    results = run_ranks(_gpu_rank, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800)
+    results = run_ranks(selfcheck.main_rank, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800)
     print(f"ep_rt on {num_ranks} ranks, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
           f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference")
     print(f"{'case':<32} {'checks':>7} " + " ".join(f"{'rank ' + str(r):>7}" for r in range(num_ranks)))

@@ -94,7 +94,8 @@ class NvlBuffer:
     def wait_host_counters(self, seq: int, phase: str) -> None:
         """Spin until the notify kernel of call `seq` has published the host counters, with a timeout."""
         counter, want = self.counters, seq & 0x7FFFFFFF
-        deadline = time.monotonic() + self.timeout_s
+        # Later than the kernels' own deadline, so their error (which names the missing peer) comes first.
+        deadline = time.monotonic() + 1.5 * self.timeout_s + 2.0
         spins = 0
         while True:
             if counter[params.EP_RT_HOST_SEQ] == want:

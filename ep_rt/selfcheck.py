@@ -221,3 +221,23 @@ def standard_cases(num_ranks: int) -> list[Case]:
         Case("many channels (64 SMs)", num_sms=64, num_tokens=2048),
         Case("2 SMs", num_sms=2),
     ]
+
+
+def main_rank(rank, num_ranks, quick, bench, num_sms):
+    """One rank of `python -m ep_rt`: every check against the reference, then the benchmark."""
+    from . import Buffer, Config, bench as bench_mod
+
+    hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
+    buffer = Buffer(dist.group.WORLD, hint, explicitly_destroy=True)
+    seed = shared_seed(buffer.group)
+    cases = standard_cases(num_ranks)
+    if quick:
+        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
+                                                "holes (-1 in topk_idx)", "bias pair")]
+    rows = []
+    for i, case in enumerate(cases):
+        chk = run_case(buffer, case, seed + i)
+        rows.append((case.name, chk.checks, chk.failures))
+    bench_rows = bench_mod.bench_ht(buffer, num_sms=num_sms) if bench else []
+    buffer.destroy()
+    return {"seed": seed, "rows": rows, "bench": bench_mod.format_rows(bench_rows, rank) if bench_rows else ""}

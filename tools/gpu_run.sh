@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # The whole GPU job for one device-tool call, from the repository root of a checkout (no install: the
 # checkout on PYTHONPATH). Steps run in order of importance, each under its own time limit, logs in $OUT.
-# Usage: tools/gpu_run.sh [COMMIT]   (steps can be narrowed with STEPS="smoke suite main rest bench")
+# Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets)
 set -uo pipefail
 OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # NVLink multicast stays off on these machines (shared hosts); EP_RT needs none of it.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-STEPS=${STEPS:-smoke suite main rest}
+STEPS=${STEPS:-tests main bench}
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${1:-unknown}"
   nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
@@ -27,8 +27,10 @@ for step in $STEPS; do
     smoke) run smoke 120 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
              "tests/gpu/test_intranode_gpu.py::test_buffer_construction_peer_mapping_and_barrier" ;;
     suite) run suite 360 python3 -m pytest -q -rs tests/gpu/test_intranode_gpu.py -k "match_reference" ;;
-    main)  run main 300 python3 -m ep_rt --quick ;;
+    main)  run main 300 python3 -m ep_rt ;;
     rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping and not wheel" ;;
-    bench) run bench 300 python3 -m pytest -q -m bench tests/bench ;;
+    tests) run tests 540 python3 -m pytest -q -rs tests -k "not wheel" ;;  # the wheel build needs PyPI
+    bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
+             --benchmark-json="$OUT/bench.json" ;;
   esac
 done
