@@ -525,27 +525,53 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const 
         const int4* bias0 = p.bias0 ? reinterpret_cast<const int4*>(p.bias0) + int64_t(t) * hidden_int4 : nullptr;
         const int4* bias1 = p.bias1 ? reinterpret_cast<const int4*>(p.bias1) + int64_t(t) * hidden_int4 : nullptr;
         int4* out = reinterpret_cast<int4*>(p.combined_x) + int64_t(t) * hidden_int4;
-        for (int i = lane; i < hidden_int4; i += kWarpSize) {
-            float acc[8];
+        // kChunks int4 per lane in flight per rank: the reduction is bound by load latency otherwise.
+        constexpr int kChunks = 4;
+        for (int i0 = lane; i0 < hidden_int4; i0 += kWarpSize * kChunks) {
+            float acc[kChunks][8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
-            auto accumulate = [&](const int4& v) {
-                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+            for (int u = 0; u < kChunks; ++u)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(h[e]);
+                for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
+            auto accumulate = [&](const int4 (&v)[kChunks]) {
+#pragma unroll
+                for (int u = 0; u < kChunks; ++u) {
+                    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[u]);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[u][e] += __bfloat162float(h[e]);
+                }
             };
-            if (bias0) accumulate(ld_input_v4(bias0 + i));
-            if (bias1) accumulate(ld_input_v4(bias1 + i));
+            auto in_range = [&](int u) { return i0 + u * kWarpSize < hidden_int4; };
+            int4 v[kChunks];
+            if (bias0) {
+#pragma unroll
+                for (int u = 0; u < kChunks; ++u) v[u] = in_range(u) ? ld_input_v4(bias0 + i0 + u * kWarpSize) : int4{};
+                accumulate(v);
+            }
+            if (bias1) {
+#pragma unroll
+                for (int u = 0; u < kChunks; ++u) v[u] = in_range(u) ? ld_input_v4(bias1 + i0 + u * kWarpSize) : int4{};
+                accumulate(v);
+            }
 #pragma unroll
             for (int r = 0; r < EP_RT_MAX_NVL_RANKS; ++r) {
                 if (row[r] < 0) continue;
-                accumulate(r == me ? ld_input_v4(src_rows[r] + i) : ld_peer_written_v4(src_rows[r] + i));
-            }
-            int4 packed;
-            __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
+                const int4* src = src_rows[r] + i0;
 #pragma unroll
-            for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(acc[e]);
-            st_na_v4(out + i, packed);
+                for (int u = 0; u < kChunks; ++u)
+                    v[u] = !in_range(u) ? int4{} : r == me ? ld_input_v4(src + u * kWarpSize)
+                                                           : ld_peer_written_v4(src + u * kWarpSize);
+                accumulate(v);
+            }
+#pragma unroll
+            for (int u = 0; u < kChunks; ++u) {
+                if (!in_range(u)) continue;
+                int4 packed;
+                __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(acc[u][e]);
+                st_na_v4(out + i0 + u * kWarpSize, packed);
+            }
         }
         if (p.combined_topk_weights) {
             const float* local_w = reinterpret_cast<const float*>(p.topk_weights);
