@@ -120,8 +120,13 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     x, topk_idx, topk_w = xs[me], idxs[me], weights[me]
     has_topk = case.num_topk > 0
 
-    # Layout.
-    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(topk_idx, case.num_experts)
+    # Layout (with the case's stream options too).
+    prev = buffer.capture() if case.previous_event else None
+    per_rank, per_node, per_expert, in_rank, event = buffer.get_dispatch_layout(
+        topk_idx, case.num_experts, previous_event=prev, async_finish=case.async_finish,
+        allocate_on_comm_stream=case.async_finish and case.previous_event)
+    if case.async_finish:
+        event.current_stream_wait()
     ref_layout = reference.dispatch_layout(topk_idx, case.num_experts, R)
     for name, got, want in zip(("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert",
                                 "is_token_in_rank"), (per_rank, per_node, per_expert, in_rank), ref_layout):

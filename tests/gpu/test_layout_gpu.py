@@ -41,3 +41,21 @@ def test_layout_kernel_matches_reference(num_ranks, num_experts, num_topk, num_t
             assert torch.equal(per_node, want[1]), (name, SEED)
         assert torch.equal(per_expert, want[2]), (name, SEED)
         assert torch.equal(in_rank, want[3]), (name, SEED)
+
+
+def test_launch_with_attributes_matches_plain_launch():
+    """cuLaunchKernelEx with the cooperative attribute (and a cluster of 1) gives the same layout."""
+    from ep_rt import cubins, params
+    from ep_rt.launch import Launcher
+
+    dev = torch.cuda.current_device()
+    op = LayoutOp(dev, 8)
+    gen = torch.Generator().manual_seed(SEED)
+    idx = torch.topk(torch.rand(2048, 64, generator=gen), 6, dim=1).indices.cuda()
+    want = reference.dispatch_layout(idx, 64, 4)
+    op.kernel = Launcher(cubins.load_family(dev, "layout"), "ep_rt_get_dispatch_layout", params.LayoutParams,
+                         block=256, cooperative=True)
+    stream = torch.cuda.current_stream()
+    per_rank, _, per_expert, in_rank, _ = op(idx, 64, 4, stream, stream)
+    torch.cuda.synchronize()
+    assert torch.equal(per_rank, want[0]) and torch.equal(per_expert, want[2]) and torch.equal(in_rank, want[3])
