@@ -49,12 +49,12 @@ def main(argv=None) -> int:
     results = run_ranks(selfcheck.main_rank, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800)
     print(f"ep_rt on {num_ranks} ranks, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
           f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference")
-    print(f"{'case':<32} {'checks':>7} " + " ".join(f"{'rank ' + str(r):>7}" for r in range(num_ranks)))
+    print(f"{'case':<56} {'checks':>7} " + " ".join(f"{'rank ' + str(r):>7}" for r in range(num_ranks)))
     failed = 0
     for i, (name, checks, _) in enumerate(results[0]["rows"]):
         status = ["pass" if not res["rows"][i][2] else "FAIL" for res in results]
         failed += status.count("FAIL")
-        print(f"{name:<32} {checks:>7} " + " ".join(f"{s:>7}" for s in status))
+        print(f"{name:<56} {checks:>7} " + " ".join(f"{s:>7}" for s in status))
     for r, res in enumerate(results):
         for name, _, failures in res["rows"]:
             for f in failures:

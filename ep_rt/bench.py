@@ -122,3 +122,71 @@ def format_rows(rows, rank) -> str:
         lines.append(f"rank {rank}: {r.name:<14} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.gbps:>8.1f} "
                      f"{r.notify_us:>10.1f} {r.call_us:>9.1f} {r.host_us:>8.1f} {r.num_recv:>11}")
     return "\n".join(lines)
+
+
+def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50):
+    """LL dispatch (FP8) and combine: kernel time of the send and receive halves (hook mode, the GPU kept busy
+    with a sleep kernel so the events time GPU work only), their sum, and whole calls (events around the
+    Python call, non-hook). Bandwidth in DeepEP's LL formula over this rank's valid selections."""
+    import torch.distributed as dist
+
+    dev = buffer.device
+    g = torch.Generator(device=dev).manual_seed(1234 + buffer.rank)
+    x = torch.randn(num_tokens, hidden, device=dev, generator=g).to(torch.bfloat16)
+    idx = torch.topk(torch.rand(num_tokens, num_experts, device=dev, generator=g), num_topk, dim=1).indices
+    w = torch.rand(num_tokens, num_topk, device=dev, generator=g)
+    L = num_experts // buffer.group_size
+    y = torch.randn(L, buffer.group_size * num_tokens, hidden, device=dev, generator=g).to(torch.bfloat16)
+    selections = int((idx >= 0).sum())
+    T = num_tokens
+    halves = {k: [] for k in ("dispatch send", "dispatch recv", "combine send", "combine recv")}
+    calls = {"dispatch": [], "combine": []}
+    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    for it in range(warmup + iters):
+        dist.barrier(group=buffer.group)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(200_000)  # keep the GPU busy while the host enqueues: events then time GPU work only
+        e = [ev() for _ in range(6)]
+        e[0].record()
+        _, _, handle, _, hook = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=True)
+        e[1].record()
+        hook()
+        e[2].record()
+        _, _, hook = buffer.low_latency_combine(y, idx, w, handle, return_recv_hook=True)
+        e[3].record()
+        hook()
+        e[4].record()
+        torch.cuda.synchronize()
+        if it >= warmup:
+            for k, (a, b) in zip(halves, ((0, 1), (1, 2), (2, 3), (3, 4))):
+                halves[k].append(e[a].elapsed_time(e[b]) * 1000)
+        dist.barrier(group=buffer.group)
+        torch.cuda.synchronize()
+        s0, s1, s2 = ev(), ev(), ev()
+        s0.record()
+        buffer.low_latency_dispatch(x, idx, T, num_experts)
+        s1.record()
+        buffer.low_latency_combine(y, idx, w, handle)
+        s2.record()
+        torch.cuda.synchronize()
+        if it >= warmup:
+            calls["dispatch"].append(s0.elapsed_time(s1) * 1000)
+            calls["combine"].append(s1.elapsed_time(s2) * 1000)
+    med = {k: statistics.median(v) for k, v in halves.items()}
+    dispatch_us = med["dispatch send"] + med["dispatch recv"]
+    combine_us = med["combine send"] + med["combine recv"]
+    fp8_bytes = selections * (hidden + hidden // 128 * 4 + 16)
+    bf16_bytes = selections * hidden * 2
+    return [
+        ("LL dispatch FP8", dispatch_us, fp8_bytes / dispatch_us / 1e3, med["dispatch send"], med["dispatch recv"],
+         statistics.median(calls["dispatch"])),
+        ("LL combine BF16", combine_us, bf16_bytes / combine_us / 1e3, med["combine send"], med["combine recv"],
+         statistics.median(calls["combine"])),
+    ]
+
+
+def format_ll_rows(rows, rank) -> str:
+    lines = [f"rank {rank}: {'workload':<16} {'kernel us':>10} {'GB/s':>8} {'send us':>8} {'recv us':>8} {'call us':>8}"]
+    for name, k, gbps, send, recv, call in rows:
+        lines.append(f"rank {rank}: {name:<16} {k:>10.1f} {gbps:>8.1f} {send:>8.1f} {recv:>8.1f} {call:>8.1f}")
+    return "\n".join(lines)

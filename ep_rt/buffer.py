@@ -16,7 +16,7 @@ from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
 
 _NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode high-throughput dispatch and "
-            "combine on up to 8 ranks of one node)")
+            "combine on up to 8 ranks of one node, and the low-latency mode)")
 
 
 class Buffer:
@@ -28,22 +28,28 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
                  enable_shrink: bool = False, comm=None, timeout_s: Optional[float] = None):
-        self._nvl = None
+        self._nvl = self._ll = None
         self.destroyed = False
         if group is None:
             raise NotImplementedError(_NOT_YET.format(what="mpi4py communicators (comm=); pass a torch.distributed "
                                                            "process group"))
-        if low_latency_mode or num_rdma_bytes:
-            raise NotImplementedError(_NOT_YET.format(what="low-latency mode and RDMA buffers"))
         if use_fabric:
             raise NotImplementedError(_NOT_YET.format(what="fabric (MNNVL) memory handles"))
-        if not isinstance(num_nvl_bytes, int) or num_nvl_bytes < 0 or num_nvl_bytes % 128:
-            raise ValueError(f"num_nvl_bytes must be a non-negative multiple of 128, got {num_nvl_bytes!r}")
+        for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
+            if not isinstance(value, int) or value < 0 or value % 128:
+                raise ValueError(f"{name} must be a non-negative multiple of 128, got {value!r}")
+        if num_rdma_bytes and not low_latency_mode:
+            raise NotImplementedError(_NOT_YET.format(what="internode high-throughput mode (RDMA buffers without "
+                                                           "low_latency_mode)"))
+        if low_latency_mode and num_rdma_bytes == 0:
+            raise ValueError("low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint)")
+        if low_latency_mode and (not isinstance(num_qps_per_rank, int) or num_qps_per_rank <= 0):
+            raise ValueError(f"num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}")
         self.rank = dist.get_rank(group)
         self.group = group
         self.group_size = dist.get_world_size(group)
-        if self.group_size > 8:
-            raise NotImplementedError(_NOT_YET.format(what="internode (more than 8 ranks)"))
+        if self.group_size > 8 and (num_nvl_bytes or not low_latency_mode):
+            raise NotImplementedError(_NOT_YET.format(what="internode high-throughput mode (more than 8 ranks)"))
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -52,19 +58,28 @@ class Buffer:
         self.device_index = torch.cuda.current_device()
         self.device = torch.device("cuda", self.device_index)
         _driver.ensure_context(self.device_index)
-
-        bus_ids = [None] * self.group_size
-        dist.all_gather_object(bus_ids, _driver.pci_bus_id(self.device_index), group=group)
-        if not env.skip_topology_check():
-            topology.require_nvlink(bus_ids)
-
         self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
         timeout = env.timeout_s() if timeout_s is None else float(timeout_s)
-        self._nvl = NvlBuffer(group, num_nvl_bytes, self.device_index, timeout)
+        if timeout <= 0:
+            raise ValueError(f"timeout_s must be positive, got {timeout}")
+
+        if self.group_size <= 8:  # one node: NVLink buffer, also the device barrier
+            bus_ids = [None] * self.group_size
+            dist.all_gather_object(bus_ids, _driver.pci_bus_id(self.device_index), group=group)
+            if not env.skip_topology_check():
+                topology.require_nvlink(bus_ids)
+            self._nvl = NvlBuffer(group, num_nvl_bytes, self.device_index, timeout)
+            self._layout = LayoutOp(self.device_index, _driver.multiprocessor_count(self.device_index))
+            self._intranode = IntranodeOp(self._nvl)
+            self._nvl.barrier(self.comm_stream)
         self.runtime = self._nvl
-        self._layout = LayoutOp(self.device_index, _driver.multiprocessor_count(self.device_index))
-        self._intranode = IntranodeOp(self._nvl)
-        self._nvl.barrier(self.comm_stream)
+        if low_latency_mode:
+            from . import nvshmem
+            from .ops.low_latency import LowLatencyOp
+
+            self.nvshmem_qp_depth = nvshmem.set_environment(num_qps_per_rank, allow_nvlink_for_low_latency_mode,
+                                                            allow_mnnvl, nvshmem.all_on_one_host(group))
+            self._ll = LowLatencyOp(group, num_rdma_bytes, self.device_index, timeout, enable_shrink)
 
     # ---- lifetime -------------------------------------------------------------------------------
     def destroy(self) -> None:
@@ -75,18 +90,22 @@ class Buffer:
         self._release(collective=True)
 
     def _release(self, collective: bool) -> None:
-        if self.destroyed or self._nvl is None:
+        if self.destroyed:
             return
         self.destroyed = True
+        ll, self._ll = self._ll, None
         nvl, self._nvl = self._nvl, None
-        if collective:
-            nvl.destroy(self.comm_stream)
-        else:
-            nvl.failed = nvl.failed or EpRtError("released")  # no barrier from a finalizer: peers may be gone
+        if ll is not None:
+            if not collective:
+                ll.failed = ll.failed or EpRtError("released")  # no barrier from a finalizer: peers may be gone
+            ll.destroy()
+        if nvl is not None:
+            if not collective:
+                nvl.failed = nvl.failed or EpRtError("released")
             nvl.destroy(self.comm_stream)
 
     def __del__(self):
-        if getattr(self, "_nvl", None) is None:
+        if getattr(self, "destroyed", True) or (getattr(self, "_nvl", None) is None and getattr(self, "_ll", None) is None):
             return
         if self.explicitly_destroy:
             warnings.warn("ep_rt.Buffer created with explicitly_destroy=True was not destroyed; call destroy()")
@@ -97,9 +116,19 @@ class Buffer:
             pass
 
     def _live(self) -> NvlBuffer:
-        if self._nvl is None:
+        if self.destroyed:
             raise EpRtError("this Buffer has been destroyed")
+        if self._nvl is None:
+            raise NotImplementedError(_NOT_YET.format(what="high-throughput calls on more than 8 ranks"))
         return self._nvl
+
+    def _ll_live(self):
+        if self.destroyed:
+            raise EpRtError("this Buffer has been destroyed")
+        if self._ll is None:
+            raise EpRtError("low-latency calls need Buffer(..., low_latency_mode=True, num_rdma_bytes=...)")
+        self._ll.raise_if_failed()
+        return self._ll
 
     # ---- small static API -----------------------------------------------------------------------
     @staticmethod
@@ -218,16 +247,90 @@ class Buffer:
         event = scope.finish(tensors)
         return combined_x, combined_w, event
 
+    # ---- low latency --------------------------------------------------------------------------
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Zero both LL signal areas on every rank (collective). ep_rt's signals carry per-call tags, so this is
+        only needed to recover a known state, not between normal and LL use as in DeepEP."""
+        self._ll_live().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False):
+        ll = self._ll_live()
+        T = num_max_dispatch_tokens_per_rank
+        if async_finish and return_recv_hook:
+            raise ValueError("async_finish and return_recv_hook cannot be used together")
+        if self.nvshmem_qp_depth < (T + 1) * 2:
+            raise ValueError(f"NVSHMEM_QP_DEPTH={self.nvshmem_qp_depth} must be >= (num_max_dispatch_tokens_per_rank"
+                             f" + 1) * 2 = {(T + 1) * 2}")
+        args = (x, topk_idx, T, num_experts, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
+                use_fp8, round_scale, use_ue8m0)
+        if return_recv_hook:
+            outputs, launch_recv = ll.dispatch(*args, torch.cuda.current_stream(), None)
+            event, hook = EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
+        else:
+            scope = StreamScope(self.comm_stream, None, async_finish, False)
+            outputs, launch_recv = ll.dispatch(*args, self.comm_stream, None)
+            launch_recv(self.comm_stream)
+            event, hook = scope.finish([x, topk_idx, cumulative_local_expert_recv_stats,
+                                        dispatch_wait_recv_cost_stats, *outputs]), None
+        recv_x, scales, count, src_info, layout_range = outputs
+        handle = (src_info, layout_range, T, x.size(1), num_experts)
+        return ((recv_x, scales) if use_fp8 else recv_x), count, handle, event, hook
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: tuple,
+                            use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
+                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+        ll = self._ll_live()
+        if use_logfmt:
+            raise NotImplementedError(_NOT_YET.format(what="LogFMT-compressed low-latency combine (use_logfmt)"))
+        if async_finish and return_recv_hook:
+            raise ValueError("async_finish and return_recv_hook cannot be used together")
+        if not isinstance(handle, tuple) or len(handle) != 5:
+            raise ValueError("handle must be the 5-tuple returned by low_latency_dispatch")
+        src_info, layout_range, T, hidden, num_experts = handle
+        args = (x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out,
+                combine_wait_recv_cost_stats, zero_copy)
+        if return_recv_hook:
+            combined, launch_recv = ll.combine(*args, torch.cuda.current_stream())
+            return combined, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
+        scope = StreamScope(self.comm_stream, None, async_finish, False)
+        combined, launch_recv = ll.combine(*args, self.comm_stream)
+        launch_recv(self.comm_stream)
+        event = scope.finish([x, topk_idx, topk_weights, src_info, layout_range, combined,
+                              combine_wait_recv_cost_stats])
+        return combined, event, None
+
+    def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
+        src_info, layout_range, T, hidden, num_experts = handle
+        return self._ll_live().next_combine_buffer(T, hidden, num_experts)
+
+    def _shrink_mask(self) -> torch.Tensor:
+        ll = self._ll_live()
+        if ll.mask is None:
+            raise EpRtError("mask buffers need Buffer(..., enable_shrink=True)")
+        return ll.mask
+
+    def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        m = self._shrink_mask()
+        if not 0 <= rank_to_mask < self.group_size:
+            raise ValueError(f"rank_to_mask must be in [0, {self.group_size}), got {rank_to_mask}")
+        m[rank_to_mask] = 1 if mask else 0
+
+    def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        m = self._shrink_mask()
+        validate.tensor("mask_status", mask_status, dtype=torch.int32, ndim=1, device=self.device, rows=self.group_size)
+        mask_status.copy_(m)
+
+    def low_latency_clean_mask_buffer(self) -> None:
+        self._shrink_mask().zero_()
+
     # ---- not yet --------------------------------------------------------------------------------
     def internode_dispatch(self, *args, **kwargs):
         raise NotImplementedError(_NOT_YET.format(what="internode dispatch"))
 
     def internode_combine(self, *args, **kwargs):
         raise NotImplementedError(_NOT_YET.format(what="internode combine"))
-
-    def clean_low_latency_buffer(self, *args, **kwargs):
-        raise NotImplementedError(_NOT_YET.format(what="low-latency mode"))
-
-    low_latency_dispatch = low_latency_combine = get_next_low_latency_combine_buffer = clean_low_latency_buffer
-    low_latency_update_mask_buffer = low_latency_query_mask_buffer = clean_low_latency_buffer
-    low_latency_clean_mask_buffer = clean_low_latency_buffer

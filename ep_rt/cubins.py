@@ -113,12 +113,13 @@ def load_family(device_index: int, family: str, aggressive: bool | None = None) 
             root = cubin_root()
             entry = choose_entry(manifest(), family, arch_of(device_index), aggressive)
             if entry.get("needs_nvshmem"):
-                raise CubinNotFoundError(f"{family!r} needs NVSHMEM; load it through the NVSHMEM runtime")
+                raise CubinNotFoundError(f"{family!r} is NVSHMEM-linked: load it once per NVSHMEM session with "
+                                         f"load_entry and register it with NVSHMEM")
             _modules[key] = LoadedModule(entry, _driver.module_load(read_verified(root, entry)))
         return _modules[key]
 
 
 def load_entry(device_index: int, entry: dict) -> LoadedModule:
-    """Load one manifest entry without caching (used by the cubin self-test)."""
+    """Load one manifest entry without caching (NVSHMEM-linked families, the cubin self-test)."""
     _driver.ensure_context(device_index)
     return LoadedModule(entry, _driver.module_load(read_verified(cubin_root(), entry)))

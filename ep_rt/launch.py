@@ -51,3 +51,14 @@ class Launcher:
         else:
             _driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),
                               self._args_address, self.name)
+
+    def snapshot(self):
+        """A launch with the current parameters frozen (for receive hooks that run after later calls)."""
+        params = type(self.params).from_buffer_copy(self.params)
+        args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
+        function, block, name = self.function, self.block, self.name
+
+        def launch(grid: int, stream, smem: int = 0, _keep=(params, args)):
+            _driver.launch(function, grid, block, smem, driver_stream(stream), ctypes.addressof(args), name)
+
+        return launch

@@ -23,6 +23,9 @@ EP_RT_PHASE_DISPATCH_HANDSHAKE = 3
 EP_RT_PHASE_DISPATCH_RECV = 4
 EP_RT_PHASE_COMBINE_HANDSHAKE = 5
 EP_RT_PHASE_COMBINE_RECV = 6
+EP_RT_PHASE_LL_DISPATCH_RECV = 7
+EP_RT_PHASE_LL_COMBINE_RECV = 8
+EP_RT_PHASE_LL_DISPATCH_SEND = 9
 
 EP_RT_NOTIFY_SLOT_BYTES = 5120
 EP_RT_NOTIFY_HIDDEN_BYTES = 2
@@ -39,6 +42,15 @@ EP_RT_HOST_MAX_COMBINE_ROWS = 2
 EP_RT_HOST_SEQ = 3
 EP_RT_HOST_EXPERT_COUNTS = 4
 EP_RT_HOST_COUNTER_WORDS = 4 + EP_RT_MAX_LOCAL_EXPERTS
+
+EP_RT_LL_COUNT_BITS = 11
+EP_RT_LL_TAG_MASK = 0xFFFFF
+EP_RT_LL_MAX_TOKENS = 1024
+EP_RT_LL_MAX_TOPK = 16
+EP_RT_LL_WS_TICKETS = 0
+EP_RT_LL_WS_EPOCH = 4
+EP_RT_LL_WS_CLAIM = 6
+EP_RT_LL_WS_COUNTERS = 8
 
 _u64, _i64, _i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
 _PeerBuffers = _u64 * EP_RT_MAX_NVL_RANKS
@@ -209,4 +221,41 @@ class CombineParams(ctypes.Structure):
         ("num_topk", _i32),
         ("num_in_rows", _i32),
         ("pad", _i32),
+    ]
+
+
+class LowLatencyParams(ctypes.Structure):
+    _fields_ = [
+        ("x", _u64),
+        ("topk_idx", _u64),
+        ("topk_weights", _u64),
+        ("peer_bases", _u64),
+        ("sym_base", _u64),
+        ("workspace", _u64),
+        ("mask", _u64),
+        ("error", _u64),
+        ("recv_x", _u64),
+        ("recv_x_scales", _u64),
+        ("recv_src_info", _u64),
+        ("recv_layout_range", _u64),
+        ("recv_count", _u64),
+        ("cumulative_stats", _u64),
+        ("wait_stats", _u64),
+        ("signal_off", _i64),
+        ("send_off", _i64),
+        ("recv_off", _i64),
+        ("msg_bytes", _i64),
+        ("timeout_ns", _i64),
+        ("rank", _i32),
+        ("num_ranks", _i32),
+        ("num_tokens", _i32),
+        ("max_tokens", _i32),
+        ("hidden", _i32),
+        ("num_topk", _i32),
+        ("num_experts", _i32),
+        ("buffer_idx", _i32),
+        ("use_fp8", _i32),
+        ("round_scale", _i32),
+        ("use_ue8m0", _i32),
+        ("zero_copy", _i32),
     ]

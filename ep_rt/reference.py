@@ -386,6 +386,8 @@ def pack_ue8m0(scale_inv):
     _check_tensor(scale_inv, "scale_inv", torch.float32)
     if scale_inv.dim() < 1 or scale_inv.shape[-1] % 4 != 0:
         raise ValueError(f"last dim of scale_inv must be a multiple of 4, got {tuple(scale_inv.shape)}")
+    if scale_inv.numel() == 0:
+        return torch.empty(*scale_inv.shape[:-1], scale_inv.shape[-1] // 4, dtype=torch.int32, device=scale_inv.device)
     bits = _f32_bits(scale_inv)
     exp = (bits >> 23) & 0xFF
     ok = (bits >= 0) & ((bits & 0x7FFFFF) == 0) & (exp > 0) & (exp < 255)

@@ -149,3 +149,76 @@ def too_small(rank, num_ranks):
     torch.cuda.synchronize()
     buf.destroy()
     return message, recv.size(0)
+
+
+def ll_buffer(num_ranks, **kwargs):
+    from ep_rt import Buffer
+    from ep_rt.selfcheck_ll import ll_cases
+
+    need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
+               for c in ll_cases(num_ranks))
+    return Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True,
+                  **kwargs)
+
+
+def ll_suite(rank, num_ranks):
+    from ep_rt import selfcheck_ll
+
+    buf = ll_buffer(num_ranks)
+    seed = selfcheck.shared_seed(buf.group)
+    out = []
+    for i, case in enumerate(selfcheck_ll.ll_cases(num_ranks)):
+        chk = selfcheck_ll.run_ll_case(buf, case, seed + i)
+        out.append((case.name, chk.checks, chk.failures))
+    chk = selfcheck_ll.run_ll_graph(buf, seed + 100)
+    out.append(("cuda graph replays", chk.checks, chk.failures))
+    buf.clean_low_latency_buffer(128, 1024, 32)
+    chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed + 200)
+    out.append(("after clean", chk.checks, chk.failures))
+    buf.destroy()
+    return {"seed": seed, "cases": out, "variant": "ll"}
+
+
+def ll_shrink(rank, num_ranks):
+    """Rank 1 stops answering; rank 0 masks it after the timeout and its results match the reference with
+    rank 1 masked."""
+    from ep_rt import reference_ll
+    from ep_rt.selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
+
+    buf = ll_buffer(num_ranks, enable_shrink=True, timeout_s=2.0)
+    seed = selfcheck.shared_seed(buf.group)
+    case = LLCase("shrink", num_tokens=64, max_tokens=64, hidden=1024, num_experts=16)
+    T, H, E, L = case.max_tokens, case.hidden, case.num_experts, case.num_experts // num_ranks
+    result = {}
+    if rank == 0:
+        xs, idxs, ws = ll_inputs(case, seed, num_ranks, buf.device)
+        t0 = time.monotonic()
+        recv, count, handle, _, _ = buf.low_latency_dispatch(xs[0], idxs[0], T, E)
+        torch.cuda.synchronize()
+        result["dispatch_s"] = time.monotonic() - t0
+        status = torch.zeros(num_ranks, dtype=torch.int32, device=buf.device)
+        buf.low_latency_query_mask_buffer(status)
+        result["mask"] = status.tolist()
+        masked = tuple(range(1, num_ranks))
+        want = reference_ll.low_latency_dispatch(xs, idxs, T, E, masked_ranks=masked)
+        result["count_ok"] = bool(torch.equal(count, want[0]["packed_recv_count"]))
+        result["range_ok"] = bool(torch.equal(handle[1], want[0]["packed_recv_layout_range"]))
+        n = int(count.sum())
+        ys = [expert_outputs(seed, r, L, num_ranks, T, H, buf.device) for r in range(num_ranks)]
+        x = to_packed(ys[0], handle[0], handle[1], T)
+        combined, _, _ = buf.low_latency_combine(x, idxs[0], ws[0], handle)
+        ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
+                  for r in range(num_ranks)]
+        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked)[0]["combined_x"]
+        torch.cuda.synchronize()
+        result["combine_ok"] = bool(torch.equal(combined.view(torch.int16), ref.view(torch.int16)))
+        result["rows"] = n
+        buf.low_latency_clean_mask_buffer()
+        buf.low_latency_query_mask_buffer(status)
+        result["after_clean"] = status.tolist()
+        buf.low_latency_update_mask_buffer(1, True)
+        buf.low_latency_query_mask_buffer(status)
+        result["after_update"] = status.tolist()
+    dist.barrier()
+    buf.destroy()
+    return result

@@ -25,6 +25,9 @@
 #define EP_RT_PHASE_DISPATCH_RECV 4
 #define EP_RT_PHASE_COMBINE_HANDSHAKE 5
 #define EP_RT_PHASE_COMBINE_RECV 6
+#define EP_RT_PHASE_LL_DISPATCH_RECV 7
+#define EP_RT_PHASE_LL_COMBINE_RECV 8
+#define EP_RT_PHASE_LL_DISPATCH_SEND 9
 
 struct ErrorRecord {
     int32_t code;
@@ -195,4 +198,53 @@ struct CombineParams {
     int32_t num_topk;
     int32_t num_in_rows;
     int32_t pad;
+};
+
+// ---- low-latency mode -------------------------------------------------------------------------
+// Signals are int32 in the symmetric buffer. A dispatch count signal holds (tag << 11) | count, a
+// combine flag holds the tag; tag = (per-buffer epoch + 1) & EP_RT_LL_TAG_MASK, read from device memory so
+// that CUDA-graph replays advance it too.
+#define EP_RT_LL_COUNT_BITS 11
+#define EP_RT_LL_TAG_MASK 0xFFFFF
+#define EP_RT_LL_MAX_TOKENS 1024
+#define EP_RT_LL_MAX_TOPK 16
+// Workspace (device memory, int32 words): per-expert send counters, then these words.
+#define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets of the 4 LL kernels
+#define EP_RT_LL_WS_EPOCH 4          // [2]: per-buffer use counters
+#define EP_RT_LL_WS_CLAIM 6          // error claim word
+#define EP_RT_LL_WS_COUNTERS 8       // [num_experts]: per-expert send slots
+
+struct LowLatencyParams {
+    uint64_t x;                    // dispatch: bf16 [N, H]; combine: bf16 [L, R*T, H] (packed expert outputs)
+    uint64_t topk_idx;             // int64 [N, K]
+    uint64_t topk_weights;         // combine: f32 [N, K]
+    uint64_t peer_bases;           // device uint64 [R]: NVLink-mapped symmetric base of each rank, 0 = remote
+    uint64_t sym_base;             // this rank's symmetric base (offsets are identical on every rank)
+    uint64_t workspace;            // device int32 words, see EP_RT_LL_WS_*
+    uint64_t mask;                 // int32 [R] (shrink mode) or 0
+    uint64_t error;                // ErrorRecord* (host-mapped)
+    uint64_t recv_x;               // dispatch out: [L, R*T, H] fp8 or bf16; combine out: bf16 [N, H]
+    uint64_t recv_x_scales;        // dispatch out: f32 [L, S, R*T] or int32 [L, S/4, R*T] (column-major view)
+    uint64_t recv_src_info;        // dispatch out / combine in: int32 [L, R*T]
+    uint64_t recv_layout_range;    // dispatch out / combine in: int64 [L, R]
+    uint64_t recv_count;           // dispatch out: int32 [L]
+    uint64_t cumulative_stats;     // int32 [L] or 0
+    uint64_t wait_stats;           // int64 [R] or 0 (clock cycles spent waiting per source)
+    int64_t signal_off;            // this call's buffer: signal area
+    int64_t send_off;              //                     send (staging) area
+    int64_t recv_off;              //                     receive area
+    int64_t msg_bytes;             // dispatch: 16 + max(2H, H + 4S); combine: 2H + 4S
+    int64_t timeout_ns;
+    int32_t rank;
+    int32_t num_ranks;
+    int32_t num_tokens;
+    int32_t max_tokens;            // T
+    int32_t hidden;
+    int32_t num_topk;
+    int32_t num_experts;
+    int32_t buffer_idx;
+    int32_t use_fp8;
+    int32_t round_scale;
+    int32_t use_ue8m0;
+    int32_t zero_copy;
 };

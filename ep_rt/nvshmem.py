@@ -1,0 +1,148 @@
+"""NVSHMEM from pure Python: ctypes on the host library torch already loads (nvidia-nvshmem-cu13).
+
+`nvshmem_init*` are inline header functions, so initialisation goes through the exported pieces:
+rank 0 makes a unique id, the group broadcasts it, every rank fills an init-attribute struct with
+`nvshmemx_set_attr_uniqueid_args`, sets the struct versions the inline helpers would set, and calls
+`nvshmemx_hostlib_init_attr`. NVSHMEM-linked cubins must be registered with `nvshmemx_cumodule_init`
+before their first launch. One initialisation per process, reference-counted across Buffers.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import socket
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .errors import EpRtError
+
+_UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
+_INIT_WITH_UNIQUEID = 1 << 3
+# Offsets of the version fields in nvshmemx_init_attr_v1 (int version; void* mpi_comm; init_args {int version;
+# uniqueid_args {int version; ...}}): attr.version, attr.args.version, attr.args.uid_args.version.
+_ATTR_VERSION_FIELDS = ((0, (1 << 16) + 144), (16, (1 << 16) + 128), (24, (1 << 16) + 24))
+
+_state = {"lib": None, "users": 0}
+
+
+def library_path() -> Path:
+    import nvidia.nvshmem as pkg
+
+    base = Path(pkg.__path__[0]) / "lib" / "libnvshmem_host.so.3"
+    if not base.is_file():
+        raise EpRtError(f"NVSHMEM host library not found at {base}; install nvidia-nvshmem-cu13==3.4.5")
+    return base
+
+
+def _lib():
+    if _state["lib"] is None:
+        lib = ctypes.CDLL(str(library_path()), mode=ctypes.RTLD_GLOBAL)
+        lib.nvshmem_align.restype = ctypes.c_void_p
+        lib.nvshmem_align.argtypes = [ctypes.c_size_t, ctypes.c_size_t]
+        lib.nvshmem_ptr.restype = ctypes.c_void_p
+        lib.nvshmem_ptr.argtypes = [ctypes.c_void_p, ctypes.c_int]
+        lib.nvshmem_free.argtypes = [ctypes.c_void_p]
+        lib.nvshmemx_cumodule_init.argtypes = [ctypes.c_void_p]
+        lib.nvshmemx_cumodule_finalize.argtypes = [ctypes.c_void_p]
+        _state["lib"] = lib
+    return _state["lib"]
+
+
+def host_version() -> str:
+    major, minor, patch = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    _lib().nvshmemx_vendor_get_version_info(ctypes.byref(major), ctypes.byref(minor), ctypes.byref(patch))
+    return f"{major.value}.{minor.value}.{patch.value}"
+
+
+def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool) -> int:
+    """DeepEP's NVSHMEM settings; returns the QP depth. On one host, no remote transport is needed."""
+    os.environ["NVSHMEM_DISABLE_P2P"] = "0" if allow_nvlink else "1"
+    os.environ["NVSHMEM_IB_ENABLE_IBGDA"] = "1"
+    os.environ["NVSHMEM_IBGDA_NUM_RC_PER_PE"] = str(num_qps_per_rank)
+    qp_depth = int(os.environ.get("NVSHMEM_QP_DEPTH", "1024"))
+    os.environ["NVSHMEM_QP_DEPTH"] = str(qp_depth)
+    os.environ["NVSHMEM_MAX_TEAMS"] = "7"
+    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+    os.environ["NVSHMEM_CUMEM_GRANULARITY"] = str(2 ** 29)
+    if not allow_mnnvl:
+        os.environ["NVSHMEM_DISABLE_MNNVL"] = "1"
+    if single_host and allow_nvlink:
+        os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
+        os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
+    return qp_depth
+
+
+def all_on_one_host(group) -> bool:
+    names = [None] * dist.get_world_size(group)
+    dist.all_gather_object(names, socket.gethostname(), group=group)
+    return len(set(names)) == 1
+
+
+def init(group, expected_version: str) -> None:
+    """Initialise NVSHMEM over the process group (PE = group rank); no-op if this process already did."""
+    if _state["users"] > 0:
+        _state["users"] += 1
+        return
+    lib = _lib()
+    version = host_version()
+    if version != expected_version:
+        raise EpRtError(f"NVSHMEM host library {version} differs from the device library {expected_version} the "
+                        f"cubins were linked against; install nvidia-nvshmem-cu13=={expected_version}")
+    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    uid = ctypes.create_string_buffer(_UNIQUEID_BYTES)
+    if rank == 0:
+        ret = lib.nvshmemx_get_uniqueid(uid)
+        if ret != 0:
+            raise EpRtError(f"nvshmemx_get_uniqueid failed ({ret})")
+    shared = [uid.raw if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
+    uid = ctypes.create_string_buffer(shared[0], _UNIQUEID_BYTES)
+    attr = ctypes.create_string_buffer(_ATTR_BYTES)
+    ret = lib.nvshmemx_set_attr_uniqueid_args(rank, size, uid, attr)
+    if ret != 0:
+        raise EpRtError(f"nvshmemx_set_attr_uniqueid_args failed ({ret})")
+    for offset, value in _ATTR_VERSION_FIELDS:
+        ctypes.c_int.from_buffer(attr, offset).value = value
+    ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
+    if ret != 0:
+        raise EpRtError(f"NVSHMEM initialisation failed ({ret}); see NVSHMEM's messages above")
+    _state["users"] = 1
+
+
+def finalize() -> None:
+    if _state["users"] == 0:
+        return
+    _state["users"] -= 1
+    if _state["users"] == 0:
+        _lib().nvshmemx_hostlib_finalize()
+
+
+def align(nbytes: int) -> int:
+    ptr = _lib().nvshmem_align(128, nbytes)
+    if not ptr:
+        raise EpRtError(f"nvshmem_align({nbytes}) failed: not enough symmetric memory")
+    return ptr
+
+
+def free(ptr: int) -> None:
+    _lib().nvshmem_free(ctypes.c_void_p(ptr))
+
+
+def peer_ptr(sym: int, pe: int) -> int:
+    """The address of `sym` on PE `pe` mapped into this process (NVLink peers), or 0."""
+    return _lib().nvshmem_ptr(ctypes.c_void_p(sym), pe) or 0
+
+
+def barrier_all() -> None:
+    _lib().nvshmem_barrier_all()
+
+
+def register_module(module) -> None:
+    ret = _lib().nvshmemx_cumodule_init(ctypes.c_void_p(int(module)))
+    if ret != 0:
+        raise EpRtError(f"nvshmemx_cumodule_init failed ({ret})")
+
+
+def unregister_module(module) -> None:
+    _lib().nvshmemx_cumodule_finalize(ctypes.c_void_p(int(module)))

@@ -1,0 +1,229 @@
+"""Low-latency (decode) dispatch and combine (kernels_src/low_latency.cu) over an NVSHMEM symmetric buffer.
+
+Two alternating buffers as in DeepEP: every LL dispatch and combine uses buffer `idx`, then flips it.
+Each call is a send kernel and a receive kernel; with `return_recv_hook` the send kernel runs now on the
+current stream and the hook launches the receive kernel. Nothing here synchronises with the host, so
+the calls can be captured in CUDA graphs.
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.distributed as dist
+
+from .. import _driver, cubins, ll_layout, nvshmem, params, validate
+from ..errors import BufferTooSmallError, EpRtError, describe_kernel_error
+from ..launch import Launcher
+
+_MAX_EXPERTS = 1 << 16
+_SEND_BLOCK, _RECV_BLOCK = 512, 256
+_FP8 = torch.float8_e4m3fn
+
+
+class LowLatencyOp:
+    def __init__(self, group, num_rdma_bytes: int, device_index: int, timeout_s: float, enable_shrink: bool):
+        self.rank, self.num_ranks = dist.get_rank(group), dist.get_world_size(group)
+        if self.num_ranks > 256:
+            raise NotImplementedError("ep_rt's low-latency kernels serve at most 256 ranks")
+        self.device = torch.device("cuda", device_index)
+        self.num_rdma_bytes = num_rdma_bytes
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.idx = 0
+        self.failed: EpRtError | None = None
+        self.num_sms = _driver.multiprocessor_count(device_index)
+        entry = cubins.choose_entry(cubins.manifest(), "low_latency", cubins.arch_of(device_index), False)
+        nvshmem.init(group, entry["nvshmem"])
+        self.sym = nvshmem.align(num_rdma_bytes)
+        _driver.memset_d8(self.sym, 0, num_rdma_bytes)
+        nvshmem.barrier_all()
+        self.peer_bases = torch.tensor([nvshmem.peer_ptr(self.sym, r) for r in range(self.num_ranks)],
+                                       dtype=torch.int64, device=self.device)
+        self.nvlink_peers = int((self.peer_bases != 0).sum())
+        self.workspace = torch.zeros(params.EP_RT_LL_WS_COUNTERS + _MAX_EXPERTS, dtype=torch.int32, device=self.device)
+        self.mask = torch.zeros(self.num_ranks, dtype=torch.int32, device=self.device) if enable_shrink else None
+        self.host_ptr, self.error_dev_ptr = _driver.host_alloc_mapped(128)
+        self.error = params.ErrorRecord.from_address(self.host_ptr)
+        self.module = cubins.load_entry(device_index, entry)
+        nvshmem.register_module(self.module.handle)
+        module = self.module
+        self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", params.LowLatencyParams,
+                                       block=_SEND_BLOCK if name == "dispatch_send" else _RECV_BLOCK)
+                        for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
+        torch.cuda.synchronize(self.device)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def raise_if_failed(self) -> None:
+        if self.failed is None and self.error.code != 0:
+            e = self.error
+            self.failed = describe_kernel_error(e.code, e.phase, e.rank, e.peer, e.channel, e.detail0, e.detail1)
+        if self.failed is not None:
+            raise self.failed
+
+    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int) -> int:
+        """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
+        if offsets["total"] > self.num_rdma_bytes:
+            raise BufferTooSmallError(
+                f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
+                f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
+                f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}")
+        b, self.idx = self.idx, self.idx ^ 1
+        p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
+        p.workspace = self.workspace.data_ptr()
+        p.mask = self.mask.data_ptr() if self.mask is not None else 0
+        p.error = self.error_dev_ptr
+        p.signal_off, p.send_off, p.recv_off = (offsets[k][b] for k in ("signal", "send", "recv"))
+        p.msg_bytes, p.timeout_ns = msg_bytes, self.timeout_ns
+        p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
+            self.rank, self.num_ranks, T, hidden, num_experts, b)
+        return b
+
+    def _check(self, x, topk_idx, T, num_experts):
+        R = self.num_ranks
+        validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=self.device)
+        N, H = x.shape
+        if H % 128 or H == 0:
+            raise ValueError(f"low-latency hidden size must be a positive multiple of 128, got {H}")
+        if not 1 <= T <= params.EP_RT_LL_MAX_TOKENS:
+            raise ValueError(f"num_max_dispatch_tokens_per_rank must be in 1..{params.EP_RT_LL_MAX_TOKENS}, got {T}")
+        if N > T:
+            raise ValueError(f"x has {N} tokens, more than num_max_dispatch_tokens_per_rank={T}")
+        if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
+            raise ValueError(f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, "
+                             f"got {num_experts!r}")
+        if torch.cuda.is_current_stream_capturing():  # no value check (it syncs) inside a graph capture
+            validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device, rows=N)
+        else:
+            validate.topk_idx(topk_idx, self.device, num_experts, rows=N)
+        if topk_idx.size(1) > params.EP_RT_LL_MAX_TOPK:
+            raise ValueError(f"low-latency top-k is at most {params.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
+        return N, H
+
+    # ---- dispatch -------------------------------------------------------------------------------
+    def dispatch(self, x, topk_idx, T, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale, use_ue8m0,
+                 stream_for_send, stream_for_recv_now):
+        """Launch the send kernel on `stream_for_send`; returns outputs and a launcher for the receive kernel."""
+        self.raise_if_failed()
+        R = self.num_ranks
+        N, H = self._check(x, topk_idx, T, num_experts)
+        if use_ue8m0 and not round_scale:
+            raise ValueError("use_ue8m0 requires round_scale=True")
+        if use_ue8m0 and H % 512:
+            raise ValueError(f"use_ue8m0 packs 4 scales per int32: hidden must be a multiple of 512, got {H}")
+        L = num_experts // R
+        if cumulative_stats is not None:
+            validate.tensor("cumulative_local_expert_recv_stats", cumulative_stats, dtype=torch.int32, ndim=1,
+                            device=self.device, rows=L)
+        if wait_stats is not None:
+            validate.tensor("dispatch_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1,
+                            device=self.device, rows=R)
+        send, recv = self.kernels["dispatch_send"], self.kernels["dispatch_recv"]
+        p = send.params
+        self._common(p, T, H, num_experts, ll_layout.dispatch_msg_bytes(H))
+        RT, S = R * T, H // 128
+        recv_x = torch.empty(L, RT, H, dtype=_FP8 if use_fp8 else torch.bfloat16, device=self.device)
+        scales = None
+        if use_fp8:
+            cols = S // 4 if use_ue8m0 else S
+            scales = torch.empty(L, cols, RT, dtype=torch.int32 if use_ue8m0 else torch.float32,
+                                 device=self.device).transpose(1, 2)
+        src_info = torch.empty(L, RT, dtype=torch.int32, device=self.device)
+        layout_range = torch.empty(L, R, dtype=torch.int64, device=self.device)
+        count = torch.empty(L, dtype=torch.int32, device=self.device)
+        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
+        send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=0, recv_x=recv_x.data_ptr(),
+                 recv_x_scales=ptr(scales), recv_src_info=src_info.data_ptr(), recv_layout_range=layout_range.data_ptr(),
+                 recv_count=count.data_ptr(), cumulative_stats=ptr(cumulative_stats), wait_stats=ptr(wait_stats),
+                 num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
+                 use_ue8m0=int(use_ue8m0), zero_copy=0)
+        send(max(1, min(N, self.num_sms)), stream_for_send)
+        ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(p), ctypes.sizeof(p))
+        recv_launch = recv.snapshot()
+        grid = L * R
+
+        def launch_recv(stream):
+            recv_launch(grid, stream)
+
+        outputs = (recv_x, scales, count, src_info, layout_range)
+        return outputs, launch_recv
+
+    # ---- combine --------------------------------------------------------------------------------
+    def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
+                zero_copy, stream_for_send):
+        self.raise_if_failed()
+        R = self.num_ranks
+        L = num_experts // R
+        validate.tensor("x", x, dtype=torch.bfloat16, ndim=3, device=self.device)
+        if tuple(x.shape) != (L, R * T, hidden):
+            raise ValueError(f"x must be [{L}, {R * T}, {hidden}] (local experts, ranks x max tokens, hidden), "
+                             f"got {tuple(x.shape)}")
+        validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device)
+        N = topk_idx.size(0)
+        if N > T or topk_idx.size(1) > params.EP_RT_LL_MAX_TOPK:
+            raise ValueError(f"topk_idx must have at most {T} rows and {params.EP_RT_LL_MAX_TOPK} columns")
+        validate.tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=self.device, rows=N)
+        if topk_weights.size(1) != topk_idx.size(1):
+            raise ValueError("topk_weights must have the shape of topk_idx")
+        validate.tensor("handle src_info", src_info, dtype=torch.int32, ndim=2, device=self.device)
+        validate.tensor("handle layout_range", layout_range, dtype=torch.int64, ndim=2, device=self.device, rows=L)
+        if out is None:
+            out = torch.empty(N, hidden, dtype=torch.bfloat16, device=self.device)
+        else:
+            validate.tensor("out", out, dtype=torch.bfloat16, ndim=2, device=self.device, rows=N)
+            if out.size(1) != hidden:
+                raise ValueError(f"out must be [{N}, {hidden}]")
+        if wait_stats is not None:
+            validate.tensor("combine_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1, device=self.device,
+                            rows=R)
+        send, recv = self.kernels["combine_send"], self.kernels["combine_recv"]
+        p = send.params
+        self._common(p, T, hidden, num_experts, ll_layout.combine_msg_bytes(hidden))
+        send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=topk_weights.data_ptr(),
+                 recv_x=out.data_ptr(), recv_x_scales=0, recv_src_info=src_info.data_ptr(),
+                 recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
+                 wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
+                 num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy))
+        send(L * R, stream_for_send)
+        ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(p), ctypes.sizeof(p))
+        recv_launch = recv.snapshot()
+        grid = max(1, min((N + _RECV_BLOCK // 32 - 1) // (_RECV_BLOCK // 32), self.num_sms))
+
+        def launch_recv(stream):
+            recv_launch(grid, stream)
+
+        return out, launch_recv
+
+    # ---- buffers --------------------------------------------------------------------------------
+    def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:
+        """bf16 view [L, R*T, hidden] of the staging area the next LL call (a combine) reads with zero_copy."""
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
+        L, RT = num_experts // self.num_ranks, self.num_ranks * T
+        row = ll_layout.combine_msg_bytes(hidden)
+        base = self.sym + offsets["send"][self.idx]
+        iface = {"shape": (L, RT, hidden), "typestr": "<i2", "data": (base, False), "version": 3,
+                 "strides": (RT * row, row, 2)}
+        holder = type("SymView", (), {"__cuda_array_interface__": iface})()
+        return torch.as_tensor(holder, device=self.device).view(torch.bfloat16)
+
+    def clean(self, T: int, hidden: int, num_experts: int) -> None:
+        """Zero both signal areas and the epochs on every rank (collective)."""
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
+        torch.cuda.synchronize(self.device)
+        nvshmem.barrier_all()
+        _driver.memset_d8(self.sym, 0, offsets["send"][0])
+        self.workspace.zero_()
+        self.idx = 0
+        torch.cuda.synchronize(self.device)
+        nvshmem.barrier_all()
+
+    def destroy(self) -> None:
+        torch.cuda.synchronize(self.device)
+        if self.failed is None:
+            nvshmem.barrier_all()
+        nvshmem.free(self.sym)
+        nvshmem.unregister_module(self.module.handle)
+        _driver.module_unload(self.module.handle)
+        _driver.host_free(self.host_ptr)
+        self.error = None
+        nvshmem.finalize()

@@ -1,0 +1,384 @@
+// ep_rt-build: nvshmem
+//
+// Low-latency (decode) dispatch and combine over a symmetric NVSHMEM buffer.
+//
+// Peers on this node are written with plain stores through their NVLink-mapped symmetric base
+// (peer_bases[r] != 0); peers on other nodes get NVSHMEM puts from this rank's staging area followed
+// by a fence and an NVSHMEM store of the signal. Each call is two kernels (send, then receive), which is
+// exactly the split the receive hook needs. Signals carry a tag derived from a per-buffer epoch kept in
+// device memory, so nothing is cleaned between calls and CUDA-graph replays stay correct. Every wait is
+// time-limited: it reports into the error record, or in shrink mode masks the silent rank instead.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include "ep_rt/params.h"
+#include "ep_rt/ptx.cuh"
+#include "ep_rt/sync.cuh"
+
+using namespace ep_rt;
+
+namespace {
+
+constexpr int kWarpSize = 32;
+constexpr float kFp8Max = 448.0f;
+constexpr int kTicketDispatchSend = 0, kTicketDispatchRecv = 1, kTicketCombineSend = 2, kTicketCombineRecv = 3;
+
+struct LL {
+    const LowLatencyParams& p;
+    int32_t* ws;
+    int L, S;
+    int32_t tag;
+
+    __device__ LL(const LowLatencyParams& params) : p(params) {
+        ws = reinterpret_cast<int32_t*>(p.workspace);
+        L = p.num_experts / p.num_ranks;
+        S = p.hidden / 128;
+        const int32_t epoch = *reinterpret_cast<volatile int32_t*>(ws + EP_RT_LL_WS_EPOCH + p.buffer_idx);
+        tag = (epoch + 1) & EP_RT_LL_TAG_MASK;
+    }
+    __device__ ErrorSink sink() const { return ErrorSink{p.error, ws + EP_RT_LL_WS_CLAIM, p.rank}; }
+    __device__ bool masked(int r) const {
+        return p.mask != 0 && *reinterpret_cast<volatile int32_t*>(reinterpret_cast<int32_t*>(p.mask) + r) != 0;
+    }
+    __device__ uint64_t peer(int r) const { return reinterpret_cast<const uint64_t*>(p.peer_bases)[r]; }
+    __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
+};
+
+// Warp copy of nbytes (multiple of 16, 16-byte aligned).
+__device__ __forceinline__ void warp_copy(void* dst, const void* src, int64_t nbytes, int lane) {
+    const int4* s = static_cast<const int4*>(src);
+    int4* d = static_cast<int4*>(dst);
+    const int64_t n = nbytes / 16;
+    constexpr int kUnroll = 4;
+    for (int64_t i = lane; i < n; i += kWarpSize * kUnroll) {
+        int4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+            if (i + u * kWarpSize < n) v[u] = ld_peer_written_v4(s + i + u * kWarpSize);
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+            if (i + u * kWarpSize < n) st_na_v4(d + i + u * kWarpSize, v[u]);
+    }
+}
+
+// Write one int32 signal to rank r: a release store over NVLink, or fence + NVSHMEM store remotely.
+__device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, int32_t value) {
+    const uint64_t base = ll.peer(r);
+    if (base != 0) {
+        st_release_sys(reinterpret_cast<int32_t*>(base + off), value);
+    } else {
+        nvshmem_fence();
+        nvshmem_int_p(reinterpret_cast<int*>(ll.local(off)), value, r);
+    }
+}
+
+// Wait until pred(signal) holds; false on timeout. In shrink mode a silent rank is masked instead.
+template <typename Pred>
+__device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, int peer, int phase, int32_t& value,
+                            int64_t& cycles) {
+    const int64_t start_cycles = clock64();
+    const uint64_t start = globaltimer_ns();
+    const ErrorSink sink = ll.sink();
+    int spins = 0;
+    while (true) {
+        value = ld_acquire_sys(sig);
+        if (pred(value)) break;
+        if (++spins == 64) {
+            spins = 0;
+            if (ll.masked(peer)) return false;
+            if (int64_t(globaltimer_ns() - start) > ll.p.timeout_ns) {
+                if (ll.p.mask != 0) {
+                    if (atomicExch(reinterpret_cast<int32_t*>(ll.p.mask) + peer, 1) == 0)
+                        printf("ep_rt: rank %d masks rank %d after a timeout (phase %d)\n", ll.p.rank, peer, phase);
+                } else {
+                    report_error(sink, EP_RT_ERR_TIMEOUT, phase, peer, -1, ll.tag, value);
+                }
+                return false;
+            }
+            if (error_raised(sink)) return false;
+        }
+    }
+    cycles += clock64() - start_cycles;
+    return true;
+}
+
+// True in exactly one block: the last to finish (all earlier blocks' writes are visible to it).
+__device__ bool last_block(int32_t* ticket) {
+    __shared__ bool is_last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence_system();
+        is_last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
+        if (is_last) __threadfence();
+    }
+    __syncthreads();
+    return is_last;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, d));
+    return v;
+}
+
+// Message layout: int4 header (word 0 = source token), payload (bf16 row, or fp8 row then f32 scales).
+// The whole block writes token t's message into the staging area.
+__device__ void build_message(const LL& ll, int t, uint8_t* msg) {
+    const LowLatencyParams& p = ll.p;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
+    if (threadIdx.x == 0) reinterpret_cast<int4*>(msg)[0] = make_int4(t, 0, 0, 0);
+    const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(p.x) + int64_t(t) * p.hidden;
+    uint8_t* payload = msg + 16;
+    if (!p.use_fp8) {
+        for (int i = threadIdx.x; i < p.hidden / 8; i += blockDim.x)
+            reinterpret_cast<int4*>(payload)[i] = ld_input_v4(reinterpret_cast<const int4*>(x) + i);
+        return;
+    }
+    float* scales = reinterpret_cast<float*>(payload + p.hidden);
+    for (int g = warp; g < ll.S; g += num_warps) {  // one warp per 128 channels, 4 per lane
+        const uint2 raw = *reinterpret_cast<const uint2*>(x + g * 128 + lane * 4);
+        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
+        float v[4], amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) v[e] = __bfloat162float(h[e]), amax = fmaxf(amax, fabsf(v[e]));
+        amax = fmaxf(warp_max(amax), 1e-4f);
+        float scale, scale_inv;
+        if (p.round_scale) {  // scale_inv = 2^ceil(log2(amax / 448)), exactly
+            const int bits = __float_as_int(__fmul_rn(amax, 1.0f / kFp8Max));
+            const int e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0);
+            scale_inv = __int_as_float((e + 127) << 23);
+            scale = __int_as_float((127 - e) << 23);
+        } else {
+            scale_inv = __fmul_rn(amax, 1.0f / kFp8Max);
+            scale = __fdiv_rn(kFp8Max, amax);
+        }
+        uint32_t packed = 0;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const float y = fminf(fmaxf(__fmul_rn(v[e], scale), -kFp8Max), kFp8Max);
+            packed |= uint32_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3)) << (8 * e);
+        }
+        reinterpret_cast<uint32_t*>(payload + g * 128)[lane] = packed;
+        if (lane == 0) scales[g] = scale_inv;
+    }
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------------
+// Dispatch, send half: block per token (strided); warp k sends the token to expert topk[t][k] at a slot
+// fixed by token-major order, so the receive layout is deterministic (the reference's).
+extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const LowLatencyParams p) {
+    const LL ll(p);
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int R = p.num_ranks, me = p.rank, K = p.num_topk;
+    int32_t* counters = ll.ws + EP_RT_LL_WS_COUNTERS;
+    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+        uint8_t* msg = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
+        build_message(ll, t, msg);
+        __syncthreads();
+        if (warp < K) {
+            const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + warp];
+            const int dst = e >= 0 ? int(e / ll.L) : -1;
+            if (dst >= 0 && !ll.masked(dst)) {
+                // Deterministic slot: how many (t', k') before (t, k) in token-major order chose expert e.
+                const int64_t* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
+                int before = 0;
+                for (int base = 0; base < t; base += kWarpSize) {
+                    const int tt = base + lane;
+                    if (tt < t)
+                        for (int kk = 0; kk < K; ++kk) before += topk[int64_t(tt) * K + kk] == e;
+                }
+#pragma unroll
+                for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffffu, before, d);
+                for (int kk = 0; kk < warp; ++kk) before += topk[int64_t(t) * K + kk] == e;
+                const int slot = before;
+                if (lane == 0) atomicAdd(counters + e, 1);  // totals, announced by the last block
+                if (slot >= p.max_tokens) {  // only possible with duplicate experts in one token
+                    if (lane == 0)
+                        report_error(ll.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_LL_DISPATCH_SEND, dst, int(e),
+                                     slot + 1, p.max_tokens);
+                } else {
+                    const int l = int(e % ll.L);
+                    const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
+                    const uint64_t base = ll.peer(dst);
+                    if (base != 0)
+                        warp_copy(reinterpret_cast<void*>(base + off), msg, p.msg_bytes, lane);
+                    else
+                        nvshmemx_putmem_nbi_warp(ll.local(off), msg, p.msg_bytes, dst);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) nvshmem_quiet();  // remote puts of this block complete before the signals
+    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
+    // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters.
+    for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
+        const int dst = e / ll.L, l = e % ll.L;
+        const int count = min(atomicExch(counters + e, 0), p.max_tokens);
+        if (!ll.masked(dst))
+            signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 4, (ll.tag << EP_RT_LL_COUNT_BITS) | count);
+    }
+    if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Dispatch, receive half: block per (local expert l, source s). Blocks are placed by source rank
+// ascending: begin = sum of the counts of sources before s, so the layout is deterministic.
+extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
+    const LL ll(p);
+    const int R = p.num_ranks, l = blockIdx.x / R, s = blockIdx.x % R;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
+    __shared__ int counts[EP_RT_MAX_NVL_RANKS * 32];
+    __shared__ int64_t wait_cycles;
+    if (threadIdx.x == 0) wait_cycles = 0;
+    __syncthreads();
+    for (int j = threadIdx.x; j <= s; j += blockDim.x) {
+        const int32_t* sig = reinterpret_cast<const int32_t*>(ll.local(p.signal_off + (int64_t(l) * R + j) * 4));
+        int32_t value = 0;
+        int64_t cycles = 0;
+        const int32_t tag = ll.tag;
+        const bool ok = !ll.masked(j) &&
+                        wait_signal(ll, sig, [tag](int32_t v) { return (v >> EP_RT_LL_COUNT_BITS) == tag; }, j,
+                                    EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles);
+        counts[j] = ok ? (value & ((1 << EP_RT_LL_COUNT_BITS) - 1)) : 0;
+        if (j == s) wait_cycles = cycles;
+    }
+    __syncthreads();
+    int begin = 0;
+    for (int j = 0; j < s; ++j) begin += counts[j];
+    const int n = counts[s];
+    const int64_t RT = int64_t(R) * p.max_tokens;
+    if (threadIdx.x == 0) {
+        reinterpret_cast<int64_t*>(p.recv_layout_range)[int64_t(l) * R + s] = (int64_t(begin) << 32) | int64_t(n);
+        if (s == R - 1) reinterpret_cast<int32_t*>(p.recv_count)[l] = begin + n;
+        if (p.cumulative_stats) atomicAdd(reinterpret_cast<int32_t*>(p.cumulative_stats) + l, n);
+        if (p.wait_stats)
+            atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)wait_cycles);
+    }
+    const int64_t payload_bytes = p.use_fp8 ? p.hidden : int64_t(p.hidden) * 2;
+    for (int i = warp; i < n; i += num_warps) {
+        const uint8_t* msg = ll.local(p.recv_off + ((int64_t(l) * R + s) * p.max_tokens + i) * p.msg_bytes);
+        const int64_t row = int64_t(l) * RT + begin + i;
+        if (lane == 0)
+            reinterpret_cast<int32_t*>(p.recv_src_info)[row] = ld_peer_written_b32(reinterpret_cast<const int32_t*>(msg));
+        warp_copy(reinterpret_cast<uint8_t*>(p.recv_x) + row * payload_bytes, msg + 16, payload_bytes, lane);
+        if (!p.use_fp8) continue;
+        const int32_t* scales = reinterpret_cast<const int32_t*>(msg + 16 + p.hidden);
+        if (p.use_ue8m0) {  // 4 exponent bytes per int32, column-major [L, S/4, R*T]
+            for (int w = lane; w < ll.S / 4; w += kWarpSize) {
+                uint32_t word = 0;
+#pragma unroll
+                for (int b = 0; b < 4; ++b)
+                    word |= ((uint32_t(ld_peer_written_b32(scales + 4 * w + b)) >> 23) & 0xFF) << (8 * b);
+                reinterpret_cast<int32_t*>(p.recv_x_scales)[(int64_t(l) * (ll.S / 4) + w) * RT + begin + i] = int32_t(word);
+            }
+        } else {  // f32 column-major [L, S, R*T]
+            for (int g = lane; g < ll.S; g += kWarpSize)
+                reinterpret_cast<int32_t*>(p.recv_x_scales)[(int64_t(l) * ll.S + g) * RT + begin + i] =
+                    ld_peer_written_b32(scales + g);
+        }
+    }
+    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
+    if (threadIdx.x == 0) {
+        ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
+        ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Combine, send half: block per (local expert l, destination s): rows of block (l, s) go back to s,
+// into its receive slot [global expert][source token].
+extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const LowLatencyParams p) {
+    const LL ll(p);
+    const int R = p.num_ranks, me = p.rank, l = blockIdx.x / R, s = blockIdx.x % R;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
+    const int64_t RT = int64_t(R) * p.max_tokens, row_bytes = int64_t(p.hidden) * 2;
+    if (!ll.masked(s)) {
+        const int64_t range = reinterpret_cast<const int64_t*>(p.recv_layout_range)[int64_t(l) * R + s];
+        const int begin = int(range >> 32), n = int(range & 0xFFFFFFFF);
+        const int e = me * ll.L + l;
+        const uint64_t base = ll.peer(s);
+        for (int i = warp; i < n; i += num_warps) {
+            const int64_t row = int64_t(l) * RT + begin + i;
+            const int t = reinterpret_cast<const int32_t*>(p.recv_src_info)[row];
+            const int64_t off = p.recv_off + (int64_t(e) * p.max_tokens + t) * p.msg_bytes;
+            // zero_copy: the caller already wrote the row into the staging area (same packed position).
+            uint8_t* staged = ll.local(p.send_off + row * p.msg_bytes);
+            const void* src = p.zero_copy ? staged : reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
+            if (base != 0) {
+                warp_copy(reinterpret_cast<void*>(base + off), src, row_bytes, lane);
+            } else {
+                if (!p.zero_copy) warp_copy(staged, src, row_bytes, lane);
+                __syncwarp();
+                nvshmemx_putmem_nbi_warp(ll.local(off), staged, row_bytes, s);
+            }
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) nvshmem_quiet();
+    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
+    for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
+        const int dst = i % R, e = me * ll.L + i / R;
+        if (!ll.masked(dst)) signal_rank(ll, dst, p.signal_off + int64_t(e) * 4, ll.tag);
+    }
+    if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
+}
+
+// ------------------------------------------------------------------------------------------------
+// Combine, receive half: warp per token: out[t] = sum over k ascending of w[t,k] * y_k, f32 multiply then
+// f32 add (no FMA, as the reference), skipping -1 and masked ranks.
+extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_recv(const LowLatencyParams p) {
+    const LL ll(p);
+    const int K = p.num_topk;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
+    const int hidden_int4 = p.hidden / 8;
+    for (int t = blockIdx.x * num_warps + warp; t < p.num_tokens; t += gridDim.x * num_warps) {
+        const int64_t* idx = reinterpret_cast<const int64_t*>(p.topk_idx) + int64_t(t) * K;
+        const float* w = reinterpret_cast<const float*>(p.topk_weights) + int64_t(t) * K;
+        // Lane k waits for expert k's flag.
+        bool use = false;
+        if (lane < K) {
+            const int64_t e = idx[lane];
+            if (e >= 0 && !ll.masked(int(e / ll.L))) {
+                int32_t value;
+                int64_t cycles = 0;
+                const int32_t tag = ll.tag;
+                use = wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + e * 4)),
+                                  [tag](int32_t v) { return v == tag; }, int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV,
+                                  value, cycles);
+                if (p.wait_stats && cycles)
+                    atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L, (unsigned long long)cycles);
+            }
+        }
+        const unsigned use_mask = __ballot_sync(0xffffffffu, use);
+        for (int i = lane; i < hidden_int4; i += kWarpSize) {
+            float acc[8];
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
+            for (int k = 0; k < K; ++k) {
+                if (!(use_mask >> k & 1)) continue;
+                const int64_t e = idx[k];
+                const int4 v = ld_peer_written_v4(reinterpret_cast<const int4*>(
+                                   ll.local(p.recv_off + (e * p.max_tokens + t) * p.msg_bytes)) + i);
+                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+                const float wk = w[k];
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(wk, __bfloat162float(h[j])));
+            }
+            int4 packed;
+            __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) h[j] = __float2bfloat16_rn(acc[j]);
+            reinterpret_cast<int4*>(p.recv_x)[int64_t(t) * hidden_int4 + i] = packed;
+        }
+    }
+    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineRecv)) return;
+    if (threadIdx.x == 0) {
+        ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineRecv] = 0;
+        ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
+    }
+}

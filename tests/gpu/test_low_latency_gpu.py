@@ -1,0 +1,27 @@
+"""Low-latency mode on 2 GPUs against ep_rt.reference_ll: every option, both buffers, hooks, zero-copy,
+CUDA-graph replays, and shrink mode with a rank that stops answering."""
+from ep_rt.spawn import run_ranks
+
+from . import workers
+from .conftest import gpus
+
+
+@gpus(2)
+def test_low_latency_matches_reference():
+    results = run_ranks(workers.ll_suite, 2, timeout_s=900)
+    problems = []
+    for rank, res in enumerate(results):
+        assert len(res["cases"]) >= 16
+        for name, checks, failures in res["cases"]:
+            assert checks > 0, name
+            problems += [f"rank {rank} {name}: {f}" for f in failures]
+    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
+
+
+@gpus(2)
+def test_shrink_mode_masks_a_silent_rank():
+    res = run_ranks(workers.ll_shrink, 2, timeout_s=300)[0]
+    assert res["mask"] == [0, 1], res
+    assert res["count_ok"] and res["range_ok"] and res["combine_ok"], res
+    assert res["dispatch_s"] < 30, res
+    assert res["after_clean"] == [0, 0] and res["after_update"] == [0, 1], res
