@@ -8,6 +8,8 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # NVLink multicast stays off on these machines (shared hosts); EP_RT needs none of it.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 STEPS=${STEPS:-tests main main_aggressive bench}
+# A peer that never comes fails a wait after this long (the tests that test timeouts set their own).
+export EP_RT_TIMEOUT_S=${EP_RT_TIMEOUT_S:-30}
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${1:-unknown}"
   nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
@@ -30,6 +32,7 @@ for step in $STEPS; do
     main)  run main 300 python3 -m ep_rt ;;
     main_aggressive) run main_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --quick ;;
     rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping and not wheel" ;;
+    ll)    run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
     tests) run tests 540 python3 -m pytest -q -rs tests -k "not wheel" ;;  # the wheel build needs PyPI
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$OUT/bench.json" ;;
