@@ -262,7 +262,7 @@ class Buffer:
         T = num_max_dispatch_tokens_per_rank
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot be used together")
-        if self.nvshmem_qp_depth < (T + 1) * 2:
+        if ll.nvlink_peers < self.group_size and self.nvshmem_qp_depth < (T + 1) * 2:  # RDMA queue pairs only
             raise ValueError(f"NVSHMEM_QP_DEPTH={self.nvshmem_qp_depth} must be >= (num_max_dispatch_tokens_per_rank"
                              f" + 1) * 2 = {(T + 1) * 2}")
         args = (x, topk_idx, T, num_experts, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
