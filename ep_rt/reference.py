@@ -350,7 +350,7 @@ def per_token_cast_to_fp8(x, round_scale=False, use_ue8m0=False):
     """Casts x [..., H] to fp8 e4m3 with one scale per 128 channels (DeepEP LL kernel semantics).
 
     amax = max(1e-4, max |x| of the group) in f32. Default: scale_inv = amax * f32(1/448)
-    (the kernel's kFinfoAmaxInvE4M3 multiply), scale = 448 / amax. round_scale: scale_inv =
+    (a multiply by f32(1/448)), scale = 448 / amax as one correctly rounded f32 division. round_scale: scale_inv =
     2**ceil(log2(amax * f32(1/448))) computed exactly from the float bits, scale = 1 / scale_inv.
     Returns (fp8 [..., H], scale_inv f32 [..., H/128]) or, with use_ue8m0, packed int32 [..., H/512].
     """
@@ -374,7 +374,8 @@ def per_token_cast_to_fp8(x, round_scale=False, use_ue8m0=False):
         scale = _bits_f32((127 - exponent) << 23)
     else:
         scale_inv = amax * inv_max
-        scale = FP8_MAX / amax
+        # A true f32 division (torch's `scalar / tensor` is reciprocal-then-multiply, one ulp off at times).
+        scale = torch.full_like(amax, FP8_MAX) / amax
     values = (groups * scale.unsqueeze(-1)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     values = values.reshape(x.shape)
     return values, (pack_ue8m0(scale_inv) if use_ue8m0 else scale_inv)
