@@ -31,7 +31,7 @@ class KernelError(EpRtError):
 
 
 # Codes and phases as in kernels_src/include/ep_rt/params.h.
-ERR_TIMEOUT, ERR_CAPACITY, ERR_WORST_TOKENS, ERR_MISMATCH = 1, 2, 3, 4
+ERR_TIMEOUT, ERR_CAPACITY, ERR_WORST_TOKENS, ERR_MISMATCH, ERR_BAD_EXPERT = 1, 2, 3, 4, 5
 PHASES = {
     1: "barrier",
     2: "dispatch notify (exchanging token counts)",
@@ -39,6 +39,9 @@ PHASES = {
     4: "dispatch (receiving tokens)",
     5: "combine handshake",
     6: "combine (receiving tokens)",
+    7: "low-latency dispatch (receiving)",
+    8: "low-latency combine (receiving)",
+    9: "low-latency dispatch (sending)",
 }
 
 
@@ -65,4 +68,10 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
             f"rank {rank}: {where}: rank {peer} called with different shapes (its hidden bytes {detail0}, "
             f"top-k {detail1}, or channel / expert counts differ); every rank must pass the same "
             f"hidden size, top-k, number of experts and config.")
+    if code == ERR_BAD_EXPERT:
+        return KernelError(f"rank {rank}: {where}: topk_idx holds expert id {detail0}, but num_experts is {detail1}; "
+                           f"valid ids are -1 and 0..{detail1 - 1}. That token selection was skipped.")
+    if code == ERR_CAPACITY and peer < 0:
+        return KernelError(f"rank {rank}: {where}: {detail0} rows for one expert exceed the {detail1} slots "
+                           f"(num_max_dispatch_tokens_per_rank); a token lists the same expert more than once?")
     return KernelError(f"rank {rank}: kernel error code {code} in {where} (peer {peer}{chan}, {detail0}, {detail1})")

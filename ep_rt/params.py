@@ -16,6 +16,7 @@ EP_RT_ERR_TIMEOUT = 1
 EP_RT_ERR_CAPACITY = 2
 EP_RT_ERR_WORST_TOKENS = 3
 EP_RT_ERR_MISMATCH = 4
+EP_RT_ERR_BAD_EXPERT = 5
 
 EP_RT_PHASE_BARRIER = 1
 EP_RT_PHASE_NOTIFY = 2
@@ -258,4 +259,6 @@ class LowLatencyParams(ctypes.Structure):
         ("round_scale", _i32),
         ("use_ue8m0", _i32),
         ("zero_copy", _i32),
+        ("has_remote_peers", _i32),
+        ("pad", _i32),
     ]

@@ -175,13 +175,17 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
     const int R = p.num_ranks, me = p.rank, K = p.num_topk;
     int32_t* counters = ll.ws + EP_RT_LL_WS_COUNTERS;
+    // Bytes of the slot a message really uses (an FP8 message is about half the slot).
+    const int64_t used_bytes = p.use_fp8 ? (16 + p.hidden + 4 * ll.S + 15) / 16 * 16 : 16 + 2 * int64_t(p.hidden);
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
         uint8_t* msg = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
         build_message(ll, t, msg);
         __syncthreads();
         if (warp < K) {
             const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + warp];
-            const int dst = e >= 0 ? int(e / ll.L) : -1;
+            if (e >= p.num_experts && lane == 0)  // out of range: reported, never followed
+                report_error(ll.sink(), EP_RT_ERR_BAD_EXPERT, EP_RT_PHASE_LL_DISPATCH_SEND, -1, -1, e, p.num_experts);
+            const int dst = (e >= 0 && e < p.num_experts) ? int(e / ll.L) : -1;
             if (dst >= 0 && !ll.masked(dst)) {
                 // Deterministic slot: how many (t', k') before (t, k) in token-major order chose expert e.
                 const int64_t* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
@@ -198,22 +202,22 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
                 if (lane == 0) atomicAdd(counters + e, 1);  // totals, announced by the last block
                 if (slot >= p.max_tokens) {  // only possible with duplicate experts in one token
                     if (lane == 0)
-                        report_error(ll.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_LL_DISPATCH_SEND, dst, int(e),
+                        report_error(ll.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_LL_DISPATCH_SEND, -1, int(e),
                                      slot + 1, p.max_tokens);
                 } else {
                     const int l = int(e % ll.L);
                     const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
                     const uint64_t base = ll.peer(dst);
                     if (base != 0)
-                        warp_copy(reinterpret_cast<void*>(base + off), msg, p.msg_bytes, lane);
+                        warp_copy(reinterpret_cast<void*>(base + off), msg, used_bytes, lane);
                     else
-                        nvshmemx_putmem_nbi_warp(ll.local(off), msg, p.msg_bytes, dst);
+                        nvshmemx_putmem_nbi_warp(ll.local(off), msg, used_bytes, dst);
                 }
             }
         }
         __syncthreads();
     }
-    if (threadIdx.x == 0) nvshmem_quiet();  // remote puts of this block complete before the signals
+    if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();  // remote puts complete before the signals
     if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
     // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters.
     for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
@@ -319,7 +323,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) nvshmem_quiet();
+    if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();
     if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
     for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
         const int dst = i % R, e = me * ll.L + i / R;
@@ -329,45 +333,52 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
 }
 
 // ------------------------------------------------------------------------------------------------
-// Combine, receive half: warp per token: out[t] = sum over k ascending of w[t,k] * y_k, f32 multiply then
-// f32 add (no FMA, as the reference), skipping -1 and masked ranks.
+// Combine, receive half: block per token: out[t] = sum over k ascending of w[t,k] * y_k, an f32 multiply then
+// an f32 add (no FMA, as the reference), skipping -1 and masked ranks. All K rows of a chunk are loaded
+// before the sum so the loads overlap.
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_recv(const LowLatencyParams p) {
     const LL ll(p);
     const int K = p.num_topk;
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int hidden_int4 = p.hidden / 8;
-    for (int t = blockIdx.x * num_warps + warp; t < p.num_tokens; t += gridDim.x * num_warps) {
-        const int64_t* idx = reinterpret_cast<const int64_t*>(p.topk_idx) + int64_t(t) * K;
-        const float* w = reinterpret_cast<const float*>(p.topk_weights) + int64_t(t) * K;
-        // Lane k waits for expert k's flag.
-        bool use = false;
-        if (lane < K) {
-            const int64_t e = idx[lane];
-            if (e >= 0 && !ll.masked(int(e / ll.L))) {
-                int32_t value;
-                int64_t cycles = 0;
-                const int32_t tag = ll.tag;
-                use = wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + e * 4)),
-                                  [tag](int32_t v) { return v == tag; }, int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV,
-                                  value, cycles);
-                if (p.wait_stats && cycles)
-                    atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L, (unsigned long long)cycles);
+    __shared__ int64_t row_off[EP_RT_LL_MAX_TOPK];
+    __shared__ float weight[EP_RT_LL_MAX_TOPK];
+    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+        if (threadIdx.x < EP_RT_LL_MAX_TOPK) {
+            const int k = threadIdx.x;
+            int64_t off = -1;
+            if (k < K) {
+                const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + k];
+                if (e >= 0 && e < p.num_experts && !ll.masked(int(e / ll.L))) {
+                    int32_t value;
+                    int64_t cycles = 0;
+                    const int32_t tag = ll.tag;
+                    if (wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + e * 4)),
+                                    [tag](int32_t v) { return v == tag; }, int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV,
+                                    value, cycles))
+                        off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;
+                    if (p.wait_stats && cycles)
+                        atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L,
+                                  (unsigned long long)cycles);
+                }
+                weight[k] = reinterpret_cast<const float*>(p.topk_weights)[int64_t(t) * K + k];
             }
+            row_off[k] = off;
         }
-        const unsigned use_mask = __ballot_sync(0xffffffffu, use);
-        for (int i = lane; i < hidden_int4; i += kWarpSize) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < hidden_int4; i += blockDim.x) {
+            int4 v[EP_RT_LL_MAX_TOPK];
+#pragma unroll
+            for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)
+                if (k < K && row_off[k] >= 0) v[k] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(row_off[k])) + i);
             float acc[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
-            for (int k = 0; k < K; ++k) {
-                if (!(use_mask >> k & 1)) continue;
-                const int64_t e = idx[k];
-                const int4 v = ld_peer_written_v4(reinterpret_cast<const int4*>(
-                                   ll.local(p.recv_off + (e * p.max_tokens + t) * p.msg_bytes)) + i);
-                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
-                const float wk = w[k];
 #pragma unroll
-                for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(wk, __bfloat162float(h[j])));
+            for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
+                if (k >= K || row_off[k] < 0) continue;
+                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[k]);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(weight[k], __bfloat162float(h[j])));
             }
             int4 packed;
             __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
@@ -375,6 +386,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_recv(const Lo
             for (int j = 0; j < 8; ++j) h[j] = __float2bfloat16_rn(acc[j]);
             reinterpret_cast<int4*>(p.recv_x)[int64_t(t) * hidden_int4 + i] = packed;
         }
+        __syncthreads();
     }
     if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineRecv)) return;
     if (threadIdx.x == 0) {

@@ -75,6 +75,7 @@ class LowLatencyOp:
         p.error = self.error_dev_ptr
         p.signal_off, p.send_off, p.recv_off = (offsets[k][b] for k in ("signal", "send", "recv"))
         p.msg_bytes, p.timeout_ns = msg_bytes, self.timeout_ns
+        p.has_remote_peers = int(self.nvlink_peers < self.num_ranks)
         p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
             self.rank, self.num_ranks, T, hidden, num_experts, b)
         return b
@@ -92,10 +93,9 @@ class LowLatencyOp:
         if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
             raise ValueError(f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, "
                              f"got {num_experts!r}")
-        if torch.cuda.is_current_stream_capturing():  # no value check (it syncs) inside a graph capture
-            validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device, rows=N)
-        else:
-            validate.topk_idx(topk_idx, self.device, num_experts, rows=N)
+        # No host check of the values (it would sync every decode step and break graph capture): the send
+        # kernel reports an expert id >= num_experts through the error record, raised at the next call.
+        validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device, rows=N)
         if topk_idx.size(1) > params.EP_RT_LL_MAX_TOPK:
             raise ValueError(f"low-latency top-k is at most {params.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
         return N, H
@@ -187,7 +187,7 @@ class LowLatencyOp:
         send(L * R, stream_for_send)
         ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(p), ctypes.sizeof(p))
         recv_launch = recv.snapshot()
-        grid = max(1, min((N + _RECV_BLOCK // 32 - 1) // (_RECV_BLOCK // 32), self.num_sms))
+        grid = max(1, min(N, self.num_sms))
 
         def launch_recv(stream):
             recv_launch(grid, stream)

@@ -17,6 +17,7 @@
 #define EP_RT_ERR_CAPACITY 2
 #define EP_RT_ERR_WORST_TOKENS 3
 #define EP_RT_ERR_MISMATCH 4
+#define EP_RT_ERR_BAD_EXPERT 5
 
 // Phases named in error records (ep_rt/errors.py maps them to words).
 #define EP_RT_PHASE_BARRIER 1
@@ -247,4 +248,6 @@ struct LowLatencyParams {
     int32_t round_scale;
     int32_t use_ue8m0;
     int32_t zero_copy;
+    int32_t has_remote_peers;      // some rank is reached through NVSHMEM puts (not NVLink stores)
+    int32_t pad;
 };
