@@ -63,6 +63,31 @@ __device__ __forceinline__ void warp_copy(void* dst, const void* src, int64_t nb
     }
 }
 
+// The whole block copies n rows of row_bytes (multiple of 16): row i goes from src + i * src_stride to
+// dst + dst_row(i) * dst_stride, dst_row(i) = dst_rows ? dst_rows[i] : i. Flattened over rows so every
+// thread keeps several 16-byte loads in flight even when there are only a few rows.
+__device__ void block_copy_rows(uint8_t* dst, int64_t dst_stride, const int* dst_rows, const uint8_t* src,
+                                int64_t src_stride, int n, int64_t row_bytes) {
+    const int64_t row_int4 = row_bytes / 16, total = int64_t(n) * row_int4;
+    constexpr int kUnroll = 4;
+    for (int64_t j0 = threadIdx.x; j0 < total; j0 += int64_t(blockDim.x) * kUnroll) {
+        int4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t j = j0 + int64_t(u) * blockDim.x;
+            if (j < total) v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(src + (j / row_int4) * src_stride) + j % row_int4);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const int64_t j = j0 + int64_t(u) * blockDim.x;
+            if (j >= total) continue;
+            const int64_t i = j / row_int4;
+            const int64_t row = dst_rows ? dst_rows[i] : i;
+            st_na_v4(reinterpret_cast<int4*>(dst + row * dst_stride) + j % row_int4, v[u]);
+        }
+    }
+}
+
 // Write one int32 signal to rank r: a release store over NVLink, or fence + NVSHMEM store remotely.
 __device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, int32_t value) {
     const uint64_t base = ll.peer(r);
@@ -264,13 +289,14 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)wait_cycles);
     }
     const int64_t payload_bytes = p.use_fp8 ? p.hidden : int64_t(p.hidden) * 2;
-    for (int i = warp; i < n; i += num_warps) {
-        const uint8_t* msg = ll.local(p.recv_off + ((int64_t(l) * R + s) * p.max_tokens + i) * p.msg_bytes);
-        const int64_t row = int64_t(l) * RT + begin + i;
-        if (lane == 0)
-            reinterpret_cast<int32_t*>(p.recv_src_info)[row] = ld_peer_written_b32(reinterpret_cast<const int32_t*>(msg));
-        warp_copy(reinterpret_cast<uint8_t*>(p.recv_x) + row * payload_bytes, msg + 16, payload_bytes, lane);
-        if (!p.use_fp8) continue;
+    const uint8_t* block_msgs = ll.local(p.recv_off + (int64_t(l) * R + s) * p.max_tokens * p.msg_bytes);
+    block_copy_rows(reinterpret_cast<uint8_t*>(p.recv_x) + (int64_t(l) * RT + begin) * payload_bytes, payload_bytes,
+                    nullptr, block_msgs + 16, p.msg_bytes, n, payload_bytes);
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        reinterpret_cast<int32_t*>(p.recv_src_info)[int64_t(l) * RT + begin + i] =
+            ld_peer_written_b32(reinterpret_cast<const int32_t*>(block_msgs + i * p.msg_bytes));
+    for (int i = warp; i < n && p.use_fp8; i += num_warps) {
+        const uint8_t* msg = block_msgs + i * p.msg_bytes;
         const int32_t* scales = reinterpret_cast<const int32_t*>(msg + 16 + p.hidden);
         if (p.use_ue8m0) {  // 4 exponent bytes per int32, column-major [L, S/4, R*T]
             for (int w = lane; w < ll.S / 4; w += kWarpSize) {
@@ -306,20 +332,27 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
         const int begin = int(range >> 32), n = int(range & 0xFFFFFFFF);
         const int e = me * ll.L + l;
         const uint64_t base = ll.peer(s);
-        for (int i = warp; i < n; i += num_warps) {
+        if (base != 0) {  // NVLink peer: the whole block copies all n rows to their token slots
+            __shared__ int tokens[EP_RT_LL_MAX_TOKENS];
+            for (int i = threadIdx.x; i < n; i += blockDim.x)
+                tokens[i] = reinterpret_cast<const int32_t*>(p.recv_src_info)[int64_t(l) * RT + begin + i];
+            __syncthreads();
+            const int64_t first = int64_t(l) * RT + begin;
+            const uint8_t* src = p.zero_copy ? ll.local(p.send_off + first * p.msg_bytes)
+                                             : reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes;
+            block_copy_rows(reinterpret_cast<uint8_t*>(base + p.recv_off + int64_t(e) * p.max_tokens * p.msg_bytes),
+                            p.msg_bytes, tokens, src, p.zero_copy ? p.msg_bytes : row_bytes, n, row_bytes);
+        }
+        for (int i = warp; i < n && base == 0; i += num_warps) {
             const int64_t row = int64_t(l) * RT + begin + i;
             const int t = reinterpret_cast<const int32_t*>(p.recv_src_info)[row];
             const int64_t off = p.recv_off + (int64_t(e) * p.max_tokens + t) * p.msg_bytes;
             // zero_copy: the caller already wrote the row into the staging area (same packed position).
             uint8_t* staged = ll.local(p.send_off + row * p.msg_bytes);
             const void* src = p.zero_copy ? staged : reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
-            if (base != 0) {
-                warp_copy(reinterpret_cast<void*>(base + off), src, row_bytes, lane);
-            } else {
-                if (!p.zero_copy) warp_copy(staged, src, row_bytes, lane);
-                __syncwarp();
-                nvshmemx_putmem_nbi_warp(ll.local(off), staged, row_bytes, s);
-            }
+            if (!p.zero_copy) warp_copy(staged, src, row_bytes, lane);
+            __syncwarp();
+            nvshmemx_putmem_nbi_warp(ll.local(off), staged, row_bytes, s);
         }
     }
     __syncthreads();
