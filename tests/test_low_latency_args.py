@@ -1,0 +1,86 @@
+"""CPU tests of the low-latency argument checks (they run before any kernel), with a stand-in for the GPU side."""
+import pytest
+import torch
+
+from ep_rt import ll_layout, params
+from ep_rt.ops.low_latency import LowLatencyOp
+
+R, T, H, E = 2, 8, 256, 8
+
+
+def op():
+    o = object.__new__(LowLatencyOp)
+    o.num_ranks, o.device, o.failed, o.error = R, torch.device("cpu"), None, params.ErrorRecord()
+    o.num_rdma_bytes = 1 << 30
+    return o
+
+
+def x(n=4, h=H, dtype=torch.bfloat16):
+    return torch.zeros(n, h, dtype=dtype)
+
+
+def idx(n=4, k=2):
+    return torch.zeros(n, k, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("args,error,match", [
+    ((x(dtype=torch.float32), idx(), T, E), TypeError, "bfloat16"),
+    ((x(h=200), idx(), T, E), ValueError, "multiple of 128"),
+    ((x(), idx(), 0, E), ValueError, "num_max_dispatch_tokens_per_rank"),
+    ((x(), idx(), 1025, E), ValueError, "num_max_dispatch_tokens_per_rank"),
+    ((x(n=9), idx(n=9), T, E), ValueError, "more than"),
+    ((x(), idx(), T, 7), ValueError, "multiple of 2"),
+    ((x(), idx().int(), T, E), TypeError, "int64"),
+    ((x(), idx(n=3), T, E), ValueError, "rows"),
+    ((x(), idx(k=17), T, E), ValueError, "at most 16"),
+])
+def test_dispatch_argument_errors(args, error, match):
+    with pytest.raises(error, match=match):
+        op()._check(*args)
+
+
+def test_ue8m0_rules():
+    o = op()
+    with pytest.raises(ValueError, match="round_scale"):
+        o.dispatch(x(), idx(), T, E, None, None, True, False, True, None, None)
+    with pytest.raises(ValueError, match="multiple of 512"):
+        o.dispatch(x(h=384), idx(), T, E, None, None, True, True, True, None, None)
+
+
+def test_stats_shapes():
+    with pytest.raises(ValueError, match="rows"):
+        op().dispatch(x(), idx(), T, E, torch.zeros(3, dtype=torch.int32), None, True, False, False, None, None)
+    with pytest.raises(TypeError, match="int64"):
+        op().dispatch(x(), idx(), T, E, None, torch.zeros(R, dtype=torch.int32), True, False, False, None, None)
+
+
+def test_combine_argument_errors():
+    o = op()
+    L = E // R
+    good = dict(x=torch.zeros(L, R * T, H, dtype=torch.bfloat16), topk_idx=idx(), topk_weights=torch.zeros(4, 2),
+                src_info=torch.zeros(L, R * T, dtype=torch.int32), layout_range=torch.zeros(L, R, dtype=torch.int64),
+                T=T, hidden=H, num_experts=E, out=None, wait_stats=None, zero_copy=False, stream_for_send=None)
+    for change, error, match in (
+        (dict(x=torch.zeros(L, R * T, H + 128, dtype=torch.bfloat16)), ValueError, "must be"),
+        (dict(topk_weights=torch.zeros(4, 3)), ValueError, "shape of topk_idx"),
+        (dict(topk_weights=torch.zeros(4, 2).double()), TypeError, "float32"),
+        (dict(out=torch.zeros(4, H + 1, dtype=torch.bfloat16)), ValueError, "out must be"),
+        (dict(layout_range=torch.zeros(L, R, dtype=torch.int32)), TypeError, "int64"),
+    ):
+        with pytest.raises(error, match=match):
+            o.combine(**{**good, **change})
+
+
+def test_buffer_too_small_names_the_hint():
+    o = op()
+    o.num_rdma_bytes = 1 << 20
+    with pytest.raises(Exception, match="get_low_latency_rdma_size_hint"):
+        o._common(params.LowLatencyParams(), 128, 7168, 288, ll_layout.dispatch_msg_bytes(7168))
+
+
+def test_layout_offsets_fit_the_hint():
+    for T_, H_, E_ in ((128, 7168, 288), (1024, 1024, 32), (32, 16384, 32), (64, 1152, 16)):
+        offsets = ll_layout.buffer_offsets(T_, H_, E_)
+        assert offsets["total"] <= ll_layout.rdma_size_hint(T_, H_, R, E_)
+        assert ll_layout.combine_msg_bytes(H_) % 16 == 0 and ll_layout.dispatch_msg_bytes(H_) % 16 == 0
+        assert offsets["recv"][1] + (offsets["recv"][1] - offsets["recv"][0]) == offsets["total"]
