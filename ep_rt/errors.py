@@ -55,6 +55,9 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
             f"rank {rank}: timed out in {where} waiting for rank {peer}{chan} (expected call #{detail0}, "
             f"saw #{detail1}). Rank {peer} did not make the same ep_rt call, or died. The Buffer is unusable "
             f"now: destroy it and create a new one (timeout: EP_RT_TIMEOUT_S or Buffer(timeout_s=...)).")
+    if code == ERR_CAPACITY and peer < 0:
+        return KernelError(f"rank {rank}: {where}: {detail0} rows for one expert exceed the {detail1} slots "
+                           f"(num_max_dispatch_tokens_per_rank); a token lists the same expert more than once?")
     if code == ERR_CAPACITY:
         return BufferTooSmallError(
             f"rank {rank}: {where}: rank {peer} would receive {detail0} rows but its buffer holds {detail1}; "
@@ -71,7 +74,12 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
     if code == ERR_BAD_EXPERT:
         return KernelError(f"rank {rank}: {where}: topk_idx holds expert id {detail0}, but num_experts is {detail1}; "
                            f"valid ids are -1 and 0..{detail1 - 1}. That token selection was skipped.")
-    if code == ERR_CAPACITY and peer < 0:
-        return KernelError(f"rank {rank}: {where}: {detail0} rows for one expert exceed the {detail1} slots "
-                           f"(num_max_dispatch_tokens_per_rank); a token lists the same expert more than once?")
     return KernelError(f"rank {rank}: kernel error code {code} in {where} (peer {peer}{chan}, {detail0}, {detail1})")
+
+
+def error_from_record(record) -> EpRtError | None:
+    """The exception an ErrorRecord (params.ErrorRecord in host-mapped memory) holds, or None if it is clear."""
+    if record.code == 0:
+        return None
+    return describe_kernel_error(record.code, record.phase, record.rank, record.peer, record.channel, record.detail0,
+                                 record.detail1)

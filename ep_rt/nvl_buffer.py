@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from . import _driver, buffer_layout, cubins, params
-from .errors import EpRtError, describe_kernel_error
+from .errors import EpRtError, error_from_record
 from .launch import Launcher
 
 _ERROR_BYTES = 128
@@ -85,9 +85,8 @@ class NvlBuffer:
         return self.seq
 
     def raise_if_failed(self) -> None:
-        if self.failed is None and self.error.code != 0:
-            e = self.error
-            self.failed = describe_kernel_error(e.code, e.phase, e.rank, e.peer, e.channel, e.detail0, e.detail1)
+        if self.failed is None:
+            self.failed = error_from_record(self.error)
         if self.failed is not None:
             raise self.failed
 

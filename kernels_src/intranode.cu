@@ -10,6 +10,7 @@
 // Every wait is time-limited and reports into the error record instead of hanging.
 #include <cuda_bf16.h>
 
+#include "ep_rt/copy.cuh"
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/sync.cuh"
@@ -55,64 +56,6 @@ __device__ __forceinline__ int combine_base(const int32_t* rpm, int num_ranks, i
 
 __device__ __forceinline__ int combine_rows(const int32_t* rpm, int num_ranks, int src) {
     return combine_base(rpm, num_ranks, src, num_ranks);
-}
-
-// The whole block copies nbytes (a multiple of 4) of memory a peer wrote during this kernel.
-__device__ void copy_peer_written(void* dst, const void* src, int64_t nbytes) {
-    if (nbytes <= 0) return;
-    const uintptr_t mis = (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | uintptr_t(nbytes));
-    if ((mis & 15) == 0) {
-        const int4* s = static_cast<const int4*>(src);
-        int4* d = static_cast<int4*>(dst);
-        const int64_t n = nbytes / 16;
-        constexpr int kUnroll = 4;
-        for (int64_t i = threadIdx.x; i < n; i += int64_t(blockDim.x) * kUnroll) {
-            int4 v[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int64_t j = i + int64_t(u) * blockDim.x;
-                if (j < n) v[u] = ld_peer_written_v4(s + j);
-            }
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int64_t j = i + int64_t(u) * blockDim.x;
-                if (j < n) st_na_v4(d + j, v[u]);
-            }
-        }
-    } else {
-        const int32_t* s = static_cast<const int32_t*>(src);
-        int32_t* d = static_cast<int32_t*>(dst);
-        for (int64_t i = threadIdx.x; i < nbytes / 4; i += blockDim.x) d[i] = ld_peer_written_b32(s + i);
-    }
-}
-
-// The whole block copies read-only input to a (possibly remote) destination.
-__device__ void copy_input(void* dst, const void* src, int64_t nbytes) {
-    if (nbytes <= 0) return;
-    const uintptr_t mis = (reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src) | uintptr_t(nbytes));
-    if ((mis & 15) == 0) {
-        const int4* s = static_cast<const int4*>(src);
-        int4* d = static_cast<int4*>(dst);
-        const int64_t n = nbytes / 16;
-        constexpr int kUnroll = 4;
-        for (int64_t i = threadIdx.x; i < n; i += int64_t(blockDim.x) * kUnroll) {
-            int4 v[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int64_t j = i + int64_t(u) * blockDim.x;
-                if (j < n) v[u] = ld_input_v4(s + j);
-            }
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                const int64_t j = i + int64_t(u) * blockDim.x;
-                if (j < n) st_na_v4(d + j, v[u]);
-            }
-        }
-    } else {
-        const int32_t* s = static_cast<const int32_t*>(src);
-        int32_t* d = static_cast<int32_t*>(dst);
-        for (int64_t i = threadIdx.x; i < nbytes / 4; i += blockDim.x) st_na_b32(d + i, s[i]);
-    }
 }
 
 // Announce `seq` in every peer's flag array at index `me`, after all of this block's earlier stores.
@@ -427,18 +370,18 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const
         const int row_end = min(block_start(rpm, R, src, me) + last, row_limit[me]);
         if (row_end <= row_begin) continue;
         const int64_t n = row_end - row_begin;
-        copy_peer_written(reinterpret_cast<uint8_t*>(p.recv_x) + row_begin * hidden_bytes,
+        block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + row_begin * hidden_bytes,
                           at<uint8_t>(data, p.region.x) + row_begin * hidden_bytes, n * hidden_bytes);
         if (p.recv_x_scales)
-            copy_peer_written(reinterpret_cast<int32_t*>(p.recv_x_scales) + int64_t(row_begin) * S,
+            block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_x_scales) + int64_t(row_begin) * S,
                               at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
         if (p.recv_topk_idx)
-            copy_peer_written(reinterpret_cast<int64_t*>(p.recv_topk_idx) + int64_t(row_begin) * K,
+            block_copy<Src::kPeerWritten>(reinterpret_cast<int64_t*>(p.recv_topk_idx) + int64_t(row_begin) * K,
                               at<int64_t>(data, p.region.topk_idx) + int64_t(row_begin) * K, n * K * 8);
         if (p.recv_topk_weights)
-            copy_peer_written(reinterpret_cast<float*>(p.recv_topk_weights) + int64_t(row_begin) * K,
+            block_copy<Src::kPeerWritten>(reinterpret_cast<float*>(p.recv_topk_weights) + int64_t(row_begin) * K,
                               at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
-        copy_peer_written(reinterpret_cast<int32_t*>(p.recv_src_idx) + row_begin,
+        block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_src_idx) + row_begin,
                           at<int32_t>(data, p.region.src_idx) + row_begin, n * 4);
     }
 
@@ -487,10 +430,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const 
         }
         if (n <= 0) continue;
         const uint64_t data = p.peer_buffers[src] + p.ctrl.data;
-        copy_input(at<uint8_t>(data, p.region.x) + dst_row * row_bytes,
+        block_copy<Src::kInput>(at<uint8_t>(data, p.region.x) + dst_row * row_bytes,
                    reinterpret_cast<const uint8_t*>(p.x) + in_begin * row_bytes, n * row_bytes);
         if (p.topk_weights)
-            copy_input(at<float>(data, p.region.topk_weights) + int64_t(dst_row) * K,
+            block_copy<Src::kInput>(at<float>(data, p.region.topk_weights) + int64_t(dst_row) * K,
                        reinterpret_cast<const float*>(p.topk_weights) + int64_t(in_begin) * K, int64_t(n) * K * 4);
     }
     signal_peers(p.peer_buffers, p.ctrl.combine_done, me * EP_RT_MAX_CHANNELS + c, me, R, p.seq);

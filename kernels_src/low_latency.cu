@@ -13,6 +13,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 
+#include "ep_rt/copy.cuh"
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/sync.cuh"
@@ -45,23 +46,6 @@ struct LL {
     __device__ uint64_t peer(int r) const { return reinterpret_cast<const uint64_t*>(p.peer_bases)[r]; }
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
 };
-
-// Warp copy of nbytes (multiple of 16, 16-byte aligned).
-__device__ __forceinline__ void warp_copy(void* dst, const void* src, int64_t nbytes, int lane) {
-    const int4* s = static_cast<const int4*>(src);
-    int4* d = static_cast<int4*>(dst);
-    const int64_t n = nbytes / 16;
-    constexpr int kUnroll = 4;
-    for (int64_t i = lane; i < n; i += kWarpSize * kUnroll) {
-        int4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-            if (i + u * kWarpSize < n) v[u] = ld_peer_written_v4(s + i + u * kWarpSize);
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-            if (i + u * kWarpSize < n) st_na_v4(d + i + u * kWarpSize, v[u]);
-    }
-}
 
 // The whole block copies n rows of row_bytes (multiple of 16): row i goes from src + i * src_stride to
 // dst + dst_row(i) * dst_stride, dst_row(i) = dst_rows ? dst_rows[i] : i. Flattened over rows so every
@@ -234,7 +218,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
                     const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
                     const uint64_t base = ll.peer(dst);
                     if (base != 0)
-                        warp_copy(reinterpret_cast<void*>(base + off), msg, used_bytes, lane);
+                        warp_copy<Src::kPeerWritten>(reinterpret_cast<void*>(base + off), msg, used_bytes, lane);
                     else
                         nvshmemx_putmem_nbi_warp(ll.local(off), msg, used_bytes, dst);
                 }
@@ -350,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
             // zero_copy: the caller already wrote the row into the staging area (same packed position).
             uint8_t* staged = ll.local(p.send_off + row * p.msg_bytes);
             const void* src = p.zero_copy ? staged : reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
-            if (!p.zero_copy) warp_copy(staged, src, row_bytes, lane);
+            if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, src, row_bytes, lane);
             __syncwarp();
             nvshmemx_putmem_nbi_warp(ll.local(off), staged, row_bytes, s);
         }

@@ -1,0 +1,34 @@
+"""Kernel error records become exceptions whose messages name the rank, the peer and the phase."""
+import pytest
+
+from ep_rt import errors, params
+
+
+def record(**fields):
+    r = params.ErrorRecord()
+    for k, v in fields.items():
+        setattr(r, k, v)
+    return r
+
+
+def test_clear_record_is_no_error():
+    assert errors.error_from_record(record()) is None
+
+
+@pytest.mark.parametrize("fields,cls,words", [
+    (dict(code=1, phase=2, rank=0, peer=3, channel=-1, detail0=7, detail1=6), errors.CommTimeoutError,
+     ["rank 0", "rank 3", "notify", "EP_RT_TIMEOUT_S"]),
+    (dict(code=1, phase=8, rank=1, peer=0, channel=-1), errors.CommTimeoutError, ["rank 1", "low-latency combine"]),
+    (dict(code=2, phase=4, rank=0, peer=1, channel=0, detail0=900, detail1=800), errors.BufferTooSmallError,
+     ["900", "800", "num_nvl_bytes"]),
+    (dict(code=3, phase=4, rank=1, peer=1, detail0=70, detail1=64), errors.KernelError, ["num_worst_tokens=64"]),
+    (dict(code=4, phase=2, rank=0, peer=1, detail0=256, detail1=8), errors.KernelError, ["same hidden size"]),
+    (dict(code=5, phase=9, rank=0, peer=-1, detail0=300, detail1=288), errors.KernelError, ["300", "num_experts is 288"]),
+    (dict(code=2, phase=9, rank=0, peer=-1, detail0=129, detail1=128), errors.KernelError,
+     ["num_max_dispatch_tokens_per_rank"]),
+])
+def test_messages(fields, cls, words):
+    e = errors.error_from_record(record(**fields))
+    assert isinstance(e, cls)
+    for w in words:
+        assert w in str(e), (w, str(e))
