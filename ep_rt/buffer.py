@@ -130,6 +130,13 @@ class Buffer:
         self._ll.raise_if_failed()
         return self._ll
 
+    def raise_if_failed(self) -> None:
+        """ep_rt extension: raise the error a finished kernel recorded (a peer timeout, a bad expert id), if any.
+        Every call does this on entry; call it after synchronising to learn about the last call at once."""
+        for part in (self._nvl, self._ll):
+            if part is not None:
+                part.raise_if_failed()
+
     # ---- small static API -----------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:

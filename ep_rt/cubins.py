@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import _driver, env
 from .errors import CubinNotFoundError
+from .manifest import ManifestError, load_manifest
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -39,8 +39,10 @@ def cubin_root() -> Path:
 
 @functools.lru_cache(maxsize=None)
 def _read_manifest(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    try:
+        return load_manifest(path)
+    except ManifestError as e:
+        raise CubinNotFoundError(str(e)) from None
 
 
 def manifest() -> dict:

@@ -191,7 +191,7 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     chk.equal("combine.combined_x", combined, ref_c["combined_x"])
     chk.equal("combine.combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
     torch.cuda.synchronize()
-    buffer.runtime.raise_if_failed()
+    buffer.raise_if_failed()
     return chk
 
 

@@ -151,7 +151,7 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
             chk.equal("combine returns out", [combined.data_ptr() == out.data_ptr()], [True])
         chk.equal(f"round {rnd} combined_x", combined, ref)
     torch.cuda.synchronize()
-    buffer._ll.raise_if_failed()
+    buffer.raise_if_failed()
     return chk
 
 
@@ -195,5 +195,5 @@ def run_ll_graph(buffer, seed: int, replays: int = 5) -> Checker:
         chk.equal(f"replay {rep} layout_range", handle[1], want[me]["packed_recv_layout_range"])
         _blocks(chk, f"replay {rep}", recv_x, scales, handle[0], handle[1], want[me], L, R)
         chk.equal(f"replay {rep} combined_x", combined, ref)
-    buffer._ll.raise_if_failed()
+    buffer.raise_if_failed()
     return chk

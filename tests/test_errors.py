@@ -32,3 +32,22 @@ def test_messages(fields, cls, words):
     assert isinstance(e, cls)
     for w in words:
         assert w in str(e), (w, str(e))
+
+
+def test_buffer_raise_if_failed_checks_both_parts():
+    from types import SimpleNamespace
+
+    from ep_rt import Buffer
+
+    buf = object.__new__(Buffer)
+    buf.destroyed = True  # keeps __del__ quiet
+    ok = SimpleNamespace(raise_if_failed=lambda: None)
+
+    def fail():
+        raise errors.CommTimeoutError("rank 0: timed out")
+
+    buf._nvl, buf._ll = ok, SimpleNamespace(raise_if_failed=fail)
+    with pytest.raises(errors.CommTimeoutError):
+        buf.raise_if_failed()
+    buf._ll = None
+    buf.raise_if_failed()
