@@ -73,7 +73,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
     validate.tensor("num_tokens_per_expert", num_tokens_per_expert, dtype=torch.int32, ndim=1, device=dev)
     num_experts = num_tokens_per_expert.numel()
     validate.experts(num_experts, R)
-    validate.topk_idx(topk_idx, dev, num_experts, rows=N)
+    validate.topk_idx(topk_idx, dev, num_experts, rows=N, may_sync=num_worst_tokens == 0)
     validate.tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=dev, rows=N)
     if topk_weights.size(1) != topk_idx.size(1):
         raise ValueError("topk_weights must have the shape of topk_idx")

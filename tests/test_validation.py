@@ -147,3 +147,14 @@ def test_buffer_constructor_rejects_before_touching_the_gpu(kwargs, error):
 def test_buffer_without_group():
     with pytest.raises(NotImplementedError, match="process group"):
         Buffer(None)
+
+
+def test_no_value_check_sync_with_num_worst_tokens():
+    # num_worst_tokens promises no host sync: the range check is skipped (ids are never followed by the kernels).
+    out = check(topk_idx=torch.full((N, K), E), num_worst_tokens=64)
+    assert out.x.shape == (N, H)
+
+
+def test_wrong_device_is_named():
+    with pytest.raises(ValueError, match="must be on cpu"):
+        check(x=torch.empty(N, H, dtype=torch.bfloat16, device="meta"))
