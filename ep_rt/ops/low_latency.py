@@ -218,8 +218,13 @@ class LowLatencyOp:
 
     def destroy(self) -> None:
         torch.cuda.synchronize(self.device)
-        if self.failed is None:
-            nvshmem.barrier_all()
+        if self.failed is not None:
+            # nvshmem_free and finalize are collective: with a failed or abandoned buffer the peers may never
+            # come, so leave the symmetric heap to process exit rather than hang here.
+            _driver.host_free(self.host_ptr)
+            self.error = None
+            return
+        nvshmem.barrier_all()
         nvshmem.free(self.sym)
         nvshmem.unregister_module(self.module.handle)
         _driver.module_unload(self.module.handle)
