@@ -51,3 +51,21 @@ def test_buffer_raise_if_failed_checks_both_parts():
         buf.raise_if_failed()
     buf._ll = None
     buf.raise_if_failed()
+
+
+def test_intranode_calls_refuse_graph_capture(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from ep_rt import Buffer
+
+    buf = object.__new__(Buffer)
+    buf.destroyed = False
+    buf._nvl = SimpleNamespace(raise_if_failed=lambda: None)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(NotImplementedError, match="CUDA graph"):
+        buf.dispatch(torch.zeros(1, 8, dtype=torch.bfloat16))
+    with pytest.raises(NotImplementedError, match="CUDA graph"):
+        buf.combine(torch.zeros(1, 8, dtype=torch.bfloat16), handle=())
+    buf.destroyed = True
