@@ -284,15 +284,9 @@ class Buffer:
                              f" + 1) * 2 = {(T + 1) * 2}")
         args = (x, topk_idx, T, num_experts, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
                 use_fp8, round_scale, use_ue8m0)
-        if return_recv_hook:
-            outputs, launch_recv = ll.dispatch(*args, torch.cuda.current_stream(), None)
-            event, hook = EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
-        else:
-            scope = StreamScope(self.comm_stream, None, async_finish, False)
-            outputs, launch_recv = ll.dispatch(*args, self.comm_stream, None)
-            launch_recv(self.comm_stream)
-            event, hook = scope.finish([x, topk_idx, cumulative_local_expert_recv_stats,
-                                        dispatch_wait_recv_cost_stats, *outputs]), None
+        outputs, event, hook = self._ll_run(
+            lambda stream: ll.dispatch(*args, stream), async_finish, return_recv_hook,
+            lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out])
         recv_x, scales, count, src_info, layout_range = outputs
         handle = (src_info, layout_range, T, x.size(1), num_experts)
         return ((recv_x, scales) if use_fp8 else recv_x), count, handle, event, hook
@@ -311,15 +305,22 @@ class Buffer:
         src_info, layout_range, T, hidden, num_experts = handle
         args = (x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out,
                 combine_wait_recv_cost_stats, zero_copy)
+        return self._ll_run(lambda stream: ll.combine(*args, stream), async_finish, return_recv_hook,
+                            lambda combined: [x, topk_idx, topk_weights, src_info, layout_range, combined,
+                                              combine_wait_recv_cost_stats])
+
+    def _ll_run(self, start, async_finish: bool, return_recv_hook: bool, touched):
+        """DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and the hook
+        launches the receive kernel on the then-current stream; otherwise both run on the comm stream.
+        `start(stream)` launches the send kernel and returns (result, launch_recv); `touched(result)` lists the
+        tensors the comm stream used."""
         if return_recv_hook:
-            combined, launch_recv = ll.combine(*args, torch.cuda.current_stream())
-            return combined, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
+            result, launch_recv = start(torch.cuda.current_stream())
+            return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
         scope = StreamScope(self.comm_stream, None, async_finish, False)
-        combined, launch_recv = ll.combine(*args, self.comm_stream)
+        result, launch_recv = start(self.comm_stream)
         launch_recv(self.comm_stream)
-        event = scope.finish([x, topk_idx, topk_weights, src_info, layout_range, combined,
-                              combine_wait_recv_cost_stats])
-        return combined, event, None
+        return result, scope.finish(touched(result)), None
 
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
         src_info, layout_range, T, hidden, num_experts = handle

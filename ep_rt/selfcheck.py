@@ -114,7 +114,7 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     """One full round on this rank: layout, dispatch, cached dispatch, combine; each against the reference."""
     from . import Config
 
-    group, R, me, dev = buffer.group, buffer.group_size, buffer.rank, buffer.device
+    R, me, dev = buffer.group_size, buffer.rank, buffer.device
     chk = Checker(case)
     xs, idxs, weights = make_inputs(case, seed, R, dev)
     x, topk_idx, topk_w = xs[me], idxs[me], weights[me]

@@ -42,16 +42,16 @@ def test_dispatch_argument_errors(args, error, match):
 def test_ue8m0_rules():
     o = op()
     with pytest.raises(ValueError, match="round_scale"):
-        o.dispatch(x(), idx(), T, E, None, None, True, False, True, None, None)
+        o.dispatch(x(), idx(), T, E, None, None, True, False, True, None)
     with pytest.raises(ValueError, match="multiple of 512"):
-        o.dispatch(x(h=384), idx(), T, E, None, None, True, True, True, None, None)
+        o.dispatch(x(h=384), idx(), T, E, None, None, True, True, True, None)
 
 
 def test_stats_shapes():
     with pytest.raises(ValueError, match="rows"):
-        op().dispatch(x(), idx(), T, E, torch.zeros(3, dtype=torch.int32), None, True, False, False, None, None)
+        op().dispatch(x(), idx(), T, E, torch.zeros(3, dtype=torch.int32), None, True, False, False, None)
     with pytest.raises(TypeError, match="int64"):
-        op().dispatch(x(), idx(), T, E, None, torch.zeros(R, dtype=torch.int32), True, False, False, None, None)
+        op().dispatch(x(), idx(), T, E, None, torch.zeros(R, dtype=torch.int32), True, False, False, None)
 
 
 def test_combine_argument_errors():

@@ -99,9 +99,16 @@ class LowLatencyOp:
             raise ValueError(f"low-latency top-k is at most {params.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
         return N, H
 
+    @staticmethod
+    def _receive_launcher(send: Launcher, recv: Launcher, grid: int):
+        """The receive kernel with the send kernel's parameters frozen now: launch(stream), now or from a hook."""
+        ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(send.params), ctypes.sizeof(send.params))
+        launch = recv.snapshot()
+        return lambda stream: launch(grid, stream)
+
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, T, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale, use_ue8m0,
-                 stream_for_send, stream_for_recv_now):
+                 stream_for_send):
         """Launch the send kernel on `stream_for_send`; returns outputs and a launcher for the receive kernel."""
         self.raise_if_failed()
         R = self.num_ranks
@@ -137,15 +144,7 @@ class LowLatencyOp:
                  num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
                  use_ue8m0=int(use_ue8m0), zero_copy=0)
         send(max(1, min(N, self.num_sms)), stream_for_send)
-        ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(p), ctypes.sizeof(p))
-        recv_launch = recv.snapshot()
-        grid = L * R
-
-        def launch_recv(stream):
-            recv_launch(grid, stream)
-
-        outputs = (recv_x, scales, count, src_info, layout_range)
-        return outputs, launch_recv
+        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv, L * R)
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
@@ -184,14 +183,7 @@ class LowLatencyOp:
                  wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
                  num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy))
         send(L * R, stream_for_send)
-        ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(p), ctypes.sizeof(p))
-        recv_launch = recv.snapshot()
-        grid = max(1, min(N, self.num_sms))
-
-        def launch_recv(stream):
-            recv_launch(grid, stream)
-
-        return out, launch_recv
+        return out, self._receive_launcher(send, recv, max(1, min(N, self.num_sms)))
 
     # ---- buffers --------------------------------------------------------------------------------
     def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:

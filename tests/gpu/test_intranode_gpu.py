@@ -1,7 +1,6 @@
 """Multi-rank GPU tests: Buffer, peer mapping, barrier, dispatch/combine against the reference (both cubin
 variants), create/destroy cycles, timeouts, capacity errors, and more ranks than GPUs."""
 import pytest
-import torch
 
 from ep_rt.spawn import run_ranks
 

@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from ep_rt import reference
-from ep_rt.launch import driver_stream  # noqa: F401  (imported to check the module loads)
 from ep_rt.ops.layout import LayoutOp
 
 SEED = int.from_bytes(os.urandom(4), "little")
