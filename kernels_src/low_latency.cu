@@ -49,25 +49,29 @@ struct LL {
 
 // The whole block copies n rows of row_bytes (multiple of 16): row i goes from src + i * src_stride to
 // dst + dst_row(i) * dst_stride, dst_row(i) = dst_rows ? dst_rows[i] : i. Flattened over rows so every
-// thread keeps several 16-byte loads in flight even when there are only a few rows.
+// thread keeps several 16-byte loads in flight even when there are only a few rows. Index math is 32-bit
+// (n * row_bytes / 16 < 2^31 for every legal shape): a 64-bit divide per element cost more than the copy.
 __device__ void block_copy_rows(uint8_t* dst, int64_t dst_stride, const int* dst_rows, const uint8_t* src,
                                 int64_t src_stride, int n, int64_t row_bytes) {
-    const int64_t row_int4 = row_bytes / 16, total = int64_t(n) * row_int4;
+    const uint32_t row_int4 = uint32_t(row_bytes / 16), total = uint32_t(n) * row_int4;
     constexpr int kUnroll = 4;
-    for (int64_t j0 = threadIdx.x; j0 < total; j0 += int64_t(blockDim.x) * kUnroll) {
+    for (uint32_t j0 = threadIdx.x; j0 < total; j0 += blockDim.x * kUnroll) {
         int4 v[kUnroll];
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-            const int64_t j = j0 + int64_t(u) * blockDim.x;
-            if (j < total) v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(src + (j / row_int4) * src_stride) + j % row_int4);
+            const uint32_t j = j0 + u * blockDim.x;
+            if (j < total) {
+                const uint32_t i = j / row_int4, c = j - i * row_int4;
+                v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(src + i * src_stride) + c);
+            }
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-            const int64_t j = j0 + int64_t(u) * blockDim.x;
+            const uint32_t j = j0 + u * blockDim.x;
             if (j >= total) continue;
-            const int64_t i = j / row_int4;
-            const int64_t row = dst_rows ? dst_rows[i] : i;
-            st_na_v4(reinterpret_cast<int4*>(dst + row * dst_stride) + j % row_int4, v[u]);
+            const uint32_t i = j / row_int4, c = j - i * row_int4;
+            const int64_t row = dst_rows ? dst_rows[i] : int64_t(i);
+            st_na_v4(reinterpret_cast<int4*>(dst + row * dst_stride) + c, v[u]);
         }
     }
 }
@@ -350,16 +354,18 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
 }
 
 // ------------------------------------------------------------------------------------------------
-// Combine, receive half: block per token: out[t] = sum over k ascending of w[t,k] * y_k, an f32 multiply then
-// an f32 add (no FMA, as the reference), skipping -1 and masked ranks. All K rows of a chunk are loaded
-// before the sum so the loads overlap.
-extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_recv(const LowLatencyParams p) {
+// Combine, receive half: work item = (token t, chunk of blockDim.x int4 of the hidden row), so even a small
+// batch fills every SM. out[t] = sum over k ascending of w[t,k] * y_k, an f32 multiply then an f32 add (no FMA,
+// as the reference), skipping -1 and masked ranks. All K rows are loaded before the sum so the loads overlap.
+extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const LowLatencyParams p) {
     const LL ll(p);
     const int K = p.num_topk;
     const int hidden_int4 = p.hidden / 8;
+    const int chunks = (hidden_int4 + blockDim.x - 1) / blockDim.x;
     __shared__ int64_t row_off[EP_RT_LL_MAX_TOPK];
     __shared__ float weight[EP_RT_LL_MAX_TOPK];
-    for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+    for (int item = blockIdx.x; item < p.num_tokens * chunks; item += gridDim.x) {
+        const int t = item / chunks, i = (item - t * chunks) * blockDim.x + threadIdx.x;
         if (threadIdx.x < EP_RT_LL_MAX_TOPK) {
             const int k = threadIdx.x;
             int64_t off = -1;
@@ -382,7 +388,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_recv(const Lo
             row_off[k] = off;
         }
         __syncthreads();
-        for (int i = threadIdx.x; i < hidden_int4; i += blockDim.x) {
+        if (i < hidden_int4) {
             int4 v[EP_RT_LL_MAX_TOPK];
 #pragma unroll
             for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)

@@ -183,7 +183,9 @@ class LowLatencyOp:
                  wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
                  num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy))
         send(L * R, stream_for_send)
-        return out, self._receive_launcher(send, recv, max(1, min(N, self.num_sms)))
+        # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
+        items = N * -(-hidden // (8 * _RECV_BLOCK))
+        return out, self._receive_launcher(send, recv, max(1, min(items, 2 * self.num_sms)))
 
     # ---- buffers --------------------------------------------------------------------------------
     def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:
