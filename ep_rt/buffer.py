@@ -122,13 +122,6 @@ class Buffer:
             raise NotImplementedError(_NOT_YET.format(what="high-throughput calls on more than 8 ranks"))
         return self._nvl
 
-    @staticmethod
-    def _refuse_graph_capture(what: str) -> None:
-        # The intranode kernels take each call's sequence number by value: a captured call replayed twice would
-        # see its own stale flags and read data before it arrives. Refuse rather than compute garbage.
-        if torch.cuda.is_current_stream_capturing():
-            raise NotImplementedError(f"{what} cannot be captured in a CUDA graph in this ep_rt release (the "
-                                      f"low-latency calls can); run it outside the graph")
 
     def _ll_live(self):
         if self.destroyed:
@@ -227,7 +220,10 @@ class Buffer:
 
         nvl = self._live()
         nvl.raise_if_failed()
-        self._refuse_graph_capture("intranode dispatch")
+        if handle is None and num_worst_tokens == 0 and torch.cuda.is_current_stream_capturing():
+            # Without num_worst_tokens the host must read the receive count to size the outputs: a sync.
+            raise RuntimeError("dispatch inside CUDA-graph capture needs num_worst_tokens > 0 (the output size "
+                               "must not depend on the routing), or a handle (cached dispatch)")
         config = config if config is not None else self.get_dispatch_config(self.group_size)
         args = dispatch_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
                                    topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
@@ -256,7 +252,6 @@ class Buffer:
 
         nvl = self._live()
         nvl.raise_if_failed()
-        self._refuse_graph_capture("intranode combine")
         bias0, bias1 = dispatch_args.check_combine(self, x, handle, topk_weights, bias, config)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         combined_x, combined_w, tensors = self._intranode.combine(x, handle, topk_weights, bias0, bias1,

@@ -1,7 +1,7 @@
 """Byte layout of a rank's NVL buffer, identical on every rank.
 
 [control region | data region]. The control region holds the per-source notify slots, the
-sequence-numbered flags and the error claim word; the data region is reused by every call, laid
+sequence-numbered flags, the error claim word and the call sequence numbers; the data region is reused by every call, laid
 out per call as a structure of arrays whose row index is the token's final receive row.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ def _control_layout() -> tuple[dict, int]:
         ("dispatch_done", MAX_NVL_RANKS * MAX_CHANNELS * 8),
         ("combine_done", MAX_NVL_RANKS * MAX_CHANNELS * 8),
         ("error_claim", 4),
+        ("call_seq", params.EP_RT_CALL_KINDS * (8 + 4)),
     ):
         offsets[name] = cursor
         cursor = align(cursor + nbytes)

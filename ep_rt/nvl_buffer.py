@@ -1,5 +1,8 @@
 """A rank's NVL buffer and its peers' mappings: allocation, CUDA IPC exchange over the process
-group, host-mapped counters and error record, call sequence numbers, the device barrier, teardown.
+group, host-mapped counters and error record, host tokens, the device barrier, teardown.
+
+Call sequence numbers live in the control region (device memory) and advance on the GPU, so calls can be
+captured in CUDA graphs; the host only numbers the notify calls whose counts it waits for (host tokens).
 
 Teardown order: device sync, barrier (no peer still writes into us), close peer mappings, free the
 local buffer, free host memory.
@@ -32,7 +35,7 @@ class NvlBuffer:
         self.num_nvl_bytes = num_nvl_bytes
         self.timeout_ns = int(timeout_s * 1e9)
         self.timeout_s = timeout_s
-        self.seq = 0
+        self.host_token = 0
         self.failed: EpRtError | None = None
         self.peer_ptrs = [0] * self.num_ranks
         self._opened: list[int] = []
@@ -78,11 +81,11 @@ class NvlBuffer:
         ctypes.memmove(ctypes.addressof(p.ctrl), ctypes.addressof(self.ctrl), ctypes.sizeof(self.ctrl))
         p.rank, p.num_ranks, p.timeout_ns = self.rank, self.num_ranks, self.timeout_ns
 
-    def next_seq(self) -> int:
-        """Sequence number of the next collective call (identical on all ranks: same calls, same order)."""
+    def next_host_token(self) -> int:
+        """Token under which the next notify publishes its counts to the host (never 0, which means "don't")."""
         self.raise_if_failed()
-        self.seq += 1
-        return self.seq
+        self.host_token = self.host_token % 0x7FFFFFFF + 1
+        return self.host_token
 
     def raise_if_failed(self) -> None:
         if self.failed is None:
@@ -90,14 +93,14 @@ class NvlBuffer:
         if self.failed is not None:
             raise self.failed
 
-    def wait_host_counters(self, seq: int, phase: str) -> None:
-        """Spin until the notify kernel of call `seq` has published the host counters, with a timeout."""
-        counter, want = self.counters, seq & 0x7FFFFFFF
+    def wait_host_counters(self, token: int, phase: str) -> None:
+        """Spin until the notify kernel given `token` has published the host counters, with a timeout."""
+        counter, want = self.counters, token
         # Later than the kernels' own deadline, so their error (which names the missing peer) comes first.
         deadline = time.monotonic() + 1.5 * self.timeout_s + 2.0
         spins = 0
         while True:
-            if counter[params.EP_RT_HOST_SEQ] == want:
+            if counter[params.EP_RT_HOST_TOKEN] == want:
                 return
             spins += 1
             if spins % 256 == 0:
@@ -110,7 +113,7 @@ class NvlBuffer:
                     raise self.failed
 
     def barrier(self, stream, synchronize: bool = True) -> None:
-        self._barrier.params.seq = self.next_seq()
+        self.raise_if_failed()
         self._barrier(1, stream)
         if synchronize:
             stream.synchronize()

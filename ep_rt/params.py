@@ -37,10 +37,16 @@ EP_RT_NOTIFY_RANK_COUNTS = 8
 EP_RT_NOTIFY_CHANNEL_COUNTS = 16
 EP_RT_NOTIFY_EXPERT_COUNTS = 144
 
+EP_RT_CALL_BARRIER = 0
+EP_RT_CALL_NOTIFY = 1
+EP_RT_CALL_DISPATCH = 2
+EP_RT_CALL_COMBINE = 3
+EP_RT_CALL_KINDS = 4
+
 EP_RT_HOST_NUM_RECV = 0
 EP_RT_HOST_MAX_DISPATCH_ROWS = 1
 EP_RT_HOST_MAX_COMBINE_ROWS = 2
-EP_RT_HOST_SEQ = 3
+EP_RT_HOST_TOKEN = 3
 EP_RT_HOST_EXPERT_COUNTS = 4
 EP_RT_HOST_COUNTER_WORDS = 4 + EP_RT_MAX_LOCAL_EXPERTS
 
@@ -95,7 +101,7 @@ class ControlLayout(ctypes.Structure):
         ("dispatch_done", _i64),
         ("combine_done", _i64),
         ("error_claim", _i64),
-        ("pad", _i64),
+        ("call_seq", _i64),
         ("data", _i64),
         ("data_bytes", _i64),
     ]
@@ -106,7 +112,6 @@ class BarrierParams(ctypes.Structure):
         ("peer_buffers", _PeerBuffers),
         ("error", _u64),
         ("ctrl", ControlLayout),
-        ("seq", _i64),
         ("timeout_ns", _i64),
         ("rank", _i32),
         ("num_ranks", _i32),
@@ -126,7 +131,7 @@ class NotifyParams(ctypes.Structure):
         ("recv_channel_prefix_matrix", _u64),
         ("host_counters", _u64),
         ("ctrl", ControlLayout),
-        ("seq", _i64),
+        ("host_token", _i64),
         ("timeout_ns", _i64),
         ("dispatch_row_bytes", _i64),
         ("combine_row_bytes", _i64),
@@ -172,7 +177,6 @@ class DispatchParams(ctypes.Structure):
         ("region", DispatchRegion),
         ("scale_token_stride", _i64),
         ("scale_hidden_stride", _i64),
-        ("seq", _i64),
         ("timeout_ns", _i64),
         ("rank", _i32),
         ("num_ranks", _i32),
@@ -212,7 +216,6 @@ class CombineParams(ctypes.Structure):
         ("combined_topk_weights", _u64),
         ("ctrl", ControlLayout),
         ("region", CombineRegion),
-        ("seq", _i64),
         ("timeout_ns", _i64),
         ("rank", _i32),
         ("num_ranks", _i32),
@@ -260,5 +263,5 @@ class LowLatencyParams(ctypes.Structure):
         ("use_ue8m0", _i32),
         ("zero_copy", _i32),
         ("has_remote_peers", _i32),
-        ("pad", _i32),
+        ("use_logfmt", _i32),
     ]

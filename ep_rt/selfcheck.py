@@ -195,6 +195,74 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     return chk
 
 
+def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
+    """Layout, num_worst_tokens dispatch, cached dispatch and combine captured in one CUDA graph, replayed with
+    new routing and data copied in; every replay checked against the reference. An eager round runs between
+    replays, so graph replays and eager calls must agree on the call numbering."""
+    from . import Config
+
+    case = Case("cuda graph", num_tokens=384, hidden=2048, num_experts=64, num_worst_tokens=True, bias="one")
+    R, me, dev = buffer.group_size, buffer.rank, buffer.device
+    N, H, E, W = case.num_tokens, case.hidden, case.num_experts, case.num_tokens * R
+    config = Config(case.num_sms, 6, 256, 6, 128)
+    chk = Checker(case)
+    xs, idxs, ws = make_inputs(case, seed, R, dev)
+    x_in, idx_in, w_in = xs[me].clone(), idxs[me].clone(), ws[me].clone()
+    y_in = torch.zeros(W, H, dtype=torch.bfloat16, device=dev)
+    bias_in = torch.zeros(N, H, dtype=torch.bfloat16, device=dev)
+
+    def step():
+        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx_in, E)
+        recv_x, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
+            x_in, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+            topk_idx=idx_in, topk_weights=w_in, num_worst_tokens=W, config=config)
+        cached_x, *_ = buffer.dispatch(x_in, handle=handle, config=config)
+        combined, combined_w, _ = buffer.combine(y_in, handle, topk_weights=recv_w, bias=bias_in, config=config)
+        return recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w
+
+    step()  # warm-up outside the graph, as torch recommends
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w = out
+    for rep in range(replays):
+        s = seed * 31 + rep
+        xs, idxs, ws = make_inputs(case, s, R, dev)
+        ref = reference.intranode_dispatch(xs, idxs, ws, E, case.num_sms, 1, W)
+        ys, biases = [], []
+        for r in range(R):
+            g = torch.Generator().manual_seed(s * 1000 + 500 + r)
+            ys.append(torch.randn(W, H, generator=g).to(torch.bfloat16).to(dev))
+            biases.append(torch.randn(N, H, generator=g).to(torch.bfloat16).to(dev))
+        ref_c = reference.intranode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
+        x_in.copy_(xs[me])
+        idx_in.copy_(idxs[me])
+        w_in.copy_(ws[me])
+        y_in.copy_(ys[me])
+        bias_in.copy_(biases[me])
+        graph.replay()
+        torch.cuda.synchronize()
+        mine, n = ref[me], ref[me]["num_recv"]
+        chk.equal(f"replay {rep} recv_x", recv_x, mine["recv_x"], rows=n)
+        chk.equal(f"replay {rep} recv_topk_idx", recv_idx, mine["recv_topk_idx"])
+        chk.equal(f"replay {rep} recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
+        for i, key in enumerate(("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix",
+                                 "recv_src_idx", "is_token_in_rank", "send_pos")):
+            chk.equal(f"replay {rep} handle[{i}] {key}", handle[i], mine[key],
+                      rows=n if key == "recv_src_idx" else None)
+        chk.equal(f"replay {rep} cached recv_x", cached_x, mine["recv_x"], rows=n)
+        chk.equal(f"replay {rep} combined_x", combined, ref_c["combined_x"])
+        chk.equal(f"replay {rep} combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
+        if rep == 1:  # an eager round between replays
+            eager = run_case(buffer, Case("eager between replays", num_tokens=200), seed * 31 + 99)
+            chk.checks += eager.checks
+            chk.failures += [f"eager between replays: {f}" for f in eager.failures]
+    del graph
+    buffer.raise_if_failed()
+    return chk
+
+
 def standard_cases(num_ranks: int) -> list[Case]:
     """The GPU suite's cases: dtypes, options, routings and shapes (kept small except the HT shape)."""
     R = num_ranks
@@ -243,6 +311,8 @@ def main_rank(rank, num_ranks, quick, bench, num_sms):
     for i, case in enumerate(cases):
         chk = run_case(buffer, case, seed + i)
         rows.append((case.name, chk.checks, chk.failures))
+    chk = run_graph_case(buffer, seed + 500)
+    rows.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
     bench_rows = bench_mod.bench_ht(buffer, num_sms=num_sms) if bench else []
     buffer.destroy()
     ll_rows, ll_bench = low_latency_round(num_ranks, seed, quick, bench)

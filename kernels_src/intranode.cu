@@ -6,7 +6,8 @@
 // every receiver is known. Senders therefore write rows straight to their final index in the
 // receiver's buffer (no ring, no flow control, no waiting while sending), rows for themselves go
 // straight into the output tensors, and a receiver only copies each (source, channel) block out
-// once that block's done-flag arrives. Flags carry the call's sequence number, so nothing is reset.
+// once that block's done-flag arrives. Flags carry the call's sequence number, so nothing is reset;
+// the numbers live in device memory (sync.cuh), so every kernel here can be captured in a CUDA graph.
 // Every wait is time-limited and reports into the error record instead of hanging.
 #include <cuda_bf16.h>
 
@@ -115,19 +116,22 @@ __device__ int block_inclusive_scan(int value, int& total) {
 // Barrier across the ranks of one node (one block).
 extern "C" __global__ void __launch_bounds__(32) ep_rt_intranode_barrier(const BarrierParams p) {
     const uint64_t local = p.peer_buffers[p.rank];
+    const CallSeq call = call_seq(local, p.ctrl, EP_RT_CALL_BARRIER);
+    const int64_t seq = begin_call(call);
     const ErrorSink sink = make_sink(p.error, local, p.ctrl, p.rank);
     const int peer = threadIdx.x;
     if (peer < p.num_ranks && peer != p.rank)
-        st_release_sys(flag_at(p.peer_buffers[peer], p.ctrl.barrier_flags, p.rank), p.seq);
+        st_release_sys(flag_at(p.peer_buffers[peer], p.ctrl.barrier_flags, p.rank), seq);
     if (peer < p.num_ranks && peer != p.rank)
-        wait_flag(flag_at(local, p.ctrl.barrier_flags, peer), p.seq, p.timeout_ns, sink, EP_RT_PHASE_BARRIER, peer, -1);
+        wait_flag(flag_at(local, p.ctrl.barrier_flags, peer), seq, p.timeout_ns, sink, EP_RT_PHASE_BARRIER, peer, -1);
+    end_call(call, seq);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Notify: block r scans column r of is_token_in_rank (send positions and per-channel counts) and
 // publishes my counts for rank r into rank r's slot for me; block `rank` then gathers every
 // source's slot and derives the prefix matrices and the host-visible receive counts.
-extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const NotifyParams p) {
+__device__ void run_notify(const NotifyParams& p, int64_t seq) {
     __shared__ int channel_counts[EP_RT_MAX_CHANNELS];
     __shared__ int counts[EP_RT_MAX_NVL_RANKS][EP_RT_MAX_NVL_RANKS];
     const int dst = blockIdx.x, me = p.rank, R = p.num_ranks, C = p.num_channels;
@@ -176,14 +180,14 @@ extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const 
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence_system();
-        st_release_sys(reinterpret_cast<int64_t*>(slot), p.seq);
+        st_release_sys(reinterpret_cast<int64_t*>(slot), seq);
     }
     if (dst != me) return;
 
     // Gather: wait for every source's slot in my buffer.
     bool ok = true;
     if (threadIdx.x < R)
-        ok = wait_flag(reinterpret_cast<int64_t*>(notify_slot(local, p.ctrl, threadIdx.x)), p.seq, p.timeout_ns,
+        ok = wait_flag(reinterpret_cast<int64_t*>(notify_slot(local, p.ctrl, threadIdx.x)), seq, p.timeout_ns,
                        sink, EP_RT_PHASE_NOTIFY, threadIdx.x, -1);
     if (__syncthreads_or(!ok)) return;
 
@@ -212,6 +216,7 @@ extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const 
             acc += s[EP_RT_NOTIFY_CHANNEL_COUNTS + c];
         }
     }
+    if (p.host_token == 0) return;  // num_worst_tokens: the host does not wait for the counts
     volatile int32_t* host = reinterpret_cast<volatile int32_t*>(p.host_counters);
     for (int l = threadIdx.x; l < num_local_experts; l += blockDim.x) {
         int sum = 0;
@@ -235,15 +240,22 @@ extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const 
         host[EP_RT_HOST_MAX_COMBINE_ROWS] = max_combine;
         host[EP_RT_HOST_NUM_RECV] = num_recv;
         __threadfence_system();
-        host[EP_RT_HOST_SEQ] = int32_t(p.seq & 0x7fffffff);
+        host[EP_RT_HOST_TOKEN] = int32_t(p.host_token & 0x7fffffff);
         __threadfence_system();
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const NotifyParams p) {
+    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, EP_RT_CALL_NOTIFY);
+    const int64_t seq = begin_call(call);
+    run_notify(p, seq);
+    end_call(call, seq);
 }
 
 // ------------------------------------------------------------------------------------------------
 // Dispatch: block c sends channel c's tokens to every destination, then receives channel c of every
 // source. Sending never waits, so blocks cannot deadlock whatever the residency.
-extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const DispatchParams p) {
+__device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
     const int me = p.rank, R = p.num_ranks, C = p.num_channels, c = blockIdx.x;
     const uint64_t local = p.peer_buffers[me];
     const ErrorSink sink = make_sink(p.error, local, p.ctrl, me);
@@ -255,8 +267,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const
     const int S = p.num_scales, K = p.num_topk, L = p.num_local_experts;
 
     if (p.handshake) {  // cached mode: peers may still be reading their buffers from the last call
-        if (c == 0) signal_peers(p.peer_buffers, p.ctrl.dispatch_ready, me, me, R, p.seq);
-        if (!wait_peers(local, p.ctrl.dispatch_ready, 1, 0, me, R, p.seq, p.timeout_ns, sink,
+        if (c == 0) signal_peers(p.peer_buffers, p.ctrl.dispatch_ready, me, me, R, seq);
+        if (!wait_peers(local, p.ctrl.dispatch_ready, 1, 0, me, R, seq, p.timeout_ns, sink,
                         EP_RT_PHASE_DISPATCH_HANDSHAKE))
             return;
     }
@@ -354,10 +366,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const
                 if (row[j] >= 0) reinterpret_cast<int32_t*>(src_base[j])[row[j]] = t;
         }
     }
-    signal_peers(p.peer_buffers, p.ctrl.dispatch_done, me * EP_RT_MAX_CHANNELS + c, me, R, p.seq);
+    signal_peers(p.peer_buffers, p.ctrl.dispatch_done, me * EP_RT_MAX_CHANNELS + c, me, R, seq);
 
     // ---- receive: copy channel c of every remote source out of my buffer ----
-    if (!wait_peers(local, p.ctrl.dispatch_done, EP_RT_MAX_CHANNELS, c, me, R, p.seq, p.timeout_ns, sink,
+    if (!wait_peers(local, p.ctrl.dispatch_done, EP_RT_MAX_CHANNELS, c, me, R, seq, p.timeout_ns, sink,
                     EP_RT_PHASE_DISPATCH_RECV))
         return;
     const uint64_t data = local + p.ctrl.data;
@@ -395,10 +407,17 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const
     }
 }
 
+extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const DispatchParams p) {
+    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, EP_RT_CALL_DISPATCH);
+    const int64_t seq = begin_call(call);
+    run_dispatch(p, seq);
+    end_call(call, seq);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Combine: block c sends the rows it holds for channel c of every source back to that source,
 // then reduces channel c of its own tokens: bias first, then ranks in ascending order, in f32.
-extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const CombineParams p) {
+__device__ void run_combine(const CombineParams& p, int64_t seq) {
     const int me = p.rank, R = p.num_ranks, C = p.num_channels, c = blockIdx.x;
     const uint64_t local = p.peer_buffers[me];
     const ErrorSink sink = make_sink(p.error, local, p.ctrl, me);
@@ -410,8 +429,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const 
     const int64_t row_bytes = int64_t(H) * 2;
 
     // Peers may still be reading their buffers (previous call): wait until all have started this one.
-    if (c == 0) signal_peers(p.peer_buffers, p.ctrl.combine_ready, me, me, R, p.seq);
-    if (!wait_peers(local, p.ctrl.combine_ready, 1, 0, me, R, p.seq, p.timeout_ns, sink,
+    if (c == 0) signal_peers(p.peer_buffers, p.ctrl.combine_ready, me, me, R, seq);
+    if (!wait_peers(local, p.ctrl.combine_ready, 1, 0, me, R, seq, p.timeout_ns, sink,
                     EP_RT_PHASE_COMBINE_HANDSHAKE))
         return;
 
@@ -436,10 +455,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const 
             block_copy<Src::kInput>(at<float>(data, p.region.topk_weights) + int64_t(dst_row) * K,
                        reinterpret_cast<const float*>(p.topk_weights) + int64_t(in_begin) * K, int64_t(n) * K * 4);
     }
-    signal_peers(p.peer_buffers, p.ctrl.combine_done, me * EP_RT_MAX_CHANNELS + c, me, R, p.seq);
+    signal_peers(p.peer_buffers, p.ctrl.combine_done, me * EP_RT_MAX_CHANNELS + c, me, R, seq);
 
     // ---- reduce channel c of my tokens ----
-    if (!wait_peers(local, p.ctrl.combine_done, EP_RT_MAX_CHANNELS, c, me, R, p.seq, p.timeout_ns, sink,
+    if (!wait_peers(local, p.ctrl.combine_done, EP_RT_MAX_CHANNELS, c, me, R, seq, p.timeout_ns, sink,
                     EP_RT_PHASE_COMBINE_RECV))
         return;
     __shared__ int src_base[EP_RT_MAX_NVL_RANKS];
@@ -533,4 +552,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const 
             }
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const CombineParams p) {
+    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, EP_RT_CALL_COMBINE);
+    const int64_t seq = begin_call(call);
+    run_combine(p, seq);
+    end_call(call, seq);
 }

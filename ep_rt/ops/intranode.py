@@ -2,6 +2,8 @@
 
 Dispatch = notify kernel (exchange counts, derive the prefix matrices; the host reads the receive
 count from mapped memory unless num_worst_tokens is given) + dispatch kernel. Combine = one kernel.
+With num_worst_tokens nothing waits on the host, so dispatch (and any combine or cached dispatch) can be
+captured in a CUDA graph: the kernels number their calls on the GPU (kernels_src/include/ep_rt/sync.cuh).
 The handle has DeepEP's six entries: (rank_prefix_matrix [R,R], channel_prefix_matrix [R,C],
 recv_channel_prefix_matrix [R,C], recv_src_idx [rows], is_token_in_rank [N,R], send_pos [N,R]).
 In ep_rt every column of rank_prefix_matrix is valid, and the last entry holds each token's
@@ -61,7 +63,8 @@ class IntranodeOp:
         num_experts = num_tokens_per_expert.numel() if num_tokens_per_expert is not None else 0
         L = num_experts // R
         dev = x.device
-        seq = nvl.next_seq()
+        # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them).
+        host_token = 0 if num_worst_tokens > 0 else nvl.next_host_token()
 
         dispatch_rows = buffer_layout.DispatchRows(hidden_bytes, S, K)
         combine_rows = buffer_layout.CombineRows(hidden, K)
@@ -82,7 +85,7 @@ class IntranodeOp:
                         channel_prefix_matrix=channel_prefix_matrix.data_ptr(),
                         rank_prefix_matrix=rank_prefix_matrix.data_ptr(),
                         recv_channel_prefix_matrix=recv_channel_prefix_matrix.data_ptr(),
-                        host_counters=nvl.counters_dev_ptr, seq=seq,
+                        host_counters=nvl.counters_dev_ptr, host_token=host_token,
                         dispatch_row_bytes=sum(dispatch_rows.widths()), combine_row_bytes=sum(combine_rows.widths()),
                         num_tokens=N, num_channels=num_channels, num_experts=num_experts,
                         expert_alignment=expert_alignment, hidden_bytes=hidden_bytes, num_topk=K)
@@ -91,7 +94,7 @@ class IntranodeOp:
         if num_worst_tokens > 0:
             num_rows, per_expert = num_worst_tokens, []
         else:
-            nvl.wait_host_counters(seq, "dispatch notify")
+            nvl.wait_host_counters(host_token, "dispatch notify")
             num_rows = counters[params.EP_RT_HOST_NUM_RECV]
             max_dispatch = counters[params.EP_RT_HOST_MAX_DISPATCH_ROWS]
             max_combine = counters[params.EP_RT_HOST_MAX_COMBINE_ROWS]
@@ -111,7 +114,7 @@ class IntranodeOp:
             recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
             recv_src_idx = torch.empty(num_rows, dtype=torch.int32, device=dev)
 
-        self._launch_dispatch(seq, x, x_scales, topk_idx, topk_weights, send_pos, rank_prefix_matrix,
+        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, send_pos, rank_prefix_matrix,
                               recv_channel_prefix_matrix, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
                               recv_src_idx, num_channels, L, num_rows, fill_unused=num_worst_tokens > 0,
                               handshake=False, stream=comm_stream)
@@ -126,20 +129,20 @@ class IntranodeOp:
         hidden = x.size(1)
         S = x_scales.size(1) if x_scales is not None else 0
         num_rows = recv_src_idx.size(0)
-        seq = self.nvl.next_seq()
+        self.nvl.raise_if_failed()
         buffer_layout.DispatchRows(hidden * x.element_size(), S, 0).fill(self.dispatch_kernel.params.region,
                                                                           self.nvl.num_nvl_bytes)
         with torch.cuda.stream(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=x.device) if S else None
             scratch_src_idx = torch.empty(num_rows, dtype=torch.int32, device=x.device)
-        self._launch_dispatch(seq, x, x_scales, None, None, send_pos, rank_prefix_matrix, recv_channel_prefix_matrix,
+        self._launch_dispatch(x, x_scales, None, None, send_pos, rank_prefix_matrix, recv_channel_prefix_matrix,
                               recv_x, recv_x_scales, None, None, scratch_src_idx, recv_channel_prefix_matrix.size(1), 0,
                               num_rows, fill_unused=False, handshake=True, stream=comm_stream)
         tensors = [x, x_scales, recv_x, recv_x_scales, scratch_src_idx, *handle]
         return recv_x, recv_x_scales, tensors
 
-    def _launch_dispatch(self, seq, x, x_scales, topk_idx, topk_weights, send_pos, rank_prefix_matrix,
+    def _launch_dispatch(self, x, x_scales, topk_idx, topk_weights, send_pos, rank_prefix_matrix,
                          recv_channel_prefix_matrix, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
                          recv_src_idx, num_channels, num_local_experts, num_rows, fill_unused, handshake, stream):
         ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
@@ -151,7 +154,7 @@ class IntranodeOp:
             recv_topk_weights=ptr(recv_topk_weights), recv_src_idx=ptr(recv_src_idx),
             scale_token_stride=x_scales.stride(0) if x_scales is not None else 0,
             scale_hidden_stride=x_scales.stride(1) if x_scales is not None else 0,
-            seq=seq, num_tokens=x.size(0), num_channels=num_channels, hidden_bytes=x.size(1) * x.element_size(),
+            num_tokens=x.size(0), num_channels=num_channels, hidden_bytes=x.size(1) * x.element_size(),
             num_scales=x_scales.size(1) if x_scales is not None else 0,
             num_topk=topk_idx.size(1) if topk_idx is not None else 0, num_local_experts=num_local_experts,
             num_out_rows=num_rows, fill_unused_rows=int(fill_unused), handshake=int(handshake))
@@ -162,7 +165,7 @@ class IntranodeOp:
         rank_prefix_matrix, _, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_pos = handle
         N, hidden = is_token_in_rank.size(0), x.size(1)
         K = topk_weights.size(1) if topk_weights is not None else 0
-        seq = self.nvl.next_seq()
+        self.nvl.raise_if_failed()
         c = self.combine_kernel.params
         buffer_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
         with torch.cuda.stream(alloc_stream):
@@ -173,7 +176,7 @@ class IntranodeOp:
         self.combine_kernel.set(
             x=ptr(x), topk_weights=ptr(topk_weights), bias0=ptr(bias0), bias1=ptr(bias1), send_pos=ptr(send_pos),
             rank_prefix_matrix=ptr(rank_prefix_matrix), recv_channel_prefix_matrix=ptr(recv_channel_prefix_matrix),
-            combined_x=ptr(combined_x), combined_topk_weights=ptr(combined_w), seq=seq, num_tokens=N,
+            combined_x=ptr(combined_x), combined_topk_weights=ptr(combined_w), num_tokens=N,
             num_channels=num_channels, hidden=hidden, num_topk=K, num_in_rows=x.size(0))
         self._run("combine", self.combine_kernel, num_channels, comm_stream)
         tensors = [x, topk_weights, bias0, bias1, combined_x, combined_w, *handle]

@@ -28,6 +28,9 @@ def test_buffer_construction_peer_mapping_and_barrier():
 def test_dispatch_combine_match_reference_2_ranks(aggressive):
     results = run_ranks(workers.suite, 2, args=(None, aggressive), timeout_s=900)
     assert results[0]["cases"], "no cases ran"
+    names = [name for name, _, _ in results[0]["cases"]]
+    assert workers.GRAPH_CASE in names, names
+    assert all(checks > 0 for _, checks, _ in results[0]["cases"])
     problems = _report(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
@@ -58,7 +61,7 @@ def test_buffer_too_small_raises_on_every_rank_and_buffer_stays_usable():
 
 
 SHARED_GPU_CASES = ("bf16 uniform", "fp8 row scales", "num_worst_tokens", "holes (-1 in topk_idx)",
-                    "a rank receives nothing", "bias pair", "uneven token counts")
+                    "a rank receives nothing", "bias pair", "uneven token counts", workers.GRAPH_CASE)
 
 
 @gpus(2)

@@ -52,6 +52,9 @@ def buffer_basics(rank, num_ranks):
     return seen
 
 
+GRAPH_CASE = "cuda graph replays (num_worst_tokens)"
+
+
 def suite(rank, num_ranks, case_names=None, aggressive=False):
     os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
     cases = selfcheck.standard_cases(num_ranks)
@@ -64,6 +67,9 @@ def suite(rank, num_ranks, case_names=None, aggressive=False):
     for i, case in enumerate(cases):
         chk = selfcheck.run_case(buf, case, seed + i)
         out.append((case.name, chk.checks, chk.failures))
+    if case_names is None or GRAPH_CASE in case_names:
+        chk = selfcheck.run_graph_case(buf, seed + 500)
+        out.append((GRAPH_CASE, chk.checks, chk.failures))
     buf.destroy()
     return {"seed": seed, "cases": out, "variant": "aggressive" if aggressive else "safe"}
 

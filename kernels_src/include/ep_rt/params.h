@@ -64,16 +64,22 @@ struct ControlLayout {
     int64_t dispatch_done;      // int64 [MAX_NVL_RANKS][MAX_CHANNELS]
     int64_t combine_done;       // int64 [MAX_NVL_RANKS][MAX_CHANNELS]
     int64_t error_claim;        // int32 in device memory: the first failing block claims it atomically
-    int64_t pad;
+    int64_t call_seq;           // int64 [EP_RT_CALL_KINDS] sequence numbers, then int32 [EP_RT_CALL_KINDS] tickets
     int64_t data;               // start of the data region
     int64_t data_bytes;         // size of the data region
 };
+
+// Kinds of collective call, each with its own sequence number in the control region (see sync.cuh).
+#define EP_RT_CALL_BARRIER 0
+#define EP_RT_CALL_NOTIFY 1
+#define EP_RT_CALL_DISPATCH 2
+#define EP_RT_CALL_COMBINE 3
+#define EP_RT_CALL_KINDS 4
 
 struct BarrierParams {
     uint64_t peer_buffers[EP_RT_MAX_NVL_RANKS];
     uint64_t error;             // ErrorRecord* (host-mapped)
     struct ControlLayout ctrl;
-    int64_t seq;
     int64_t timeout_ns;
     int32_t rank;
     int32_t num_ranks;
@@ -91,7 +97,7 @@ struct NotifyParams {
     uint64_t recv_channel_prefix_matrix; // out int32 [R, C]: exclusive start of source's channel in its block
     uint64_t host_counters;              // host-mapped int32 HostCounters
     struct ControlLayout ctrl;
-    int64_t seq;
+    int64_t host_token;                  // > 0: publish the counts to the host under this token; 0: do not
     int64_t timeout_ns;
     int64_t dispatch_row_bytes;          // bytes one dispatched token needs in the data region
     int64_t combine_row_bytes;           // bytes one combined token needs in the data region
@@ -115,12 +121,13 @@ struct NotifyParams {
 #define EP_RT_NOTIFY_CHANNEL_COUNTS 16
 #define EP_RT_NOTIFY_EXPERT_COUNTS 144
 
-// Host-mapped counters the notify kernel fills (int32 words). The call's sequence number (low 31 bits) is
-// written last: the host waits for it, so a late notify of an earlier call can never be mistaken for this one.
+// Host-mapped counters the notify kernel fills (int32 words) when the host waits for them (no num_worst_tokens;
+// such a call is never in a CUDA graph). The call's host token (low 31 bits) is written last: the host waits for
+// it, so a late notify of an earlier call can never be mistaken for this one.
 #define EP_RT_HOST_NUM_RECV 0
 #define EP_RT_HOST_MAX_DISPATCH_ROWS 1
 #define EP_RT_HOST_MAX_COMBINE_ROWS 2
-#define EP_RT_HOST_SEQ 3
+#define EP_RT_HOST_TOKEN 3
 #define EP_RT_HOST_EXPERT_COUNTS 4
 #define EP_RT_HOST_COUNTER_WORDS (4 + EP_RT_MAX_LOCAL_EXPERTS)
 
@@ -153,7 +160,6 @@ struct DispatchParams {
     struct DispatchRegion region;
     int64_t scale_token_stride;      // in 32-bit words
     int64_t scale_hidden_stride;
-    int64_t seq;
     int64_t timeout_ns;
     int32_t rank;
     int32_t num_ranks;
@@ -189,7 +195,6 @@ struct CombineParams {
     uint64_t combined_topk_weights;  // f32 [N, K] or 0
     struct ControlLayout ctrl;
     struct CombineRegion region;
-    int64_t seq;
     int64_t timeout_ns;
     int32_t rank;
     int32_t num_ranks;
@@ -249,5 +254,5 @@ struct LowLatencyParams {
     int32_t use_ue8m0;
     int32_t zero_copy;
     int32_t has_remote_peers;      // some rank is reached through NVSHMEM puts (not NVLink stores)
-    int32_t pad;
+    int32_t use_logfmt;            // combine: rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh)
 };

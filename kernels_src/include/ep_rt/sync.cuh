@@ -1,4 +1,4 @@
-// Cross-rank flags, time-limited waits and the error record.
+// Cross-rank flags, call sequence numbers, time-limited waits and the error record.
 // Every flag holds the sequence number of the collective call that last wrote it, so flags never
 // need resetting: a wait succeeds once the flag reaches the current call's sequence number.
 #pragma once
@@ -62,6 +62,34 @@ __device__ __noinline__ bool wait_flag(const int64_t* flag, int64_t seq, int64_t
             }
             if (error_raised(sink)) return false;
         }
+    }
+}
+
+// Sequence numbers live in device memory (this rank's control region), one per kind of call, not in the
+// kernel arguments: every block reads the current value when it starts and the last block to finish
+// advances it. So a call captured in a CUDA graph gets a fresh number on every replay, and replays and
+// eager calls interleave freely. All ranks make the same calls in the same order, so their numbers agree.
+struct CallSeq {
+    int64_t* value;
+    int32_t* ticket;
+};
+
+__device__ __forceinline__ CallSeq call_seq(uint64_t local_buffer, const ControlLayout& ctrl, int kind) {
+    return CallSeq{at<int64_t>(local_buffer, ctrl.call_seq) + kind,
+                   at<int32_t>(local_buffer, ctrl.call_seq + EP_RT_CALL_KINDS * 8) + kind};
+}
+
+// This call's number. The previous call of this kind advanced it before its kernel ended (stream order).
+__device__ __forceinline__ int64_t begin_call(const CallSeq& s) {
+    return *reinterpret_cast<volatile int64_t*>(s.value) + 1;
+}
+
+// Every thread of every block calls this once, at the very end.
+__device__ __forceinline__ void end_call(const CallSeq& s, int64_t seq) {
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(s.ticket, 1) == int(gridDim.x) - 1) {
+        *s.ticket = 0;
+        *reinterpret_cast<volatile int64_t*>(s.value) = seq;
     }
 }
 
