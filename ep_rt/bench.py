@@ -125,9 +125,11 @@ def format_rows(rows, rank) -> str:
 
 
 def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50):
-    """LL dispatch (FP8) and combine: kernel time of the send and receive halves (hook mode, the GPU kept busy
-    with a sleep kernel so the events time GPU work only), their sum, and whole calls (events around the
-    Python call, non-hook). Bandwidth in DeepEP's LL formula over this rank's valid selections."""
+    """LL dispatch (FP8), combine and LogFMT combine: kernel time of the send and receive halves (hook mode, the
+    GPU kept busy with a sleep kernel so the events time GPU work only), their sum, and whole calls (events around
+    the Python call, non-hook). Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for
+    both combines, as DeepEP reports LogFMT). The LogFMT combine gets 0.05 * randn expert outputs, so every
+    division is castable (encoded), as expert outputs mostly are."""
     import torch.distributed as dist
 
     dev = buffer.device
@@ -137,16 +139,18 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     w = torch.rand(num_tokens, num_topk, device=dev, generator=g)
     L = num_experts // buffer.group_size
     y = torch.randn(L, buffer.group_size * num_tokens, hidden, device=dev, generator=g).to(torch.bfloat16)
+    y_castable = (0.05 * y.float()).to(torch.bfloat16)
     selections = int((idx >= 0).sum())
     T = num_tokens
-    halves = {k: [] for k in ("dispatch send", "dispatch recv", "combine send", "combine recv")}
-    calls = {"dispatch": [], "combine": []}
+    halves = {k: [] for k in ("dispatch send", "dispatch recv", "combine send", "combine recv", "logfmt send",
+                              "logfmt recv")}
+    calls = {"dispatch": [], "combine": [], "logfmt": []}
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
     for it in range(warmup + iters):
         dist.barrier(group=buffer.group)
         torch.cuda.synchronize()
         torch.cuda._sleep(4_000_000)  # ~2 ms of GPU work covers the host enqueueing all four halves
-        e = [ev() for _ in range(6)]
+        e = [ev() for _ in range(7)]
         e[0].record()
         _, _, handle, _, hook = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=True)
         e[1].record()
@@ -156,25 +160,33 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         e[3].record()
         hook()
         e[4].record()
+        _, _, hook = buffer.low_latency_combine(y_castable, idx, w, handle, use_logfmt=True, return_recv_hook=True)
+        e[5].record()
+        hook()
+        e[6].record()
         torch.cuda.synchronize()
         if it >= warmup:
-            for k, (a, b) in zip(halves, ((0, 1), (1, 2), (2, 3), (3, 4))):
+            for k, (a, b) in zip(halves, ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6))):
                 halves[k].append(e[a].elapsed_time(e[b]) * 1000)
         dist.barrier(group=buffer.group)
         torch.cuda.synchronize()
-        s0, s1, s2 = ev(), ev(), ev()
+        s0, s1, s2, s3 = ev(), ev(), ev(), ev()
         s0.record()
         buffer.low_latency_dispatch(x, idx, T, num_experts)
         s1.record()
         buffer.low_latency_combine(y, idx, w, handle)
         s2.record()
+        buffer.low_latency_combine(y_castable, idx, w, handle, use_logfmt=True)
+        s3.record()
         torch.cuda.synchronize()
         if it >= warmup:
             calls["dispatch"].append(s0.elapsed_time(s1) * 1000)
             calls["combine"].append(s1.elapsed_time(s2) * 1000)
+            calls["logfmt"].append(s2.elapsed_time(s3) * 1000)
     med = {k: statistics.median(v) for k, v in halves.items()}
     dispatch_us = med["dispatch send"] + med["dispatch recv"]
     combine_us = med["combine send"] + med["combine recv"]
+    logfmt_us = med["logfmt send"] + med["logfmt recv"]
     fp8_bytes = selections * (hidden + hidden // 128 * 4 + 16)
     bf16_bytes = selections * hidden * 2
     return [
@@ -182,11 +194,14 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
          statistics.median(calls["dispatch"])),
         ("LL combine BF16", combine_us, bf16_bytes / combine_us / 1e3, med["combine send"], med["combine recv"],
          statistics.median(calls["combine"])),
+        ("LL combine LogFMT", logfmt_us, bf16_bytes / logfmt_us / 1e3, med["logfmt send"], med["logfmt recv"],
+         statistics.median(calls["logfmt"])),
     ]
 
 
 def format_ll_rows(rows, rank) -> str:
-    lines = [f"rank {rank}: {'workload':<16} {'kernel us':>10} {'GB/s':>8} {'send us':>8} {'recv us':>8} {'call us':>8}"]
+    lines = [f"rank {rank}: {'workload':<17} {'kernel us':>10} {'GB/s':>8} {'send us':>8} {'recv us':>8} "
+             f"{'call us':>8}"]
     for name, k, gbps, send, recv, call in rows:
-        lines.append(f"rank {rank}: {name:<16} {k:>10.1f} {gbps:>8.1f} {send:>8.1f} {recv:>8.1f} {call:>8.1f}")
+        lines.append(f"rank {rank}: {name:<17} {k:>10.1f} {gbps:>8.1f} {send:>8.1f} {recv:>8.1f} {call:>8.1f}")
     return "\n".join(lines)

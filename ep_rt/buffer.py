@@ -291,15 +291,16 @@ class Buffer:
                             return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
         ll = self._ll_live()
-        if use_logfmt:
-            raise NotImplementedError(_NOT_YET.format(what="LogFMT-compressed low-latency combine (use_logfmt)"))
+        if use_logfmt and zero_copy:
+            raise ValueError("use_logfmt and zero_copy cannot be used together (zero_copy rows are already in the "
+                             "send buffer as bf16; LogFMT encodes them on the way out)")
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot be used together")
         if not isinstance(handle, tuple) or len(handle) != 5:
             raise ValueError("handle must be the 5-tuple returned by low_latency_dispatch")
         src_info, layout_range, T, hidden, num_experts = handle
         args = (x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out,
-                combine_wait_recv_cost_stats, zero_copy)
+                combine_wait_recv_cost_stats, zero_copy, use_logfmt)
         return self._ll_run(lambda stream: ll.combine(*args, stream), async_finish, return_recv_hook,
                             lambda combined: [x, topk_idx, topk_weights, src_info, layout_range, combined,
                                               combine_wait_recv_cost_stats])

@@ -2,7 +2,8 @@
 
 ep_rt's LL layout is deterministic (blocks by source rank, rows in token-major order, as the reference),
 so counts, layout ranges, source indices, payload bits, scales and the combined output (a weighted sum in
-a fixed order, no FMA) are all compared exactly.
+a fixed order, no FMA) are all compared exactly. The one exception is a LogFMT combine, whose kernels use
+the approximate lg2 / ex2 instructions: see check_logfmt_combined for its tolerance.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ class LLCase:
     holes: bool = True          # -1 entries in topk_idx
     zero_rank0: bool = False
     rounds: int = 1             # consecutive dispatch+combine pairs (both buffers in turn)
+    use_logfmt: bool = False    # LogFMT combine of logfmt_expert_outputs (every division kind in every row)
 
 
 def ll_cases(num_ranks: int) -> list[LLCase]:
@@ -52,6 +54,12 @@ def ll_cases(num_ranks: int) -> list[LLCase]:
         LLCase("T=1024", max_tokens=1024, num_tokens=1000, hidden=1024, num_topk=4),
         LLCase("LL reference shape (128 x 7168, top-8, 288 experts)", hidden=7168, num_tokens=128,
                num_experts=288),
+        LLCase("LogFMT, LL reference shape (128 x 7168, top-8, 288 experts)", hidden=7168, num_tokens=128,
+               num_experts=288, use_logfmt=True),
+        LLCase("LogFMT, hidden 1152", hidden=1152, use_logfmt=True),
+        LLCase("LogFMT + hooks", hook=True, rounds=2, use_logfmt=True),
+        LLCase("LogFMT + async + out, top-16, no -1 entries", async_finish=True, out=True,
+               holes=False, num_topk=16, num_experts=64, use_logfmt=True),
     ]
 
 
@@ -79,6 +87,45 @@ def expert_outputs(seed: int, rank: int, L: int, R: int, T: int, H: int, device)
     return torch.randn(L, R, T, H, generator=g, device=device).to(torch.bfloat16)
 
 
+# Division kinds of the LogFMT cases' expert outputs, cycling over the 128-channel divisions of every row, so
+# every warp of the kernels meets two kinds and the kinds that travel as bf16 can be checked exactly per channel.
+LOGFMT_KINDS = ("small", "small with zeros", "wide range", "large", "zero", "constant")
+LOGFMT_BF16_KINDS = ("large", "zero", "constant")  # not castable: on the wire as plain bf16
+
+
+def logfmt_expert_outputs(seed: int, rank: int, L: int, R: int, T: int, H: int, device) -> torch.Tensor:
+    """expert_outputs reshaped into LOGFMT_KINDS, one kind per division (division d has kind d % 6):
+    small: 0.05 * randn (all |x| < 1, castable); small with zeros: the same with 10% exact zeros (codes 0, some
+    -0.0); wide range: small * 2^-U(0, 40), wider than LogFMT's 32 octaves (log_amin clipped, the smallest
+    values become code 0); large: randn with one channel 2.0 (|x| >= 1: bf16); zero: all zero (bf16);
+    constant: +-0.25 (amin == amax: bf16)."""
+    y = expert_outputs(seed, rank, L, R, T, H, device).float().reshape(L, R, T, H // 128, 128)
+    g = torch.Generator(device=device).manual_seed(seed * 7 + 13 + rank)
+    u = torch.rand(y.shape, generator=g, device=device)
+    small = 0.05 * y
+    large = y.clone()
+    large[..., 0] = 2.0
+    variants = {
+        "small": small,
+        "small with zeros": torch.where(u < 0.1, 0.0 * small, small),
+        "wide range": small * torch.exp2(-40.0 * u),
+        "large": large,
+        "zero": torch.zeros_like(y),
+        "constant": torch.where(y < 0, -0.25, 0.25),
+    }
+    kind = (torch.arange(H // 128, device=device) % len(LOGFMT_KINDS)).view(1, 1, 1, -1, 1)
+    out = torch.zeros_like(y)
+    for i, name in enumerate(LOGFMT_KINDS):
+        out = torch.where(kind == i, variants[name], out)
+    return out.reshape(L, R, T, H).to(torch.bfloat16)
+
+
+def logfmt_bf16_channels(H: int, device) -> torch.Tensor:
+    """bool [H]: channels whose division kind travels as bf16 in logfmt_expert_outputs."""
+    bf16_kinds = torch.tensor([k in LOGFMT_BF16_KINDS for k in LOGFMT_KINDS], device=device)
+    return bf16_kinds[(torch.arange(H, device=device) // 128) % len(LOGFMT_KINDS)]
+
+
 def to_packed(y: torch.Tensor, src_info: torch.Tensor, layout_range: torch.Tensor, T: int) -> torch.Tensor:
     """Place y[l, s, t] at the packed rows that (src_info, layout_range) describe; other rows are zero."""
     L, R = layout_range.shape
@@ -100,6 +147,78 @@ def _blocks(chk: Checker, what: str, got_x, got_scales, got_src, got_range, want
         chk.equal(f"{what} x[{l}]", got_x[l, :n], want["packed_recv_x"][l, :n])
         if got_scales is not None:
             chk.equal(f"{what} scales[{l}]", got_scales[l, :n], want["packed_recv_x_scales"][l, :n])
+
+
+def _logfmt_term_slack(y: torch.Tensor) -> torch.Tensor:
+    """Per element of bf16 expert outputs y [..., H]: how far the GPU's decoded value may lie from
+    reference_ll.logfmt_roundtrip(y). lg2/ex2.approx (error about 2^-22) move a code only when it sits that
+    close to a code boundary, and then by one step, a relative change of 2^step - 1 (at most 2^(32/510) - 1,
+    4.4%, typically about 1%); the decoded value can also round to the neighbouring bf16 (relative 2^-7 at
+    most), and at the bottom of a clipped division code 1 (2^log_amin) can become code 0. Zero where the
+    division is not castable (bf16 on the wire, exact)."""
+    enc = reference_ll.logfmt_encode(y)
+    castable, log_amin, step = reference_ll._logfmt_params(enc["amax"], enc["amin"])
+    D = castable.shape[-1]
+    decoded = reference_ll.logfmt_decode(enc).float().abs().reshape(*y.shape[:-1], D, 128)
+    slack = decoded * (torch.exp2(step) - 1 + 2.0 ** -7).unsqueeze(-1) + torch.exp2(log_amin).unsqueeze(-1)
+    return torch.where(castable.unsqueeze(-1), slack, torch.zeros_like(slack)).reshape(y.shape)
+
+
+def _bf16_ulp(x: torch.Tensor) -> torch.Tensor:
+    """Spacing of bf16 values at |x| (0 at 0)."""
+    _, exponent = torch.frexp(x.float().abs())
+    return torch.where(x == 0, torch.zeros_like(x, dtype=torch.float32), torch.exp2(exponent.float() - 8))
+
+
+def logfmt_error_bound(ref_in, idxs, ws, dispatch_results, me: int) -> torch.Tensor:
+    """f32 [N, H]: per output element of rank me, the sum over its terms of |w| * _logfmt_term_slack (the
+    reference's combine run over the slacks, 1% up for the bf16 roundings of slack and sum)."""
+    slack_in = [(_logfmt_term_slack(y) * 1.01).to(torch.bfloat16) for y in ref_in]
+    abs_ws = [w.abs() for w in ws]
+    slack = reference_ll.low_latency_combine(slack_in, idxs, abs_ws, dispatch_results)[me]["combined_x"]
+    return slack.float() * 1.01
+
+
+def calc_diff(x: torch.Tensor, y: torch.Tensor) -> float:
+    """DeepEP's similarity measure: 1 - 2 <x, y> / (<x, x> + <y, y>), 0 for identical tensors."""
+    x, y = x.double(), y.double()
+    denominator = (x * x + y * y).sum()
+    return float(1 - 2 * (x * y).sum() / denominator) if denominator > 0 else 0.0
+
+
+# Tolerances of a LogFMT combine against reference_ll (castable channels). A term differs from the reference
+# only where lg2/ex2.approx moved its code or its bf16 rounding (about 1e-4 of the terms, see
+# _logfmt_term_slack), so almost every output is bit-identical: allow 1% of them to differ (a systematic error
+# such as an off-by-one code would hit far more), require every element within logfmt_error_bound (a wrong
+# high bit or sign, even in one element, is far outside it), and DeepEP's calc_diff below 1e-6 (rare one-step
+# changes of about 1% give about 1e-9; its LL combine test allows 1e-5 against the unencoded values).
+LOGFMT_MAX_DIFFERING = 0.01
+LOGFMT_MAX_CALC_DIFF = 1e-6
+
+
+def check_logfmt_combined(chk: Checker, what: str, got, ref, bound, bf16_channels) -> None:
+    """LogFMT combined output against the reference: exact on bf16_channels (divisions that travel as bf16),
+    within the tolerances above elsewhere."""
+    got = got.to(ref.device)
+    chk.equal(f"{what}, channels sent as bf16", got[:, bf16_channels], ref[:, bf16_channels])
+    got, ref, bound = got[:, ~bf16_channels], ref[:, ~bf16_channels], bound[:, ~bf16_channels]
+    if got.numel() == 0:
+        return
+    err = (got.float() - ref.float()).abs()
+    # Plus one bf16 ulp: both outputs are the same kind of sum rounded to bf16 once.
+    limit = bound + _bf16_ulp(torch.maximum(got.float().abs(), ref.float().abs()))
+    differing = float((got.view(torch.int16) != ref.view(torch.int16)).float().mean())
+    diff = calc_diff(got, ref)
+    for ok, message in (
+        (bool((err <= limit).all()), lambda: f"{int((err > limit).sum())} elements beyond one LogFMT step per term "
+                                             f"(worst excess {float((err - limit).max()):.3g})"),
+        (differing <= LOGFMT_MAX_DIFFERING, lambda: f"{differing:.2%} of the elements differ from the reference "
+                                                    f"(allowed {LOGFMT_MAX_DIFFERING:.0%})"),
+        (diff <= LOGFMT_MAX_CALC_DIFF, lambda: f"calc_diff {diff:.3g} > {LOGFMT_MAX_CALC_DIFF:g}"),
+    ):
+        chk.checks += 1
+        if not ok:
+            chk.failures.append(f"{what}: {message()}")
 
 
 def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
@@ -132,24 +251,29 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
             chk.equal("dispatch_wait_recv_cost_stats is non-negative", [bool((wait_stats >= 0).all())], [True])
 
         # Combine: outputs defined per (l, source, token), placed at each side's own packed rows.
-        ys = [expert_outputs(s, r, L, R, T, H, dev) for r in range(R)]
+        make_outputs = logfmt_expert_outputs if case.use_logfmt else expert_outputs
+        ys = [make_outputs(s, r, L, R, T, H, dev) for r in range(R)]
         ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
                   for r in range(R)]
-        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want)[me]["combined_x"]
+        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=case.use_logfmt)[me]["combined_x"]
         x = to_packed(ys[me], handle[0], handle[1], T)
         out = torch.empty(xs[me].size(0), H, dtype=torch.bfloat16, device=dev) if case.out else None
         if case.zero_copy:
             buffer.get_next_low_latency_combine_buffer(handle).copy_(x)
         combined, event, hook = buffer.low_latency_combine(
-            x, idxs[me], ws[me], handle, zero_copy=case.zero_copy, async_finish=case.async_finish,
-            return_recv_hook=case.hook, out=out)
+            x, idxs[me], ws[me], handle, use_logfmt=case.use_logfmt, zero_copy=case.zero_copy,
+            async_finish=case.async_finish, return_recv_hook=case.hook, out=out)
         if case.hook:
             hook()
         if case.async_finish:
             event.current_stream_wait()
         if out is not None:
             chk.equal("combine returns out", [combined.data_ptr() == out.data_ptr()], [True])
-        chk.equal(f"round {rnd} combined_x", combined, ref)
+        if case.use_logfmt:
+            check_logfmt_combined(chk, f"round {rnd} combined_x", combined, ref,
+                                  logfmt_error_bound(ref_in, idxs, ws, want, me), logfmt_bf16_channels(H, dev))
+        else:
+            chk.equal(f"round {rnd} combined_x", combined, ref)
     torch.cuda.synchronize()
     buffer.raise_if_failed()
     return chk

@@ -14,6 +14,7 @@
 #include <nvshmemx.h>
 
 #include "ep_rt/copy.cuh"
+#include "ep_rt/logfmt.cuh"
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/sync.cuh"
@@ -73,6 +74,47 @@ __device__ void block_copy_rows(uint8_t* dst, int64_t dst_stride, const int* dst
             const int64_t row = dst_rows ? dst_rows[i] : int64_t(i);
             st_na_v4(reinterpret_cast<int4*>(dst + row * dst_stride) + c, v[u]);
         }
+    }
+}
+
+// LogFMT: the whole block encodes n rows of `hidden` bf16 (row i at src + i * src_stride, read-only input) into
+// the combine slots dst + dst_rows[i] * dst_stride. Flattened over (row, int4) as block_copy_rows; the loop
+// bound is warp-uniform because the encoder's shuffles need all 32 lanes, and H % 128 == 0 (with blockDim a
+// multiple of 32) keeps every half-warp inside one division of one row, all-active or all-inactive.
+__device__ void block_encode_rows(uint8_t* dst, int64_t dst_stride, const int* dst_rows, const uint8_t* src,
+                                  int64_t src_stride, int n, int hidden) {
+    const uint32_t row_int4 = uint32_t(hidden / 8), total = uint32_t(n) * row_int4;
+    const uint32_t lane = threadIdx.x % kWarpSize;
+    constexpr int kUnroll = 4;
+    for (uint32_t j0 = threadIdx.x; j0 - lane < total; j0 += blockDim.x * kUnroll) {
+        int4 v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const uint32_t j = j0 + u * blockDim.x;
+            if (j < total) {
+                const uint32_t i = j / row_int4, c = j - i * row_int4;
+                v[u] = ld_input_v4(reinterpret_cast<const int4*>(src + i * src_stride) + c);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const uint32_t j = j0 + u * blockDim.x;
+            const bool active = j < total;
+            const uint32_t i = active ? j / row_int4 : 0, c = j - i * row_int4;
+            uint8_t* slot = active ? dst + int64_t(dst_rows[i]) * dst_stride : nullptr;
+            logfmt_encode_int4(v[u], active, c, slot, hidden);
+        }
+    }
+}
+
+// LogFMT: one warp encodes one row of `hidden` bf16 into the slot `slot` (uniform loop, as above).
+__device__ __forceinline__ void warp_encode_row(uint8_t* slot, const uint8_t* src, int hidden, int lane) {
+    const uint32_t row_int4 = uint32_t(hidden / 8);
+    for (uint32_t c0 = 0; c0 < row_int4; c0 += kWarpSize) {
+        const uint32_t c = c0 + lane;
+        const bool active = c < row_int4;
+        const int4 v = active ? ld_input_v4(reinterpret_cast<const int4*>(src) + c) : make_int4(0, 0, 0, 0);
+        logfmt_encode_int4(v, active, c, slot, hidden);
     }
 }
 
@@ -309,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
 
 // ------------------------------------------------------------------------------------------------
 // Combine, send half: block per (local expert l, destination s): rows of block (l, s) go back to s,
-// into its receive slot [global expert][source token].
+// into its receive slot [global expert][source token], as bf16 or (use_logfmt) LogFMT-encoded on the way.
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const LowLatencyParams p) {
     const LL ll(p);
     const int R = p.num_ranks, me = p.rank, l = blockIdx.x / R, s = blockIdx.x % R;
@@ -326,10 +368,15 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
                 tokens[i] = reinterpret_cast<const int32_t*>(p.recv_src_info)[int64_t(l) * RT + begin + i];
             __syncthreads();
             const int64_t first = int64_t(l) * RT + begin;
-            const uint8_t* src = p.zero_copy ? ll.local(p.send_off + first * p.msg_bytes)
-                                             : reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes;
-            block_copy_rows(reinterpret_cast<uint8_t*>(base + p.recv_off + int64_t(e) * p.max_tokens * p.msg_bytes),
-                            p.msg_bytes, tokens, src, p.zero_copy ? p.msg_bytes : row_bytes, n, row_bytes);
+            uint8_t* slots = reinterpret_cast<uint8_t*>(base + p.recv_off + int64_t(e) * p.max_tokens * p.msg_bytes);
+            if (p.use_logfmt) {  // encoded straight into the peer's slots (the host forbids zero_copy here)
+                block_encode_rows(slots, p.msg_bytes, tokens, reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes,
+                                  row_bytes, n, p.hidden);
+            } else {
+                const uint8_t* src = p.zero_copy ? ll.local(p.send_off + first * p.msg_bytes)
+                                                 : reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes;
+                block_copy_rows(slots, p.msg_bytes, tokens, src, p.zero_copy ? p.msg_bytes : row_bytes, n, row_bytes);
+            }
         }
         for (int i = warp; i < n && base == 0; i += num_warps) {
             const int64_t row = int64_t(l) * RT + begin + i;
@@ -337,10 +384,11 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
             const int64_t off = p.recv_off + (int64_t(e) * p.max_tokens + t) * p.msg_bytes;
             // zero_copy: the caller already wrote the row into the staging area (same packed position).
             uint8_t* staged = ll.local(p.send_off + row * p.msg_bytes);
-            const void* src = p.zero_copy ? staged : reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
-            if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, src, row_bytes, lane);
+            const uint8_t* x_row = reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
+            if (p.use_logfmt) warp_encode_row(staged, x_row, p.hidden, lane);  // payload and meta: msg_bytes
+            else if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, x_row, row_bytes, lane);
             __syncwarp();
-            nvshmemx_putmem_nbi_warp(ll.local(off), staged, row_bytes, s);
+            nvshmemx_putmem_nbi_warp(ll.local(off), staged, p.use_logfmt ? p.msg_bytes : row_bytes, s);
         }
     }
     __syncthreads();
@@ -351,6 +399,66 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
         if (!ll.masked(dst)) signal_rank(ll, dst, p.signal_off + int64_t(e) * 4, ll.tag);
     }
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
+}
+
+// acc[j] += w * y[j] for the 8 bf16 of v: an f32 multiply then an f32 add (no FMA), as the reference.
+__device__ __forceinline__ void accumulate_bf16x8(const int4& v, float w, float acc[8]) {
+    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(w, __bfloat162float(h[j])));
+}
+
+// Plain rows: int4 i of every valid row k (row_off[k] >= 0), all loaded before the sum so the loads overlap.
+__device__ __forceinline__ void accumulate_rows(const LL& ll, const int64_t* row_off, const float* weight, int K,
+                                                int i, float acc[8]) {
+    int4 v[EP_RT_LL_MAX_TOPK];
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)
+        if (k < K && row_off[k] >= 0) v[k] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(row_off[k])) + i);
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)
+        if (k < K && row_off[k] >= 0) accumulate_bf16x8(v[k], weight[k], acc);
+}
+
+// LogFMT rows: int4 i (8 channels of division i / 16) of every valid row. The castable form (low code bytes,
+// high bits and signs) and the meta word are loaded together into one int4 per row, as most divisions are
+// castable; a division that is not is reloaded as bf16 once its meta is known. Same sum order as above.
+__device__ __forceinline__ void accumulate_logfmt_rows(const LL& ll, const int64_t* row_off, const float* weight,
+                                                       int K, int i, float acc[8]) {
+    const int hidden = ll.p.hidden;
+    int4 v[EP_RT_LL_MAX_TOPK];  // castable: (low.x, low.y, high bits and signs, meta); otherwise 8 bf16
+    uint32_t castable = 0;      // bit k: row k's division is castable
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
+        if (k >= K || row_off[k] < 0) continue;
+        const uint8_t* slot = ll.local(row_off[k]);
+        const uint2 low = ld_peer_written_v2(reinterpret_cast<const uint2*>(slot + logfmt_low_offset(i)));
+        const uint16_t high = ld_peer_written_b16(reinterpret_cast<const uint16_t*>(slot + logfmt_high_offset(i)));
+        const int32_t* meta = reinterpret_cast<const int32_t*>(slot + logfmt_meta_offset(i, hidden));
+        v[k] = make_int4(int(low.x), int(low.y), int(high), ld_peer_written_b32(meta));
+    }
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
+        if (k >= K || row_off[k] < 0) continue;
+        const uint32_t meta = uint32_t(v[k].w);
+        if (logfmt_castable(logfmt_meta_amax(meta), logfmt_meta_amin(meta)))
+            castable |= 1u << k;
+        else
+            v[k] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(row_off[k]) + logfmt_bf16_offset(i)));
+    }
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
+        if (k >= K || row_off[k] < 0) continue;
+        if (!(castable >> k & 1)) {
+            accumulate_bf16x8(v[k], weight[k], acc);
+            continue;
+        }
+        const uint32_t meta = uint32_t(v[k].w);
+        const LogFmtDivision d = logfmt_division(logfmt_meta_amax(meta), logfmt_meta_amin(meta));
+        const LogFmtPart part{make_uint2(uint32_t(v[k].x), uint32_t(v[k].y)), uint32_t(v[k].z)};
+#pragma unroll
+        for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(weight[k], logfmt_decode(part, j, d)));
+    }
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -389,20 +497,13 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
         }
         __syncthreads();
         if (i < hidden_int4) {
-            int4 v[EP_RT_LL_MAX_TOPK];
-#pragma unroll
-            for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)
-                if (k < K && row_off[k] >= 0) v[k] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(row_off[k])) + i);
             float acc[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
-#pragma unroll
-            for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
-                if (k >= K || row_off[k] < 0) continue;
-                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[k]);
-#pragma unroll
-                for (int j = 0; j < 8; ++j) acc[j] = __fadd_rn(acc[j], __fmul_rn(weight[k], __bfloat162float(h[j])));
-            }
+            if (p.use_logfmt)
+                accumulate_logfmt_rows(ll, row_off, weight, K, i, acc);
+            else
+                accumulate_rows(ll, row_off, weight, K, i, acc);
             int4 packed;
             __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
 #pragma unroll

@@ -59,7 +59,8 @@ def test_combine_argument_errors():
     L = E // R
     good = dict(x=torch.zeros(L, R * T, H, dtype=torch.bfloat16), topk_idx=idx(), topk_weights=torch.zeros(4, 2),
                 src_info=torch.zeros(L, R * T, dtype=torch.int32), layout_range=torch.zeros(L, R, dtype=torch.int64),
-                T=T, hidden=H, num_experts=E, out=None, wait_stats=None, zero_copy=False, stream_for_send=None)
+                T=T, hidden=H, num_experts=E, out=None, wait_stats=None, zero_copy=False, use_logfmt=False,
+                stream_for_send=None)
     for change, error, match in (
         (dict(x=torch.zeros(L, R * T, H + 128, dtype=torch.bfloat16)), ValueError, "must be"),
         (dict(topk_weights=torch.zeros(4, 3)), ValueError, "shape of topk_idx"),
@@ -69,6 +70,23 @@ def test_combine_argument_errors():
     ):
         with pytest.raises(error, match=match):
             o.combine(**{**good, **change})
+
+
+def test_logfmt_with_zero_copy_is_refused():
+    """As DeepEP: zero_copy rows already sit in the send buffer as bf16, LogFMT encodes rows on the way out."""
+    from types import SimpleNamespace
+
+    from ep_rt import Buffer
+
+    buf = object.__new__(Buffer)
+    buf.destroyed = False
+    buf._ll = SimpleNamespace(raise_if_failed=lambda: None)
+    L = E // R
+    handle = (torch.zeros(L, R * T, dtype=torch.int32), torch.zeros(L, R, dtype=torch.int64), T, H, E)
+    with pytest.raises(ValueError, match="use_logfmt and zero_copy"):
+        buf.low_latency_combine(torch.zeros(L, R * T, H, dtype=torch.bfloat16), idx(), torch.zeros(4, 2), handle,
+                                use_logfmt=True, zero_copy=True)
+    buf.destroyed = True  # keeps __del__ quiet
 
 
 def test_buffer_too_small_names_the_hint():

@@ -142,13 +142,15 @@ class LowLatencyOp:
                  recv_x_scales=ptr(scales), recv_src_info=src_info.data_ptr(), recv_layout_range=layout_range.data_ptr(),
                  recv_count=count.data_ptr(), cumulative_stats=ptr(cumulative_stats), wait_stats=ptr(wait_stats),
                  num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
-                 use_ue8m0=int(use_ue8m0), zero_copy=0)
+                 use_ue8m0=int(use_ue8m0), zero_copy=0, use_logfmt=0)
         send(max(1, min(N, self.num_sms)), stream_for_send)
         return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv, L * R)
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
-                zero_copy, stream_for_send):
+                zero_copy, use_logfmt, stream_for_send):
+        """Launch the send kernel on `stream_for_send`; returns `out` and a launcher for the receive kernel. With
+        `use_logfmt` rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh), in the same slots."""
         self.raise_if_failed()
         R = self.num_ranks
         L = num_experts // R
@@ -181,7 +183,8 @@ class LowLatencyOp:
                  recv_x=out.data_ptr(), recv_x_scales=0, recv_src_info=src_info.data_ptr(),
                  recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
                  wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
-                 num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy))
+                 num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy),
+                 use_logfmt=int(use_logfmt))
         send(L * R, stream_for_send)
         # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * _RECV_BLOCK))

@@ -1,5 +1,5 @@
 """Low-latency mode on 2 GPUs against ep_rt.reference_ll: every option, both buffers, hooks, zero-copy,
-CUDA-graph replays, and shrink mode with a rank that stops answering."""
+LogFMT combine, CUDA-graph replays, and shrink mode with a rank that stops answering."""
 from ep_rt.spawn import run_ranks
 
 from . import workers
@@ -11,7 +11,8 @@ def test_low_latency_matches_reference():
     results = run_ranks(workers.ll_suite, 2, timeout_s=900)
     problems = []
     for rank, res in enumerate(results):
-        assert len(res["cases"]) >= 16
+        assert len(res["cases"]) >= 20  # 18 ll_cases (4 of them LogFMT), graph replays, after clean
+        assert sum(name.startswith("LogFMT") for name, _, _ in res["cases"]) >= 4
         for name, checks, failures in res["cases"]:
             assert checks > 0, name
             problems += [f"rank {rank} {name}: {f}" for f in failures]

@@ -69,6 +69,26 @@ __device__ __forceinline__ int32_t ld_peer_written_b32(const int32_t* p) {
     return v;
 }
 
+__device__ __forceinline__ uint2 ld_peer_written_v2(const uint2* p) {
+    uint2 v;
+#if EP_RT_AGGRESSIVE_PTX
+    asm volatile("ld.global.nc.L1::no_allocate.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+#else
+    asm volatile("ld.global.L1::no_allocate.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+#endif
+    return v;
+}
+
+__device__ __forceinline__ uint16_t ld_peer_written_b16(const uint16_t* p) {
+    uint16_t v;
+#if EP_RT_AGGRESSIVE_PTX
+    asm volatile("ld.global.nc.L1::no_allocate.b16 %0, [%1];" : "=h"(v) : "l"(p));
+#else
+    asm volatile("ld.global.L1::no_allocate.b16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
+#endif
+    return v;
+}
+
 // Streaming store that does not pollute L1 (remote NVLink or local).
 __device__ __forceinline__ void st_na_v4(int4* p, const int4& v) {
     asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1, %2, %3, %4};"
