@@ -124,79 +124,100 @@ def format_rows(rows, rank) -> str:
     return "\n".join(lines)
 
 
+_SLEEP_CYCLES_COVER = 4_000_000  # ~2 ms of GPU work: covers the host enqueueing everything timed after it
+_SLEEP_CYCLES_GAP = 400_000      # ~200 us between a send half and its receive half: the peers' sends land
+
+
+def ll_inputs(num_tokens, hidden, num_topk, num_experts, num_ranks, device, seed):
+    """The LL reference workload: bf16 tokens, top-k of random scores, weights, expert outputs (plain, and scaled
+    so every LogFMT division is castable, as expert outputs mostly are)."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(num_tokens, hidden, device=device, generator=g).to(torch.bfloat16)
+    idx = torch.topk(torch.rand(num_tokens, num_experts, device=device, generator=g), num_topk, dim=1).indices
+    w = torch.rand(num_tokens, num_topk, device=device, generator=g)
+    L = num_experts // num_ranks
+    y = torch.randn(L, num_ranks * num_tokens, hidden, device=device, generator=g).to(torch.bfloat16)
+    y_castable = (0.05 * y.float()).to(torch.bfloat16)
+    return x, idx, w, y, y_castable
+
+
 def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50):
-    """LL dispatch (FP8), combine and LogFMT combine: kernel time of the send and receive halves (hook mode, the
-    GPU kept busy with a sleep kernel so the events time GPU work only), their sum, and whole calls (events around
-    the Python call, non-hook). Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for
-    both combines, as DeepEP reports LogFMT). The LogFMT combine gets 0.05 * randn expert outputs, so every
-    division is castable (encoded), as expert outputs mostly are."""
+    """LL dispatch (FP8), combine and LogFMT combine, three ways (CUDA events, medians):
+
+    * kernel: GPU time of a whole non-hook call (send and receive kernels on the comm stream, including the wait
+      for the peers), with a sleep kernel covering the host's enqueueing and an untimed call pair just before
+      that lines the ranks' GPUs up (its receive waits for every peer's send). DeepEP's one-kernel time compares.
+    * send / recv: the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP
+      runs a GEMM) so the peers' data has landed, then the receive kernel (the hook).
+    * call: events around the Python call without a covering sleep: what a caller waits for.
+    Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for both combines, as DeepEP
+    reports LogFMT) divided by the kernel time."""
     import torch.distributed as dist
 
-    dev = buffer.device
-    g = torch.Generator(device=dev).manual_seed(1234 + buffer.rank)
-    x = torch.randn(num_tokens, hidden, device=dev, generator=g).to(torch.bfloat16)
-    idx = torch.topk(torch.rand(num_tokens, num_experts, device=dev, generator=g), num_topk, dim=1).indices
-    w = torch.rand(num_tokens, num_topk, device=dev, generator=g)
-    L = num_experts // buffer.group_size
-    y = torch.randn(L, buffer.group_size * num_tokens, hidden, device=dev, generator=g).to(torch.bfloat16)
-    y_castable = (0.05 * y.float()).to(torch.bfloat16)
-    selections = int((idx >= 0).sum())
     T = num_tokens
-    halves = {k: [] for k in ("dispatch send", "dispatch recv", "combine send", "combine recv", "logfmt send",
-                              "logfmt recv")}
-    calls = {"dispatch": [], "combine": [], "logfmt": []}
+    x, idx, w, y, y_castable = ll_inputs(num_tokens, hidden, num_topk, num_experts, buffer.group_size,
+                                         buffer.device, 1234 + buffer.rank)
+    selections = int((idx >= 0).sum())
+    ops = ("dispatch", "combine", "logfmt")
+    samples = {f"{op} {what}": [] for op in ops for what in ("kernel", "send", "recv", "call")}
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+
+    def run(op, handle, hook=False):
+        if op == "dispatch":
+            out = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=hook)
+            return out[2], out[4]
+        out = buffer.low_latency_combine(y_castable if op == "logfmt" else y, idx, w, handle,
+                                         use_logfmt=op == "logfmt", return_recv_hook=hook)
+        return handle, out[2]
+
+    def timed(record_into, fn):
+        a, b = ev(), ev()
+        a.record()
+        result = fn()
+        b.record()
+        return result, (record_into, a, b)
+
+    handle = run("dispatch", None)[0]
     for it in range(warmup + iters):
+        pending = []
+        # Hook halves.
         dist.barrier(group=buffer.group)
         torch.cuda.synchronize()
-        torch.cuda._sleep(4_000_000)  # ~2 ms of GPU work covers the host enqueueing all four halves
-        e = [ev() for _ in range(7)]
-        e[0].record()
-        _, _, handle, _, hook = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=True)
-        e[1].record()
-        hook()
-        e[2].record()
-        _, _, hook = buffer.low_latency_combine(y, idx, w, handle, return_recv_hook=True)
-        e[3].record()
-        hook()
-        e[4].record()
-        _, _, hook = buffer.low_latency_combine(y_castable, idx, w, handle, use_logfmt=True, return_recv_hook=True)
-        e[5].record()
-        hook()
-        e[6].record()
-        torch.cuda.synchronize()
-        if it >= warmup:
-            for k, (a, b) in zip(halves, ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6))):
-                halves[k].append(e[a].elapsed_time(e[b]) * 1000)
+        torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+        for op in ops:
+            (handle, hook), rec = timed(f"{op} send", lambda: run(op, handle, hook=True))
+            pending.append(rec)
+            torch.cuda._sleep(_SLEEP_CYCLES_GAP)
+            _, rec = timed(f"{op} recv", hook)
+            pending.append(rec)
+        # Whole non-hook calls, GPU time.
         dist.barrier(group=buffer.group)
         torch.cuda.synchronize()
-        s0, s1, s2, s3 = ev(), ev(), ev(), ev()
-        s0.record()
-        buffer.low_latency_dispatch(x, idx, T, num_experts)
-        s1.record()
-        buffer.low_latency_combine(y, idx, w, handle)
-        s2.record()
-        buffer.low_latency_combine(y_castable, idx, w, handle, use_logfmt=True)
-        s3.record()
+        torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+        handle = run("dispatch", handle)[0]  # lines the GPUs up
+        run("combine", handle)
+        for op in ops:
+            (handle, _), rec = timed(f"{op} kernel", lambda: run(op, handle))
+            pending.append(rec)
+        # Whole calls as a caller sees them.
+        dist.barrier(group=buffer.group)
+        torch.cuda.synchronize()
+        for op in ops:
+            (handle, _), rec = timed(f"{op} call", lambda: run(op, handle))
+            pending.append(rec)
         torch.cuda.synchronize()
         if it >= warmup:
-            calls["dispatch"].append(s0.elapsed_time(s1) * 1000)
-            calls["combine"].append(s1.elapsed_time(s2) * 1000)
-            calls["logfmt"].append(s2.elapsed_time(s3) * 1000)
-    med = {k: statistics.median(v) for k, v in halves.items()}
-    dispatch_us = med["dispatch send"] + med["dispatch recv"]
-    combine_us = med["combine send"] + med["combine recv"]
-    logfmt_us = med["logfmt send"] + med["logfmt recv"]
+            for key, a, b in pending:
+                samples[key].append(a.elapsed_time(b) * 1000)
+    med = {k: statistics.median(v) for k, v in samples.items()}
     fp8_bytes = selections * (hidden + hidden // 128 * 4 + 16)
     bf16_bytes = selections * hidden * 2
-    return [
-        ("LL dispatch FP8", dispatch_us, fp8_bytes / dispatch_us / 1e3, med["dispatch send"], med["dispatch recv"],
-         statistics.median(calls["dispatch"])),
-        ("LL combine BF16", combine_us, bf16_bytes / combine_us / 1e3, med["combine send"], med["combine recv"],
-         statistics.median(calls["combine"])),
-        ("LL combine LogFMT", logfmt_us, bf16_bytes / logfmt_us / 1e3, med["logfmt send"], med["logfmt recv"],
-         statistics.median(calls["logfmt"])),
-    ]
+    rows = []
+    for op, name, nbytes in (("dispatch", "LL dispatch FP8", fp8_bytes), ("combine", "LL combine BF16", bf16_bytes),
+                             ("logfmt", "LL combine LogFMT", bf16_bytes)):
+        kernel = med[f"{op} kernel"]
+        rows.append((name, kernel, nbytes / kernel / 1e3, med[f"{op} send"], med[f"{op} recv"], med[f"{op} call"]))
+    return rows
 
 
 def format_ll_rows(rows, rank) -> str:

@@ -52,6 +52,8 @@ struct LL {
 // dst + dst_row(i) * dst_stride, dst_row(i) = dst_rows ? dst_rows[i] : i. Flattened over rows so every
 // thread keeps several 16-byte loads in flight even when there are only a few rows. Index math is 32-bit
 // (n * row_bytes / 16 < 2^31 for every legal shape): a 64-bit divide per element cost more than the copy.
+// kSrc: what the rows are (read-only input, or messages peers wrote during the call).
+template <Src kSrc>
 __device__ void block_copy_rows(uint8_t* dst, int64_t dst_stride, const int* dst_rows, const uint8_t* src,
                                 int64_t src_stride, int n, int64_t row_bytes) {
     const uint32_t row_int4 = uint32_t(row_bytes / 16), total = uint32_t(n) * row_int4;
@@ -63,7 +65,7 @@ __device__ void block_copy_rows(uint8_t* dst, int64_t dst_stride, const int* dst
             const uint32_t j = j0 + u * blockDim.x;
             if (j < total) {
                 const uint32_t i = j / row_int4, c = j - i * row_int4;
-                v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(src + i * src_stride) + c);
+                v[u] = load_v4<kSrc>(reinterpret_cast<const int4*>(src + i * src_stride) + c);
             }
         }
 #pragma unroll
@@ -223,22 +225,32 @@ __device__ void build_message(const LL& ll, int t, uint8_t* msg) {
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
-// Dispatch, send half: block per token (strided); warp k sends the token to expert topk[t][k] at a slot
-// fixed by token-major order, so the receive layout is deterministic (the reference's).
+// Dispatch, send half: block per token (strided). The block builds the token's message once in shared memory,
+// then warps_per_k warps per top-k entry k copy it to expert topk[t][k] at a slot fixed by token-major order, so
+// the receive layout is deterministic (the reference's). Copying from shared memory instead of re-reading a
+// staged row from L2 keeps the copy bound by NVLink stores; only NVSHMEM puts need the staged (symmetric) copy.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const LowLatencyParams p) {
+    __shared__ int4 message[(16 + 2 * EP_RT_LL_MAX_HIDDEN) / 16];
     const LL ll(p);
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int R = p.num_ranks, me = p.rank, K = p.num_topk;
+    const int warps_per_k = max(1, num_warps / max(K, 1));
+    const int k = warp / warps_per_k, part = warp % warps_per_k;
     int32_t* counters = ll.ws + EP_RT_LL_WS_COUNTERS;
     // Bytes of the slot a message really uses (an FP8 message is about half the slot).
     const int64_t used_bytes = p.use_fp8 ? (16 + p.hidden + 4 * ll.S + 15) / 16 * 16 : 16 + 2 * int64_t(p.hidden);
+    const int used_int4 = int(used_bytes / 16);
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
-        uint8_t* msg = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
-        build_message(ll, t, msg);
+        build_message(ll, t, reinterpret_cast<uint8_t*>(message));
         __syncthreads();
-        if (warp < K) {
-            const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + warp];
-            if (e >= p.num_experts && lane == 0)  // out of range: reported, never followed
+        uint8_t* staged = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
+        if (p.has_remote_peers) {
+            for (int i = threadIdx.x; i < used_int4; i += blockDim.x) reinterpret_cast<int4*>(staged)[i] = message[i];
+            __syncthreads();
+        }
+        if (k < K) {
+            const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + k];
+            if (e >= p.num_experts && lane == 0 && part == 0)  // out of range: reported, never followed
                 report_error(ll.sink(), EP_RT_ERR_BAD_EXPERT, EP_RT_PHASE_LL_DISPATCH_SEND, -1, -1, e, p.num_experts);
             const int dst = (e >= 0 && e < p.num_experts) ? int(e / ll.L) : -1;
             if (dst >= 0 && !ll.masked(dst)) {
@@ -252,21 +264,25 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
                 }
 #pragma unroll
                 for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffffu, before, d);
-                for (int kk = 0; kk < warp; ++kk) before += topk[int64_t(t) * K + kk] == e;
+                for (int kk = 0; kk < k; ++kk) before += topk[int64_t(t) * K + kk] == e;
                 const int slot = before;
-                if (lane == 0) atomicAdd(counters + e, 1);  // totals, announced by the last block
+                if (lane == 0 && part == 0) atomicAdd(counters + e, 1);  // totals, announced by the last block
                 if (slot >= p.max_tokens) {  // only possible with duplicate experts in one token
-                    if (lane == 0)
+                    if (lane == 0 && part == 0)
                         report_error(ll.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_LL_DISPATCH_SEND, -1, int(e),
                                      slot + 1, p.max_tokens);
                 } else {
                     const int l = int(e % ll.L);
                     const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
                     const uint64_t base = ll.peer(dst);
-                    if (base != 0)
-                        warp_copy<Src::kPeerWritten>(reinterpret_cast<void*>(base + off), msg, used_bytes, lane);
-                    else
-                        nvshmemx_putmem_nbi_warp(ll.local(off), msg, used_bytes, dst);
+                    if (base != 0) {
+                        int4* out = reinterpret_cast<int4*>(base + off);
+#pragma unroll 4
+                        for (int i = part * kWarpSize + lane; i < used_int4; i += warps_per_k * kWarpSize)
+                            st_na_v4(out + i, message[i]);
+                    } else if (part == 0) {
+                        nvshmemx_putmem_nbi_warp(ll.local(off), staged, used_bytes, dst);
+                    }
                 }
             }
         }
@@ -320,7 +336,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     }
     const int64_t payload_bytes = p.use_fp8 ? p.hidden : int64_t(p.hidden) * 2;
     const uint8_t* block_msgs = ll.local(p.recv_off + (int64_t(l) * R + s) * p.max_tokens * p.msg_bytes);
-    block_copy_rows(reinterpret_cast<uint8_t*>(p.recv_x) + (int64_t(l) * RT + begin) * payload_bytes, payload_bytes,
+    block_copy_rows<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + (int64_t(l) * RT + begin) * payload_bytes, payload_bytes,
                     nullptr, block_msgs + 16, p.msg_bytes, n, payload_bytes);
     for (int i = threadIdx.x; i < n; i += blockDim.x)
         reinterpret_cast<int32_t*>(p.recv_src_info)[int64_t(l) * RT + begin + i] =
@@ -375,7 +391,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
             } else {
                 const uint8_t* src = p.zero_copy ? ll.local(p.send_off + first * p.msg_bytes)
                                                  : reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes;
-                block_copy_rows(slots, p.msg_bytes, tokens, src, p.zero_copy ? p.msg_bytes : row_bytes, n, row_bytes);
+                block_copy_rows<Src::kInput>(slots, p.msg_bytes, tokens, src, p.zero_copy ? p.msg_bytes : row_bytes, n, row_bytes);
             }
         }
         for (int i = warp; i < n && base == 0; i += num_warps) {

@@ -26,6 +26,7 @@ def idx(n=4, k=2):
 @pytest.mark.parametrize("args,error,match", [
     ((x(dtype=torch.float32), idx(), T, E), TypeError, "bfloat16"),
     ((x(h=200), idx(), T, E), ValueError, "multiple of 128"),
+    ((x(h=16384 + 128), idx(), T, E), ValueError, "16384"),
     ((x(), idx(), 0, E), ValueError, "num_max_dispatch_tokens_per_rank"),
     ((x(), idx(), 1025, E), ValueError, "num_max_dispatch_tokens_per_rank"),
     ((x(n=9), idx(n=9), T, E), ValueError, "more than"),

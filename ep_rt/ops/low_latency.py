@@ -83,8 +83,9 @@ class LowLatencyOp:
         R = self.num_ranks
         validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=self.device)
         N, H = x.shape
-        if H % 128 or H == 0:
-            raise ValueError(f"low-latency hidden size must be a positive multiple of 128, got {H}")
+        if H % 128 or not 0 < H <= params.EP_RT_LL_MAX_HIDDEN:
+            raise ValueError(f"low-latency hidden size must be a multiple of 128 in [128, "
+                             f"{params.EP_RT_LL_MAX_HIDDEN}], got {H}")
         if not 1 <= T <= params.EP_RT_LL_MAX_TOKENS:
             raise ValueError(f"num_max_dispatch_tokens_per_rank must be in 1..{params.EP_RT_LL_MAX_TOKENS}, got {T}")
         if N > T:

@@ -214,6 +214,7 @@ struct CombineParams {
 #define EP_RT_LL_TAG_MASK 0xFFFFF
 #define EP_RT_LL_MAX_TOKENS 1024
 #define EP_RT_LL_MAX_TOPK 16
+#define EP_RT_LL_MAX_HIDDEN 16384  // the dispatch send kernel builds a message in shared memory
 // Workspace (device memory, int32 words): per-expert send counters, then these words.
 #define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets of the 4 LL kernels
 #define EP_RT_LL_WS_EPOCH 4          // [2]: per-buffer use counters
