@@ -141,88 +141,128 @@ def ll_inputs(num_tokens, hidden, num_topk, num_experts, num_ranks, device, seed
     return x, idx, w, y, y_castable
 
 
-def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50):
-    """LL dispatch (FP8), combine and LogFMT combine, three ways (CUDA events, medians):
+LL_OPS = (("dispatch", "LL dispatch FP8"), ("combine", "LL combine BF16"), ("logfmt", "LL combine LogFMT"))
+# LL kernels of one bench round in stream order: hook halves (3 ops), the line-up pair, whole calls (3 ops).
+_ROUND_KERNELS = ["send", "recv"] * 8
 
-    * kernel: GPU time of a whole non-hook call (send and receive kernels on the comm stream, including the wait
-      for the peers), with a sleep kernel covering the host's enqueueing and an untimed call pair just before
-      that lines the ranks' GPUs up (its receive waits for every peer's send). DeepEP's one-kernel time compares.
-    * send / recv: the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP
-      runs a GEMM) so the peers' data has landed, then the receive kernel (the hook).
-    * call: events around the Python call without a covering sleep: what a caller waits for.
+
+def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50,
+             profiled_iters=20):
+    """LL dispatch (FP8), combine and LogFMT combine (medians). Each round runs:
+
+    * the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP runs a GEMM) so
+      the peers' data has landed, then the receive kernel (the hook);
+    * an untimed dispatch + combine that lines the ranks' GPUs up (its receives wait for every peer's send);
+    * whole non-hook calls (send and receive kernels on the comm stream, including the wait for the peers),
+      a sleep kernel covering the host's enqueueing: "kernel" time, what DeepEP's one-kernel time compares to;
+    * whole calls without a covering sleep: "call" time, what a caller waits for (Python included).
+    Times come from CUDA events and, in extra rounds under the torch profiler, from the kernels' own start and
+    end (as DeepEP's kineto numbers: no event or launch gaps; a whole call spans send start to receive end).
     Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for both combines, as DeepEP
-    reports LogFMT) divided by the kernel time."""
+    reports LogFMT) divided by the kernel time (the profiler's when available)."""
     import torch.distributed as dist
+    from torch.profiler import ProfilerActivity, profile
 
     T = num_tokens
     x, idx, w, y, y_castable = ll_inputs(num_tokens, hidden, num_topk, num_experts, buffer.group_size,
                                          buffer.device, 1234 + buffer.rank)
     selections = int((idx >= 0).sum())
-    ops = ("dispatch", "combine", "logfmt")
-    samples = {f"{op} {what}": [] for op in ops for what in ("kernel", "send", "recv", "call")}
+    samples = {f"{op} {what}": [] for op, _ in LL_OPS for what in ("kernel", "send", "recv", "call")}
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
+    state = {"handle": None}
 
-    def run(op, handle, hook=False):
+    def run(op, hook=False):
         if op == "dispatch":
             out = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=hook)
-            return out[2], out[4]
-        out = buffer.low_latency_combine(y_castable if op == "logfmt" else y, idx, w, handle,
+            state["handle"] = out[2]
+            return out[4]
+        out = buffer.low_latency_combine(y_castable if op == "logfmt" else y, idx, w, state["handle"],
                                          use_logfmt=op == "logfmt", return_recv_hook=hook)
-        return handle, out[2]
+        return out[2]
 
-    def timed(record_into, fn):
+    def timed(pending, key, fn):
         a, b = ev(), ev()
         a.record()
         result = fn()
         b.record()
-        return result, (record_into, a, b)
+        pending.append((key, a, b))
+        return result
 
-    handle = run("dispatch", None)[0]
+    def one_round(pending):
+        dist.barrier(group=buffer.group)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+        for op, _ in LL_OPS:
+            hook = timed(pending, f"{op} send", lambda: run(op, hook=True))
+            torch.cuda._sleep(_SLEEP_CYCLES_GAP)
+            timed(pending, f"{op} recv", hook)
+        dist.barrier(group=buffer.group)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+        run("dispatch")
+        run("combine")
+        for op, _ in LL_OPS:
+            timed(pending, f"{op} kernel", lambda: run(op))
+        dist.barrier(group=buffer.group)
+        torch.cuda.synchronize()
+        for op, _ in LL_OPS:
+            timed(pending, f"{op} call", lambda: run(op))
+        torch.cuda.synchronize()
+
+    run("dispatch")
     for it in range(warmup + iters):
         pending = []
-        # Hook halves.
-        dist.barrier(group=buffer.group)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(_SLEEP_CYCLES_COVER)
-        for op in ops:
-            (handle, hook), rec = timed(f"{op} send", lambda: run(op, handle, hook=True))
-            pending.append(rec)
-            torch.cuda._sleep(_SLEEP_CYCLES_GAP)
-            _, rec = timed(f"{op} recv", hook)
-            pending.append(rec)
-        # Whole non-hook calls, GPU time.
-        dist.barrier(group=buffer.group)
-        torch.cuda.synchronize()
-        torch.cuda._sleep(_SLEEP_CYCLES_COVER)
-        handle = run("dispatch", handle)[0]  # lines the GPUs up
-        run("combine", handle)
-        for op in ops:
-            (handle, _), rec = timed(f"{op} kernel", lambda: run(op, handle))
-            pending.append(rec)
-        # Whole calls as a caller sees them.
-        dist.barrier(group=buffer.group)
-        torch.cuda.synchronize()
-        for op in ops:
-            (handle, _), rec = timed(f"{op} call", lambda: run(op, handle))
-            pending.append(rec)
-        torch.cuda.synchronize()
+        one_round(pending)
         if it >= warmup:
             for key, a, b in pending:
                 samples[key].append(a.elapsed_time(b) * 1000)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(profiled_iters):
+            one_round([])
+    profiled = _profiled_ll(prof, profiled_iters)
+
     med = {k: statistics.median(v) for k, v in samples.items()}
     fp8_bytes = selections * (hidden + hidden // 128 * 4 + 16)
     bf16_bytes = selections * hidden * 2
     rows = []
-    for op, name, nbytes in (("dispatch", "LL dispatch FP8", fp8_bytes), ("combine", "LL combine BF16", bf16_bytes),
-                             ("logfmt", "LL combine LogFMT", bf16_bytes)):
-        kernel = med[f"{op} kernel"]
-        rows.append((name, kernel, nbytes / kernel / 1e3, med[f"{op} send"], med[f"{op} recv"], med[f"{op} call"]))
+    for op, name in LL_OPS:
+        nbytes = fp8_bytes if op == "dispatch" else bf16_bytes
+        row = {"name": name, "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
+               "call": med[f"{op} call"], "profiler": profiled.get(op)}
+        kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
+        row["gbps"] = nbytes / kernel / 1e3
+        rows.append(row)
     return rows
 
 
+def _profiled_ll(prof, rounds) -> dict:
+    """Medians of the LL kernels' own durations per op: send, recv (hook halves) and kernel (whole call, send
+    start to receive end). Empty if the profiler did not see exactly the kernels the rounds launched."""
+    kernels = sorted((e for e in prof.profiler.kineto_results.events() if e.name().startswith("ep_rt_ll_")),
+                     key=lambda e: e.start_ns())
+    if len(kernels) != rounds * len(_ROUND_KERNELS) or any(
+            not k.name().endswith(f"_{half}") for k, half in zip(kernels, _ROUND_KERNELS * rounds)):
+        return {}
+    per_round = len(_ROUND_KERNELS)
+    out = {op: {"send": [], "recv": [], "kernel": []} for op, _ in LL_OPS}
+    for r in range(rounds):
+        ks = kernels[r * per_round:(r + 1) * per_round]
+        for i, (op, _) in enumerate(LL_OPS):
+            send, recv = ks[2 * i], ks[2 * i + 1]
+            out[op]["send"].append(send.duration_ns() / 1e3)
+            out[op]["recv"].append(recv.duration_ns() / 1e3)
+            send, recv = ks[10 + 2 * i], ks[10 + 2 * i + 1]  # after 3 hook pairs and the line-up pair
+            out[op]["kernel"].append((recv.end_ns() - send.start_ns()) / 1e3)
+    return {op: {k: statistics.median(v) for k, v in d.items()} for op, d in out.items()}
+
+
 def format_ll_rows(rows, rank) -> str:
-    lines = [f"rank {rank}: {'workload':<17} {'kernel us':>10} {'GB/s':>8} {'send us':>8} {'recv us':>8} "
-             f"{'call us':>8}"]
-    for name, k, gbps, send, recv, call in rows:
-        lines.append(f"rank {rank}: {name:<17} {k:>10.1f} {gbps:>8.1f} {send:>8.1f} {recv:>8.1f} {call:>8.1f}")
+    nan = {"kernel": float("nan"), "send": float("nan"), "recv": float("nan")}
+    lines = [f"rank {rank}: {'workload':<17} {'kernel us':>10} {'GB/s':>7} {'send us':>8} {'recv us':>8} | "
+             f"{'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8}"]
+    for r in rows:
+        p, e = r["profiler"] or nan, r["events"]
+        lines.append(f"rank {rank}: {r['name']:<17} {p['kernel']:>10.1f} {r['gbps']:>7.1f} {p['send']:>8.1f} "
+                     f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
+                     f"{r['call']:>8.1f}")
     return "\n".join(lines)

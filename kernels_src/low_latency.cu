@@ -161,12 +161,16 @@ __device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, int pee
     return true;
 }
 
-// True in exactly one block: the last to finish (all earlier blocks' writes are visible to it).
+// True in exactly one block: the last to finish (all earlier blocks' writes are visible to it). Send kernels
+// need the system-scope fence (the last block then signals peers that read those writes over NVLink); receive
+// kernels only hand the epoch to the next kernel, so a device-scope fence is enough and cheaper.
+template <bool kPeersRead>
 __device__ bool last_block(int32_t* ticket) {
     __shared__ bool is_last;
     __syncthreads();
     if (threadIdx.x == 0) {
-        __threadfence_system();
+        if (kPeersRead) __threadfence_system();
+        else __threadfence();
         is_last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
         if (is_last) __threadfence();
     }
@@ -289,7 +293,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         __syncthreads();
     }
     if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();  // remote puts complete before the signals
-    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
+    if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
     // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters.
     for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
         const int dst = e / ll.L, l = e % ll.L;
@@ -358,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
                     ld_peer_written_b32(scales + g);
         }
     }
-    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
+    if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
     if (threadIdx.x == 0) {
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
@@ -409,7 +413,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const Lo
     }
     __syncthreads();
     if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();
-    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
+    if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
     for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
         const int dst = i % R, e = me * ll.L + i / R;
         if (!ll.masked(dst)) signal_rank(ll, dst, p.signal_off + int64_t(e) * 4, ll.tag);
@@ -528,7 +532,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
         }
         __syncthreads();
     }
-    if (!last_block(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineRecv)) return;
+    if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineRecv)) return;
     if (threadIdx.x == 0) {
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineRecv] = 0;
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;

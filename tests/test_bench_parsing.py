@@ -1,0 +1,52 @@
+"""The LL benchmark's reading of profiler kernel records (CPU: fake records in the profiler's shape)."""
+import math
+from types import SimpleNamespace
+
+from ep_rt import bench
+
+
+class _Kernel:
+    def __init__(self, name, start, end):
+        self._name, self._start, self._end = name, start, end
+
+    def name(self):
+        return self._name
+
+    def start_ns(self):
+        return self._start
+
+    def end_ns(self):
+        return self._end
+
+    def duration_ns(self):
+        return self._end - self._start
+
+
+def _prof(kernels):
+    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: kernels)))
+
+
+def _round(t0, send_ns, recv_ns, gap_ns):
+    """One bench round: 8 (send, recv) pairs in stream order, as bench_ll launches them."""
+    kernels, t = [], t0
+    ops = ["dispatch", "combine", "combine"] + ["dispatch", "combine"] + ["dispatch", "combine", "combine"]
+    for op in ops:
+        kernels.append(_Kernel(f"ep_rt_ll_{op}_send", t, t + send_ns))
+        t += send_ns + gap_ns
+        kernels.append(_Kernel(f"ep_rt_ll_{op}_recv", t, t + recv_ns))
+        t += recv_ns + 100_000
+    return kernels
+
+
+def test_profiled_ll_takes_durations_and_spans():
+    rounds = [_round(r * 10**9, send_ns=20_000, recv_ns=8_000, gap_ns=2_000) for r in range(3)]
+    noise = [_Kernel("some_other_kernel", 5, 10)]
+    got = bench._profiled_ll(_prof([k for r in reversed(rounds) for k in r] + noise), rounds=3)
+    for op in ("dispatch", "combine", "logfmt"):
+        assert math.isclose(got[op]["send"], 20.0) and math.isclose(got[op]["recv"], 8.0)
+        assert math.isclose(got[op]["kernel"], 30.0)  # send start to recv end, gap included
+
+
+def test_profiled_ll_gives_nothing_when_kernels_are_missing():
+    kernels = _round(0, 20_000, 8_000, 2_000)[:-1]
+    assert bench._profiled_ll(_prof(kernels), rounds=1) == {}
