@@ -142,8 +142,9 @@ def ll_inputs(num_tokens, hidden, num_topk, num_experts, num_ranks, device, seed
 
 
 LL_OPS = (("dispatch", "LL dispatch FP8"), ("combine", "LL combine BF16"), ("logfmt", "LL combine LogFMT"))
-# LL kernels of one bench round in stream order: hook halves (3 ops), the line-up pair, whole calls (3 ops).
-_ROUND_KERNELS = ["send", "recv"] * 8
+# LL kernels of one bench round in stream order: (send, recv) pairs of the hook halves (3 ops), the line-up
+# dispatch + combine, the whole calls timed as kernels (3 ops), the whole calls timed as calls (3 ops).
+_ROUND_KERNELS = ["send", "recv"] * (3 + 2 + 3 + 3)
 
 
 def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50,

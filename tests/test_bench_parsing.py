@@ -27,9 +27,9 @@ def _prof(kernels):
 
 
 def _round(t0, send_ns, recv_ns, gap_ns):
-    """One bench round: 8 (send, recv) pairs in stream order, as bench_ll launches them."""
+    """One bench round: 11 (send, recv) pairs in stream order, as bench_ll launches them."""
     kernels, t = [], t0
-    ops = ["dispatch", "combine", "combine"] + ["dispatch", "combine"] + ["dispatch", "combine", "combine"]
+    ops = ["dispatch", "combine", "combine"] + ["dispatch", "combine"] + ["dispatch", "combine", "combine"] * 2
     for op in ops:
         kernels.append(_Kernel(f"ep_rt_ll_{op}_send", t, t + send_ns))
         t += send_ns + gap_ns
