@@ -156,10 +156,16 @@ def launch(function, grid: int, block: int, smem: int, stream, params_address: i
           f"cuLaunchKernel({name})")
 
 
-def make_launch_config(cooperative: bool, cluster: int):
-    """A reusable CUlaunchConfig carrying launch attributes (cooperative, cluster size)."""
+def make_launch_config(cooperative: bool, cluster: int, programmatic: bool = False):
+    """A reusable CUlaunchConfig carrying launch attributes (cooperative, cluster size, programmatic dependent
+    launch: the kernel may start once every block of the previous kernel on the stream has asked for it)."""
     cu = _cu()
     attrs = []
+    if programmatic:
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs.append(attr)
     if cooperative:
         attr = cu.CUlaunchAttribute()
         attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_COOPERATIVE

@@ -315,7 +315,7 @@ class Buffer:
             return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
         scope = StreamScope(self.comm_stream, None, async_finish, False)
         result, launch_recv = start(self.comm_stream)
-        launch_recv(self.comm_stream)
+        launch_recv(self.comm_stream, early=True)
         return result, scope.finish(touched(result)), None
 
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:

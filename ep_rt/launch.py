@@ -53,12 +53,20 @@ class Launcher:
                               self._args_address, self.name)
 
     def snapshot(self):
-        """A launch with the current parameters frozen (for receive hooks that run after later calls)."""
+        """A launch with the current parameters frozen (for receive hooks that run after later calls).
+        launch(grid, stream, early=True) is a programmatic dependent launch: it may start while the previous
+        kernel on the stream still runs, once all that kernel's blocks have executed griddepcontrol.launch_dependents
+        (only for kernels that synchronise with it through memory flags, as the LL receive kernels do)."""
         params = type(self.params).from_buffer_copy(self.params)
         args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         function, block, name = self.function, self.block, self.name
+        early_config = _driver.make_launch_config(False, 1, programmatic=True)
 
-        def launch(grid: int, stream, smem: int = 0, _keep=(params, args)):
-            _driver.launch(function, grid, block, smem, driver_stream(stream), ctypes.addressof(args), name)
+        def launch(grid: int, stream, early: bool = False, _keep=(params, args)):
+            if early:
+                _driver.launch_ex(early_config, function, grid, block, 0, driver_stream(stream),
+                                  ctypes.addressof(args), name)
+            else:
+                _driver.launch(function, grid, block, 0, driver_stream(stream), ctypes.addressof(args), name)
 
         return launch

@@ -161,6 +161,13 @@ __device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, int pee
     return true;
 }
 
+// Non-hook calls launch the receive kernel as a programmatic dependent launch: once every send block has
+// executed this, receive blocks may take free SM slots and wait on their signals while the sends finish (they
+// synchronise through those signals, never through kernel completion). A no-op for an ordinary launch.
+__device__ __forceinline__ void allow_receive_kernel_to_start() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
+
 // True in exactly one block: the last to finish (all earlier blocks' writes are visible to it). Send kernels
 // need the system-scope fence (the last block then signals peers that read those writes over NVLink); receive
 // kernels only hand the epoch to the next kernel, so a device-scope fence is enough and cheaper.
@@ -235,6 +242,7 @@ __device__ void build_message(const LL& ll, int t, uint8_t* msg) {
 // staged row from L2 keeps the copy bound by NVLink stores; only NVSHMEM puts need the staged (symmetric) copy.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const LowLatencyParams p) {
     __shared__ int4 message[(16 + 2 * EP_RT_LL_MAX_HIDDEN) / 16];
+    allow_receive_kernel_to_start();
     const LL ll(p);
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int R = p.num_ranks, me = p.rank, K = p.num_topk;
@@ -373,6 +381,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
 // Combine, send half: block per (local expert l, destination s): rows of block (l, s) go back to s,
 // into its receive slot [global expert][source token], as bf16 or (use_logfmt) LogFMT-encoded on the way.
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const LowLatencyParams p) {
+    allow_receive_kernel_to_start();
     const LL ll(p);
     const int R = p.num_ranks, me = p.rank, l = blockIdx.x / R, s = blockIdx.x % R;
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;

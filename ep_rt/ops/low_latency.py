@@ -102,10 +102,12 @@ class LowLatencyOp:
 
     @staticmethod
     def _receive_launcher(send: Launcher, recv: Launcher, grid: int):
-        """The receive kernel with the send kernel's parameters frozen now: launch(stream), now or from a hook."""
+        """The receive kernel with the send kernel's parameters frozen now: launch(stream, early), now or from a
+        hook. early=True (right behind the send kernel on the same stream) lets its blocks start while the send
+        kernel finishes: the receive kernel waits for its data through the signals anyway."""
         ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(send.params), ctypes.sizeof(send.params))
         launch = recv.snapshot()
-        return lambda stream: launch(grid, stream)
+        return lambda stream, early=False: launch(grid, stream, early)
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, T, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale, use_ue8m0,
