@@ -36,6 +36,7 @@ class Launcher:
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
         self._args_address = ctypes.addressof(self._args)
         self._config = _driver.make_launch_config(cooperative, cluster) if (cooperative or cluster > 1) else None
+        self._early_config = None  # built on first use: building it costs tens of microseconds of Python
         if smem > 48 * 1024:
             _driver.set_max_dynamic_smem(self.function, smem)
 
@@ -60,7 +61,10 @@ class Launcher:
         params = type(self.params).from_buffer_copy(self.params)
         args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         function, block, name = self.function, self.block, self.name
-        early_config = _driver.make_launch_config(False, 1, programmatic=True)
+        if self._early_config is None:
+            self._early_config = _driver.make_launch_config(False, 1, programmatic=True)
+        # One config per Launcher: launch_ex sets every per-launch field right before each use.
+        early_config = self._early_config
 
         def launch(grid: int, stream, early: bool = False, _keep=(params, args)):
             if early:
