@@ -312,13 +312,70 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
 }
 
+// Receive side of one (local expert l, source) block: n messages at `msgs` go to rows begin.. of expert l. Three
+// outputs per row: the payload (int4 copies), the source token (word 0 of the header) and the FP8 scales
+// (transposed to column-major, UE8M0 exponents packed 4 per word). One loop issues the loads of all three
+// before any of their stores, so the block pays about two memory round trips instead of one per output.
+__device__ void copy_out_messages(const LL& ll, const uint8_t* msgs, int l, int begin, int n) {
+    const LowLatencyParams& p = ll.p;
+    const int64_t RT = int64_t(p.num_ranks) * p.max_tokens, row = int64_t(l) * RT + begin;
+    const uint32_t payload_bytes = p.use_fp8 ? p.hidden : 2 * p.hidden;
+    const uint32_t row_int4 = payload_bytes / 16, payload_total = uint32_t(n) * row_int4;
+    const uint32_t cols = !p.use_fp8 ? 0 : p.use_ue8m0 ? ll.S / 4 : ll.S;  // scale words per row
+    const uint32_t side_total = uint32_t(n) * (1 + cols);                   // source word + scale words
+    uint8_t* recv_x = reinterpret_cast<uint8_t*>(p.recv_x) + row * payload_bytes;
+    int32_t* src_info = reinterpret_cast<int32_t*>(p.recv_src_info) + row;
+    int32_t* scales_out = reinterpret_cast<int32_t*>(p.recv_x_scales);
+    // Side item q: row q / (1 + cols); word 0 is the source token, word c + 1 the row's scale column c.
+    auto load_side = [&](uint32_t q) -> int32_t {
+        const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
+        const int32_t* msg = reinterpret_cast<const int32_t*>(msgs + i * p.msg_bytes);
+        if (w == 0) return ld_peer_written_b32(msg);
+        const int32_t* scales = reinterpret_cast<const int32_t*>(msgs + i * p.msg_bytes + 16 + p.hidden);
+        if (!p.use_ue8m0) return ld_peer_written_b32(scales + (w - 1));
+        uint32_t word = 0;
+#pragma unroll
+        for (int b = 0; b < 4; ++b)
+            word |= ((uint32_t(ld_peer_written_b32(scales + 4 * (w - 1) + b)) >> 23) & 0xFF) << (8 * b);
+        return int32_t(word);
+    };
+    auto store_side = [&](uint32_t q, int32_t value) {
+        const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
+        if (w == 0) src_info[i] = value;
+        else scales_out[(int64_t(l) * cols + (w - 1)) * RT + begin + i] = value;
+    };
+    constexpr int kUnroll = 4;
+    const uint32_t limit = max(payload_total, side_total);
+    for (uint32_t j0 = threadIdx.x; j0 < limit; j0 += blockDim.x * kUnroll) {
+        int4 v[kUnroll];
+        int32_t side[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const uint32_t j = j0 + u * blockDim.x;
+            if (j < payload_total) {
+                const uint32_t i = j / row_int4, c = j - i * row_int4;
+                v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(msgs + i * p.msg_bytes + 16) + c);
+            }
+            if (j < side_total) side[u] = load_side(j);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            const uint32_t j = j0 + u * blockDim.x;
+            if (j < payload_total) {
+                const uint32_t i = j / row_int4, c = j - i * row_int4;
+                st_na_v4(reinterpret_cast<int4*>(recv_x + int64_t(i) * payload_bytes) + c, v[u]);
+            }
+            if (j < side_total) store_side(j, side[u]);
+        }
+    }
+}
+
 // ------------------------------------------------------------------------------------------------
 // Dispatch, receive half: block per (local expert l, source s). Blocks are placed by source rank
 // ascending: begin = sum of the counts of sources before s, so the layout is deterministic.
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
     const LL ll(p);
     const int R = p.num_ranks, l = blockIdx.x / R, s = blockIdx.x % R;
-    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     __shared__ int counts[EP_RT_MAX_NVL_RANKS * 32];
     __shared__ int64_t wait_cycles;
     if (threadIdx.x == 0) wait_cycles = 0;
@@ -338,7 +395,6 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     int begin = 0;
     for (int j = 0; j < s; ++j) begin += counts[j];
     const int n = counts[s];
-    const int64_t RT = int64_t(R) * p.max_tokens;
     if (threadIdx.x == 0) {
         reinterpret_cast<int64_t*>(p.recv_layout_range)[int64_t(l) * R + s] = (int64_t(begin) << 32) | int64_t(n);
         if (s == R - 1) reinterpret_cast<int32_t*>(p.recv_count)[l] = begin + n;
@@ -346,30 +402,8 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         if (p.wait_stats)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)wait_cycles);
     }
-    const int64_t payload_bytes = p.use_fp8 ? p.hidden : int64_t(p.hidden) * 2;
     const uint8_t* block_msgs = ll.local(p.recv_off + (int64_t(l) * R + s) * p.max_tokens * p.msg_bytes);
-    block_copy_rows<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + (int64_t(l) * RT + begin) * payload_bytes, payload_bytes,
-                    nullptr, block_msgs + 16, p.msg_bytes, n, payload_bytes);
-    for (int i = threadIdx.x; i < n; i += blockDim.x)
-        reinterpret_cast<int32_t*>(p.recv_src_info)[int64_t(l) * RT + begin + i] =
-            ld_peer_written_b32(reinterpret_cast<const int32_t*>(block_msgs + i * p.msg_bytes));
-    for (int i = warp; i < n && p.use_fp8; i += num_warps) {
-        const uint8_t* msg = block_msgs + i * p.msg_bytes;
-        const int32_t* scales = reinterpret_cast<const int32_t*>(msg + 16 + p.hidden);
-        if (p.use_ue8m0) {  // 4 exponent bytes per int32, column-major [L, S/4, R*T]
-            for (int w = lane; w < ll.S / 4; w += kWarpSize) {
-                uint32_t word = 0;
-#pragma unroll
-                for (int b = 0; b < 4; ++b)
-                    word |= ((uint32_t(ld_peer_written_b32(scales + 4 * w + b)) >> 23) & 0xFF) << (8 * b);
-                reinterpret_cast<int32_t*>(p.recv_x_scales)[(int64_t(l) * (ll.S / 4) + w) * RT + begin + i] = int32_t(word);
-            }
-        } else {  // f32 column-major [L, S, R*T]
-            for (int g = lane; g < ll.S; g += kWarpSize)
-                reinterpret_cast<int32_t*>(p.recv_x_scales)[(int64_t(l) * ll.S + g) * RT + begin + i] =
-                    ld_peer_written_b32(scales + g);
-        }
-    }
+    copy_out_messages(ll, block_msgs, l, begin, n);
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
     if (threadIdx.x == 0) {
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
@@ -380,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
 // ------------------------------------------------------------------------------------------------
 // Combine, send half: block per (local expert l, destination s): rows of block (l, s) go back to s,
 // into its receive slot [global expert][source token], as bf16 or (use_logfmt) LogFMT-encoded on the way.
-extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_combine_send(const LowLatencyParams p) {
+extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const LowLatencyParams p) {
     allow_receive_kernel_to_start();
     const LL ll(p);
     const int R = p.num_ranks, me = p.rank, l = blockIdx.x / R, s = blockIdx.x % R;
@@ -491,18 +525,22 @@ __device__ __forceinline__ void accumulate_logfmt_rows(const LL& ll, const int64
 }
 
 // ------------------------------------------------------------------------------------------------
-// Combine, receive half: work item = (token t, chunk of blockDim.x int4 of the hidden row), so even a small
-// batch fills every SM. out[t] = sum over k ascending of w[t,k] * y_k, an f32 multiply then an f32 add (no FMA,
+// Combine, receive half: work item = (token t, chunk of the hidden row). Chunks are as few as still give every
+// block one item (so a block waits on a token's signals once and then streams its chunk), and at most
+// blockDim.x int4 each, so a small batch still fills every SM. out[t] = sum over k ascending of w[t,k] * y_k, an f32 multiply then an f32 add (no FMA,
 // as the reference), skipping -1 and masked ranks. All K rows are loaded before the sum so the loads overlap.
 extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const LowLatencyParams p) {
     const LL ll(p);
     const int K = p.num_topk;
     const int hidden_int4 = p.hidden / 8;
-    const int chunks = (hidden_int4 + blockDim.x - 1) / blockDim.x;
+    const int chunks = min((hidden_int4 + int(blockDim.x) - 1) / int(blockDim.x),
+                           max(1, int(gridDim.x) / max(p.num_tokens, 1)));
+    const int chunk_int4 = (hidden_int4 + chunks - 1) / chunks;
     __shared__ int64_t row_off[EP_RT_LL_MAX_TOPK];
     __shared__ float weight[EP_RT_LL_MAX_TOPK];
     for (int item = blockIdx.x; item < p.num_tokens * chunks; item += gridDim.x) {
-        const int t = item / chunks, i = (item - t * chunks) * blockDim.x + threadIdx.x;
+        const int t = item / chunks, chunk = item - t * chunks;
+        const int chunk_end = min(hidden_int4, (chunk + 1) * chunk_int4);
         if (threadIdx.x < EP_RT_LL_MAX_TOPK) {
             const int k = threadIdx.x;
             int64_t off = -1;
@@ -525,7 +563,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
             row_off[k] = off;
         }
         __syncthreads();
-        if (i < hidden_int4) {
+        for (int i = chunk * chunk_int4 + threadIdx.x; i < chunk_end; i += blockDim.x) {
             float acc[8];
 #pragma unroll
             for (int j = 0; j < 8; ++j) acc[j] = 0.0f;
