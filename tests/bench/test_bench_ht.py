@@ -1,7 +1,7 @@
 """pytest-benchmark cases for the HT reference workload (4096 tokens, hidden 7168, top-8, 256 experts) on 2 GPUs.
 
-The test process is rank 0 and times whole calls with pytest-benchmark (L2 flushed in setup); a spawned peer
-process is rank 1 and makes the same calls, told which case comes next over the process group. Kernel times
+The test process is rank 0 and times whole calls with pytest-benchmark (L2 flushed in setup); the peer
+(tests/bench/two_ranks.py) is rank 1 and makes the same calls. Kernel times
 (CUDA events around each kernel) and DeepEP-formula bandwidths go into each benchmark's extra_info.
 Run with: python -m pytest -m bench tests/bench
 """
@@ -10,11 +10,11 @@ import statistics
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ep_rt import Buffer, Config
 from ep_rt.bench import KernelTimer, ht_inputs
-from ep_rt.spawn import free_port
+
+from . import two_ranks
 
 pytestmark = [pytest.mark.bench,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -40,44 +40,24 @@ def _calls(buf, case, sets):
     return (lambda: buf.combine(recv_x, handle, topk_weights=recv_w, config=config)), n * HIDDEN * 2
 
 
-def _peer(port):
-    torch.cuda.set_device(1)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+def _setup(rank):
     buf = Buffer(dist.group.WORLD, Config(SMS).get_nvl_buffer_size_hint(HIDDEN * 2, 2, TOKENS), explicitly_destroy=True)
-    sets = ht_inputs(TOKENS, HIDDEN, TOPK, EXPERTS, buf.device, copies=1, seed=1)
-    while True:
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0)
-        if msg[0] == "done":
-            break
-        fn, _ = _calls(buf, msg[0], sets)
-        for _ in range(WARMUP + ROUNDS):
-            fn()
-        torch.cuda.synchronize()
-    buf.destroy()
-    dist.destroy_process_group()
+    return buf, ht_inputs(TOKENS, HIDDEN, TOPK, EXPERTS, buf.device, copies=1, seed=rank)
+
+
+def _make_call(buf, case, sets):
+    return _calls(buf, case, sets)[0]
 
 
 @pytest.fixture(scope="module")
 def pair():
-    port = free_port()
-    peer = mp.get_context("spawn").Process(target=_peer, args=(port,), daemon=True)
-    peer.start()
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
-    buf = Buffer(dist.group.WORLD, Config(SMS).get_nvl_buffer_size_hint(HIDDEN * 2, 2, TOKENS), explicitly_destroy=True)
-    sets = ht_inputs(TOKENS, HIDDEN, TOPK, EXPERTS, buf.device, copies=1, seed=0)
-    yield buf, sets
-    dist.broadcast_object_list(["done"], src=0)
-    buf.destroy()
-    dist.destroy_process_group()
-    peer.join(timeout=60)
+    yield from two_ranks.pair(_setup, _make_call, WARMUP + ROUNDS)
 
 
 @pytest.mark.parametrize("case", ["dispatch_bf16", "dispatch_fp8", "combine_bf16"])
 def test_ht(benchmark, pair, case):
     buf, sets = pair
-    dist.broadcast_object_list([case], src=0)
+    two_ranks.announce(case)
     fn, nbytes = _calls(buf, case, sets)
     flush = torch.empty(256 << 20, dtype=torch.uint8, device=buf.device)
     timer = KernelTimer()

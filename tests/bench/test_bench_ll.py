@@ -1,7 +1,7 @@
 """pytest-benchmark cases for the LL reference workload (128 tokens, hidden 7168, top-8, 288 experts) on 2 GPUs.
 
-The test process is rank 0 and times whole calls (Python + GPU, non-hook) with pytest-benchmark; a spawned peer
-process is rank 1 and makes the same calls, told which case comes next over the process group. The GPU-side
+The test process is rank 0 and times whole calls (Python + GPU, non-hook) with pytest-benchmark; the peer
+(tests/bench/two_ranks.py) is rank 1 and makes the same calls. The GPU-side
 numbers of ep_rt.bench.bench_ll (kernel time, send and receive halves; the profiler's kernel durations when it
 sees the kernels), measured by both ranks together once per module, go into each benchmark's extra_info with
 DeepEP-formula bandwidth.
@@ -10,11 +10,11 @@ Run with: python -m pytest -m bench tests/bench
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from ep_rt import Buffer
 from ep_rt.bench import bench_ll, ll_inputs
-from ep_rt.spawn import free_port
+
+from . import two_ranks
 
 pytestmark = [pytest.mark.bench,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
@@ -42,46 +42,25 @@ def _call(buf, case, inputs):
     return lambda: buf.low_latency_combine(y_castable if logfmt else y, idx, w, handle, use_logfmt=logfmt)
 
 
-def _peer(port):
-    torch.cuda.set_device(1)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=1, world_size=2)
+def _setup(rank):
     buf = _buffer()
-    bench_ll(buf, TOKENS, HIDDEN, TOPK, EXPERTS)
-    inputs = ll_inputs(TOKENS, HIDDEN, TOPK, EXPERTS, 2, buf.device, seed=1)
-    while True:
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0)
-        if msg[0] == "done":
-            break
-        fn = _call(buf, msg[0], inputs)
-        for _ in range(WARMUP + ROUNDS):
-            fn()
-            torch.cuda.synchronize()
-    buf.destroy()
-    dist.destroy_process_group()
+    gpu_rows = {row["name"]: row for row in bench_ll(buf, TOKENS, HIDDEN, TOPK, EXPERTS)}  # both ranks together
+    return buf, (ll_inputs(TOKENS, HIDDEN, TOPK, EXPERTS, 2, buf.device, seed=rank), gpu_rows)
+
+
+def _make_call(buf, case, state):
+    return _call(buf, case, state[0])
 
 
 @pytest.fixture(scope="module")
 def pair():
-    port = free_port()
-    peer = mp.get_context("spawn").Process(target=_peer, args=(port,), daemon=True)
-    peer.start()
-    torch.cuda.set_device(0)
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=2)
-    buf = _buffer()
-    gpu_rows = {row["name"]: row for row in bench_ll(buf, TOKENS, HIDDEN, TOPK, EXPERTS)}
-    inputs = ll_inputs(TOKENS, HIDDEN, TOPK, EXPERTS, 2, buf.device, seed=0)
-    yield buf, inputs, gpu_rows
-    dist.broadcast_object_list(["done"], src=0)
-    buf.destroy()
-    dist.destroy_process_group()
-    peer.join(timeout=60)
+    yield from two_ranks.pair(_setup, _make_call, WARMUP + ROUNDS)
 
 
 @pytest.mark.parametrize("case", list(ROW_NAMES))
 def test_ll(benchmark, pair, case):
-    buf, inputs, gpu_rows = pair
-    dist.broadcast_object_list([case], src=0)
+    buf, (inputs, gpu_rows) = pair
+    two_ranks.announce(case)
     fn = _call(buf, case, inputs)
 
     def call():
