@@ -112,6 +112,16 @@ __device__ int block_inclusive_scan(int value, int& total) {
 
 }  // namespace
 
+// A numbered collective call: this kind's sequence number is read when each block starts and advanced by the
+// last block to finish (sync.cuh), so the kernel can be captured in a CUDA graph.
+template <typename Params, void (*kRun)(const Params&, int64_t)>
+__device__ __forceinline__ void numbered_call(const Params& p, int kind) {
+    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, kind);
+    const int64_t seq = begin_call(call);
+    kRun(p, seq);
+    end_call(call, seq);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Barrier across the ranks of one node (one block).
 extern "C" __global__ void __launch_bounds__(32) ep_rt_intranode_barrier(const BarrierParams p) {
@@ -246,10 +256,7 @@ __device__ void run_notify(const NotifyParams& p, int64_t seq) {
 }
 
 extern "C" __global__ void __launch_bounds__(1024) ep_rt_intranode_notify(const NotifyParams p) {
-    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, EP_RT_CALL_NOTIFY);
-    const int64_t seq = begin_call(call);
-    run_notify(p, seq);
-    end_call(call, seq);
+    numbered_call<NotifyParams, run_notify>(p, EP_RT_CALL_NOTIFY);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -408,10 +415,7 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
 }
 
 extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const DispatchParams p) {
-    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, EP_RT_CALL_DISPATCH);
-    const int64_t seq = begin_call(call);
-    run_dispatch(p, seq);
-    end_call(call, seq);
+    numbered_call<DispatchParams, run_dispatch>(p, EP_RT_CALL_DISPATCH);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -555,8 +559,5 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
 }
 
 extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_combine(const CombineParams p) {
-    const CallSeq call = call_seq(p.peer_buffers[p.rank], p.ctrl, EP_RT_CALL_COMBINE);
-    const int64_t seq = begin_call(call);
-    run_combine(p, seq);
-    end_call(call, seq);
+    numbered_call<CombineParams, run_combine>(p, EP_RT_CALL_COMBINE);
 }
