@@ -228,7 +228,7 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     rows = []
     for op, name in LL_OPS:
         nbytes = fp8_bytes if op == "dispatch" else bf16_bytes
-        row = {"name": name, "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
+        row = {"name": name, "experts": num_experts, "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
                "call": med[f"{op} call"], "profiler": profiled.get(op)}
         kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
         row["gbps"] = nbytes / kernel / 1e3
@@ -259,11 +259,12 @@ def _profiled_ll(prof, rounds) -> dict:
 
 def format_ll_rows(rows, rank) -> str:
     nan = {"kernel": float("nan"), "send": float("nan"), "recv": float("nan")}
-    lines = [f"rank {rank}: {'workload':<17} {'kernel us':>10} {'GB/s':>7} {'send us':>8} {'recv us':>8} | "
-             f"{'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8}"]
+    lines = [f"rank {rank}: {'workload':<17} {'experts':>7} {'kernel us':>10} {'GB/s':>7} {'send us':>8} "
+             f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8}"]
     for r in rows:
         p, e = r["profiler"] or nan, r["events"]
-        lines.append(f"rank {rank}: {r['name']:<17} {p['kernel']:>10.1f} {r['gbps']:>7.1f} {p['send']:>8.1f} "
+        lines.append(f"rank {rank}: {r['name']:<17} {r['experts']:>7} {p['kernel']:>10.1f} {r['gbps']:>7.1f} "
+                     f"{p['send']:>8.1f} "
                      f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
                      f"{r['call']:>8.1f}")
     return "\n".join(lines)

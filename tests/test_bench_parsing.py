@@ -50,3 +50,12 @@ def test_profiled_ll_takes_durations_and_spans():
 def test_profiled_ll_gives_nothing_when_kernels_are_missing():
     kernels = _round(0, 20_000, 8_000, 2_000)[:-1]
     assert bench._profiled_ll(_prof(kernels), rounds=1) == {}
+
+
+def test_ll_table_shows_profiler_and_event_times_and_marks_missing_profiler_times():
+    row = {"name": "LL dispatch FP8", "experts": 256, "gbps": 250.0, "call": 120.0,
+           "profiler": {"kernel": 29.0, "send": 20.0, "recv": 9.0}, "events": {"kernel": 33.0, "send": 24.0, "recv": 13.0}}
+    text = bench.format_ll_rows([row, dict(row, profiler=None)], rank=0).splitlines()
+    assert len(text) == 3 and "experts" in text[0]
+    assert "256" in text[1] and "29.0" in text[1] and "33.0" in text[1]
+    assert "nan" in text[2] and "33.0" in text[2]

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole GPU job for one device-tool call, from the repository root of a checkout (no install: the
 # checkout on PYTHONPATH). Steps run in order of importance, each under its own time limit, logs in $OUT.
-# Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets)
+# Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets;
+#        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main")
 set -uo pipefail
 OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -34,6 +35,9 @@ for step in $STEPS; do
     rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping and not wheel" ;;
     ll)    run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
     tests) run tests 540 python3 -m pytest -q -rs tests -k "not wheel" ;;  # the wheel build needs PyPI
+    ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
+    ep8_main) run ep8_main 540 python3 -m ep_rt ;;                           # one rank per GPU: EP8 tables
+    ep4_main) run ep4_main 400 python3 -m ep_rt --ranks 4 --quick ;;         # EP4 tables on the same node
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$OUT/bench.json" ;;
   esac
