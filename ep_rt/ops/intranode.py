@@ -129,7 +129,6 @@ class IntranodeOp:
         hidden = x.size(1)
         S = x_scales.size(1) if x_scales is not None else 0
         num_rows = recv_src_idx.size(0)
-        self.nvl.raise_if_failed()
         buffer_layout.DispatchRows(hidden * x.element_size(), S, 0).fill(self.dispatch_kernel.params.region,
                                                                           self.nvl.num_nvl_bytes)
         with torch.cuda.stream(alloc_stream):
@@ -165,7 +164,6 @@ class IntranodeOp:
         rank_prefix_matrix, _, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_pos = handle
         N, hidden = is_token_in_rank.size(0), x.size(1)
         K = topk_weights.size(1) if topk_weights is not None else 0
-        self.nvl.raise_if_failed()
         c = self.combine_kernel.params
         buffer_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
         with torch.cuda.stream(alloc_stream):
