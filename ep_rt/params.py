@@ -58,6 +58,7 @@ EP_RT_LL_MAX_HIDDEN = 16384
 EP_RT_LL_WS_TICKETS = 0
 EP_RT_LL_WS_EPOCH = 4
 EP_RT_LL_WS_CLAIM = 6
+EP_RT_LL_WS_ARRIVED = 7
 EP_RT_LL_WS_COUNTERS = 8
 
 _u64, _i64, _i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32

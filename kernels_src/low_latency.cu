@@ -17,6 +17,7 @@
 #include "ep_rt/logfmt.cuh"
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
+#include "ep_rt/share.cuh"
 #include "ep_rt/sync.cuh"
 
 using namespace ep_rt;
@@ -48,43 +49,15 @@ struct LL {
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
 };
 
-// The whole block copies n rows of row_bytes (multiple of 16): row i goes from src + i * src_stride to
-// dst + dst_row(i) * dst_stride, dst_row(i) = dst_rows ? dst_rows[i] : i. Flattened over rows so every
-// thread keeps several 16-byte loads in flight even when there are only a few rows. Index math is 32-bit
-// (n * row_bytes / 16 < 2^31 for every legal shape): a 64-bit divide per element cost more than the copy.
-// kSrc: what the rows are (read-only input, or messages peers wrote during the call).
-template <Src kSrc>
-__device__ void block_copy_rows(uint8_t* dst, int64_t dst_stride, const int* dst_rows, const uint8_t* src,
-                                int64_t src_stride, int n, int64_t row_bytes) {
-    const uint32_t row_int4 = uint32_t(row_bytes / 16), total = uint32_t(n) * row_int4;
-    constexpr int kUnroll = 4;
-    for (uint32_t j0 = threadIdx.x; j0 < total; j0 += blockDim.x * kUnroll) {
-        int4 v[kUnroll];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const uint32_t j = j0 + u * blockDim.x;
-            if (j < total) {
-                const uint32_t i = j / row_int4, c = j - i * row_int4;
-                v[u] = load_v4<kSrc>(reinterpret_cast<const int4*>(src + i * src_stride) + c);
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const uint32_t j = j0 + u * blockDim.x;
-            if (j >= total) continue;
-            const uint32_t i = j / row_int4, c = j - i * row_int4;
-            const int64_t row = dst_rows ? dst_rows[i] : int64_t(i);
-            st_na_v4(reinterpret_cast<int4*>(dst + row * dst_stride) + c, v[u]);
-        }
-    }
-}
-
-// LogFMT: the whole block encodes n rows of `hidden` bf16 (row i at src + i * src_stride, read-only input) into
-// the combine slots dst + dst_rows[i] * dst_stride. Flattened over (row, int4) as block_copy_rows; the loop
-// bound is warp-uniform because the encoder's shuffles need all 32 lanes, and H % 128 == 0 (with blockDim a
-// multiple of 32) keeps every half-warp inside one division of one row, all-active or all-inactive.
-__device__ void block_encode_rows(uint8_t* dst, int64_t dst_stride, const int* dst_rows, const uint8_t* src,
-                                  int64_t src_stride, int n, int hidden) {
+// The whole block sends n rows of `hidden` bf16 from src_rows[i] to dst_rows[i] (addresses, in shared memory):
+// copied, or with kLogFmt encoded on the way (dst is then a combine slot). Flattened over (row, int4) so every
+// thread keeps kUnroll 16-byte loads in flight even when there are only a few rows. Index math is 32-bit
+// (n * hidden / 8 < 2^31 for every legal shape). The loop bound is warp-uniform because the encoder's shuffles
+// need all 32 lanes, and H % 128 == 0 (with blockDim a multiple of 32) keeps every half-warp inside one
+// division of one row, all-active or all-inactive. The sources are read-only input (expert outputs, or the
+// zero-copy staging area the caller filled before the call).
+template <bool kLogFmt>
+__device__ void block_send_rows(const uint64_t* dst_rows, const uint64_t* src_rows, int n, int hidden) {
     const uint32_t row_int4 = uint32_t(hidden / 8), total = uint32_t(n) * row_int4;
     const uint32_t lane = threadIdx.x % kWarpSize;
     constexpr int kUnroll = 4;
@@ -95,7 +68,7 @@ __device__ void block_encode_rows(uint8_t* dst, int64_t dst_stride, const int* d
             const uint32_t j = j0 + u * blockDim.x;
             if (j < total) {
                 const uint32_t i = j / row_int4, c = j - i * row_int4;
-                v[u] = ld_input_v4(reinterpret_cast<const int4*>(src + i * src_stride) + c);
+                v[u] = ld_input_v4(reinterpret_cast<const int4*>(src_rows[i]) + c);
             }
         }
 #pragma unroll
@@ -103,8 +76,11 @@ __device__ void block_encode_rows(uint8_t* dst, int64_t dst_stride, const int* d
             const uint32_t j = j0 + u * blockDim.x;
             const bool active = j < total;
             const uint32_t i = active ? j / row_int4 : 0, c = j - i * row_int4;
-            uint8_t* slot = active ? dst + int64_t(dst_rows[i]) * dst_stride : nullptr;
-            logfmt_encode_int4(v[u], active, c, slot, hidden);
+            if constexpr (kLogFmt) {
+                logfmt_encode_int4(v[u], active, c, active ? reinterpret_cast<uint8_t*>(dst_rows[i]) : nullptr, hidden);
+            } else if (active) {
+                st_na_v4(reinterpret_cast<int4*>(dst_rows[i]) + c, v[u]);
+            }
         }
     }
 }
@@ -312,26 +288,38 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
 }
 
-// Receive side of one (local expert l, source) block: n messages at `msgs` go to rows begin.. of expert l. Three
-// outputs per row: the payload (int4 copies), the source token (word 0 of the header) and the FP8 scales
-// (transposed to column-major, UE8M0 exponents packed 4 per word). One loop issues the loads of all three
-// before any of their stores, so the block pays about two memory round trips instead of one per output.
-__device__ void copy_out_messages(const LL& ll, const uint8_t* msgs, int l, int begin, int n) {
+// Dispatch receive, one batch of this block's messages (cell = (local expert l, source s), message i of the
+// cell goes to row group_offset + i of expert l). Three outputs per message: the payload (int4 copies), the
+// source token (word 0 of the header) and the FP8 scales (transposed to column-major, UE8M0 exponents packed
+// 4 per word). One loop issues the loads of all three before any of their stores, so the batch costs about one
+// memory round trip per kUnroll rows of work instead of one per output.
+__device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb) {
     const LowLatencyParams& p = ll.p;
-    const int64_t RT = int64_t(p.num_ranks) * p.max_tokens, row = int64_t(l) * RT + begin;
+    const int R = p.num_ranks;
+    const int64_t RT = int64_t(R) * p.max_tokens;
+    __shared__ int64_t msg_off[kShareBatch];   // the message, from the symmetric base
+    __shared__ int expert_row[kShareBatch];    // its row within its local expert
+    __shared__ int expert_of[kShareBatch];
+    if (int(threadIdx.x) < nb) {
+        const int c = batch.cell[threadIdx.x], i = batch.index[threadIdx.x];
+        msg_off[threadIdx.x] = p.recv_off + (int64_t(c) * p.max_tokens + i) * p.msg_bytes;
+        expert_row[threadIdx.x] = batch.group_offset[threadIdx.x] + i;
+        expert_of[threadIdx.x] = c / R;
+    }
+    __syncthreads();
     const uint32_t payload_bytes = p.use_fp8 ? p.hidden : 2 * p.hidden;
-    const uint32_t row_int4 = payload_bytes / 16, payload_total = uint32_t(n) * row_int4;
+    const uint32_t row_int4 = payload_bytes / 16, payload_total = uint32_t(nb) * row_int4;
     const uint32_t cols = !p.use_fp8 ? 0 : p.use_ue8m0 ? ll.S / 4 : ll.S;  // scale words per row
-    const uint32_t side_total = uint32_t(n) * (1 + cols);                   // source word + scale words
-    uint8_t* recv_x = reinterpret_cast<uint8_t*>(p.recv_x) + row * payload_bytes;
-    int32_t* src_info = reinterpret_cast<int32_t*>(p.recv_src_info) + row;
+    const uint32_t side_total = uint32_t(nb) * (1 + cols);                  // source word + scale words
+    uint8_t* recv_x = reinterpret_cast<uint8_t*>(p.recv_x);
+    int32_t* src_info = reinterpret_cast<int32_t*>(p.recv_src_info);
     int32_t* scales_out = reinterpret_cast<int32_t*>(p.recv_x_scales);
-    // Side item q: row q / (1 + cols); word 0 is the source token, word c + 1 the row's scale column c.
+    // Side item q: message q / (1 + cols); word 0 is the source token, word c + 1 the row's scale column c.
     auto load_side = [&](uint32_t q) -> int32_t {
         const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
-        const int32_t* msg = reinterpret_cast<const int32_t*>(msgs + i * p.msg_bytes);
-        if (w == 0) return ld_peer_written_b32(msg);
-        const int32_t* scales = reinterpret_cast<const int32_t*>(msgs + i * p.msg_bytes + 16 + p.hidden);
+        const uint8_t* msg = ll.local(msg_off[i]);
+        if (w == 0) return ld_peer_written_b32(reinterpret_cast<const int32_t*>(msg));
+        const int32_t* scales = reinterpret_cast<const int32_t*>(msg + 16 + p.hidden);
         if (!p.use_ue8m0) return ld_peer_written_b32(scales + (w - 1));
         uint32_t word = 0;
 #pragma unroll
@@ -341,10 +329,11 @@ __device__ void copy_out_messages(const LL& ll, const uint8_t* msgs, int l, int 
     };
     auto store_side = [&](uint32_t q, int32_t value) {
         const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
-        if (w == 0) src_info[i] = value;
-        else scales_out[(int64_t(l) * cols + (w - 1)) * RT + begin + i] = value;
+        const int64_t l = expert_of[i];
+        if (w == 0) src_info[l * RT + expert_row[i]] = value;
+        else scales_out[(l * cols + (w - 1)) * RT + expert_row[i]] = value;
     };
-    constexpr int kUnroll = 4;
+    constexpr int kUnroll = 8;
     const uint32_t limit = max(payload_total, side_total);
     for (uint32_t j0 = threadIdx.x; j0 < limit; j0 += blockDim.x * kUnroll) {
         int4 v[kUnroll];
@@ -354,7 +343,7 @@ __device__ void copy_out_messages(const LL& ll, const uint8_t* msgs, int l, int 
             const uint32_t j = j0 + u * blockDim.x;
             if (j < payload_total) {
                 const uint32_t i = j / row_int4, c = j - i * row_int4;
-                v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(msgs + i * p.msg_bytes + 16) + c);
+                v[u] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(msg_off[i] + 16)) + c);
             }
             if (j < side_total) side[u] = load_side(j);
         }
@@ -363,98 +352,137 @@ __device__ void copy_out_messages(const LL& ll, const uint8_t* msgs, int l, int 
             const uint32_t j = j0 + u * blockDim.x;
             if (j < payload_total) {
                 const uint32_t i = j / row_int4, c = j - i * row_int4;
-                st_na_v4(reinterpret_cast<int4*>(recv_x + int64_t(i) * payload_bytes) + c, v[u]);
+                const int64_t row = int64_t(expert_of[i]) * RT + expert_row[i];
+                st_na_v4(reinterpret_cast<int4*>(recv_x + row * payload_bytes) + c, v[u]);
             }
             if (j < side_total) store_side(j, side[u]);
         }
     }
 }
 
+// Every block of the grid has arrived here (all must be resident, as with a cooperative launch: the grids are
+// sized to fit). What any block observed before arriving is visible to every block after.
+__device__ void all_blocks_arrive(const LL& ll, int phase) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t* arrived = ll.ws + EP_RT_LL_WS_ARRIVED;
+        __threadfence();
+        atomicAdd(arrived, 1);
+        const uint64_t start = globaltimer_ns();
+        // Twice the signal timeout: a block that waits for a silent rank arrives only after its own timeout.
+        while (ld_acquire_gpu(arrived) < int(gridDim.x)) {
+            if (int64_t(globaltimer_ns() - start) > 2 * ll.p.timeout_ns) {
+                report_error(ll.sink(), EP_RT_ERR_TIMEOUT, phase, -1, -1, ld_acquire_gpu(arrived), gridDim.x);
+                break;
+            }
+        }
+    }
+    __syncthreads();
+}
+
 // ------------------------------------------------------------------------------------------------
-// Dispatch, receive half: block per (local expert l, source s). Blocks are placed by source rank
-// ascending: begin = sum of the counts of sources before s, so the layout is deterministic.
+// Dispatch, receive half. Cells are (local expert l, source s), c = l * R + s; messages are placed expert by
+// expert, sources ascending, so the layout is deterministic. Each block first waits for the count signals of
+// its own cells (b, b + G, ...), then, once every block has, takes an even share of all messages.
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
     const LL ll(p);
-    const int R = p.num_ranks, l = blockIdx.x / R, s = blockIdx.x % R;
-    __shared__ int counts[EP_RT_MAX_NVL_RANKS * 32];
-    __shared__ int64_t wait_cycles;
-    if (threadIdx.x == 0) wait_cycles = 0;
-    __syncthreads();
-    for (int j = threadIdx.x; j <= s; j += blockDim.x) {
-        const int32_t* sig = reinterpret_cast<const int32_t*>(ll.local(p.signal_off + (int64_t(l) * R + j) * 4));
+    const int R = p.num_ranks, E = p.num_experts;
+    const int32_t tag = ll.tag;
+    const int32_t* signals = reinterpret_cast<const int32_t*>(ll.local(p.signal_off));
+    for (int c = blockIdx.x + threadIdx.x * gridDim.x; c < E; c += blockDim.x * gridDim.x) {
+        const int s = c % R;
         int32_t value = 0;
         int64_t cycles = 0;
-        const int32_t tag = ll.tag;
-        const bool ok = !ll.masked(j) &&
-                        wait_signal(ll, sig, [tag](int32_t v) { return (v >> EP_RT_LL_COUNT_BITS) == tag; }, j,
-                                    EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles);
-        counts[j] = ok ? (value & ((1 << EP_RT_LL_COUNT_BITS) - 1)) : 0;
-        if (j == s) wait_cycles = cycles;
+        if (!ll.masked(s))
+            wait_signal(ll, signals + c, [tag](int32_t v) { return (v >> EP_RT_LL_COUNT_BITS) == tag; }, s,
+                        EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles);
+        if (p.wait_stats && cycles)
+            atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)cycles);
     }
-    __syncthreads();
-    int begin = 0;
-    for (int j = 0; j < s; ++j) begin += counts[j];
-    const int n = counts[s];
-    if (threadIdx.x == 0) {
-        reinterpret_cast<int64_t*>(p.recv_layout_range)[int64_t(l) * R + s] = (int64_t(begin) << 32) | int64_t(n);
-        if (s == R - 1) reinterpret_cast<int32_t*>(p.recv_count)[l] = begin + n;
-        if (p.cumulative_stats) atomicAdd(reinterpret_cast<int32_t*>(p.cumulative_stats) + l, n);
-        if (p.wait_stats)
-            atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)wait_cycles);
-    }
-    const uint8_t* block_msgs = ll.local(p.recv_off + (int64_t(l) * R + s) * p.max_tokens * p.msg_bytes);
-    copy_out_messages(ll, block_msgs, l, begin, n);
+    all_blocks_arrive(ll, EP_RT_PHASE_LL_DISPATCH_RECV);
+    // A masked or silent source sends nothing.
+    auto count = [&](int c) -> int {
+        if (ll.masked(c % R)) return 0;
+        const int32_t v = *reinterpret_cast<const volatile int32_t*>(signals + c);
+        return (v >> EP_RT_LL_COUNT_BITS) == tag ? (v & ((1 << EP_RT_LL_COUNT_BITS) - 1)) : 0;
+    };
+    // Per-cell outputs, each cell by one block: layout_range, the expert's count, the cumulative stats.
+    auto cell_outputs = [&](int c0, int n, const int* start) {
+        for (int c = threadIdx.x; c < n; c += blockDim.x) {
+            const int cell = c0 + c;
+            if (cell % gridDim.x != blockIdx.x) continue;
+            const int l = cell / R, s = cell % R, begin = start[c] - start[c - s], num = start[c + 1] - start[c];
+            reinterpret_cast<int64_t*>(p.recv_layout_range)[cell] = (int64_t(begin) << 32) | int64_t(num);
+            if (s == R - 1) reinterpret_cast<int32_t*>(p.recv_count)[l] = begin + num;
+            if (p.cumulative_stats && num) atomicAdd(reinterpret_cast<int32_t*>(p.cumulative_stats) + l, num);
+        }
+    };
+    __shared__ ShareSmem share;
+    for_each_share_batch(share, E, R, count, cell_outputs,
+                         [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
     if (threadIdx.x == 0) {
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
+        ll.ws[EP_RT_LL_WS_ARRIVED] = 0;  // every block is past all_blocks_arrive
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
     }
 }
 
 // ------------------------------------------------------------------------------------------------
-// Combine, send half: block per (local expert l, destination s): rows of block (l, s) go back to s,
-// into its receive slot [global expert][source token], as bf16 or (use_logfmt) LogFMT-encoded on the way.
+// Combine, send half: every row of the dispatch layout goes back to its source rank s, into s's receive slot
+// [global expert][source token], as bf16 or (use_logfmt) LogFMT-encoded on the way. Blocks take even shares of
+// the rows (cell (l, s) holds layout_range's count; the handle's begin is the count prefix over s, which is
+// the share walk's group offset). NVLink peers get stores from the whole block; remote ranks a warp per row.
 extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const LowLatencyParams p) {
     allow_receive_kernel_to_start();
     const LL ll(p);
-    const int R = p.num_ranks, me = p.rank, l = blockIdx.x / R, s = blockIdx.x % R;
+    const int R = p.num_ranks, me = p.rank;
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t RT = int64_t(R) * p.max_tokens, row_bytes = int64_t(p.hidden) * 2;
-    if (!ll.masked(s)) {
-        const int64_t range = reinterpret_cast<const int64_t*>(p.recv_layout_range)[int64_t(l) * R + s];
-        const int begin = int(range >> 32), n = int(range & 0xFFFFFFFF);
-        const int e = me * ll.L + l;
-        const uint64_t base = ll.peer(s);
-        if (base != 0) {  // NVLink peer: the whole block copies all n rows to their token slots
-            __shared__ int tokens[EP_RT_LL_MAX_TOKENS];
-            for (int i = threadIdx.x; i < n; i += blockDim.x)
-                tokens[i] = reinterpret_cast<const int32_t*>(p.recv_src_info)[int64_t(l) * RT + begin + i];
-            __syncthreads();
-            const int64_t first = int64_t(l) * RT + begin;
-            uint8_t* slots = reinterpret_cast<uint8_t*>(base + p.recv_off + int64_t(e) * p.max_tokens * p.msg_bytes);
-            if (p.use_logfmt) {  // encoded straight into the peer's slots (the host forbids zero_copy here)
-                block_encode_rows(slots, p.msg_bytes, tokens, reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes,
-                                  row_bytes, n, p.hidden);
-            } else {
-                const uint8_t* src = p.zero_copy ? ll.local(p.send_off + first * p.msg_bytes)
-                                                 : reinterpret_cast<const uint8_t*>(p.x) + first * row_bytes;
-                block_copy_rows<Src::kInput>(slots, p.msg_bytes, tokens, src, p.zero_copy ? p.msg_bytes : row_bytes, n, row_bytes);
+    const int64_t* ranges = reinterpret_cast<const int64_t*>(p.recv_layout_range);
+    __shared__ uint64_t nvl_dst[kShareBatch], nvl_src[kShareBatch];  // rows for NVLink peers
+    __shared__ int64_t remote_row[kShareBatch], remote_slot[kShareBatch];
+    __shared__ int remote_rank[kShareBatch];
+    __shared__ int num_nvl, num_remote;
+    auto send_batch = [&](int nb, const ShareBatch& batch) {
+        if (threadIdx.x == 0) num_nvl = num_remote = 0;
+        __syncthreads();
+        if (int(threadIdx.x) < nb) {
+            const int c = batch.cell[threadIdx.x], l = c / R, s = c % R;
+            if (!ll.masked(s)) {
+                const int64_t row = int64_t(l) * RT + batch.group_offset[threadIdx.x] + batch.index[threadIdx.x];
+                const int t = reinterpret_cast<const int32_t*>(p.recv_src_info)[row];
+                const int64_t slot = p.recv_off + ((int64_t(me) * ll.L + l) * p.max_tokens + t) * p.msg_bytes;
+                const uint64_t base = ll.peer(s);
+                if (base != 0) {
+                    const int q = atomicAdd(&num_nvl, 1);
+                    nvl_dst[q] = base + slot;
+                    // zero_copy: the caller already wrote the row into the staging area (same packed position).
+                    nvl_src[q] = p.zero_copy ? reinterpret_cast<uint64_t>(ll.local(p.send_off + row * p.msg_bytes))
+                                             : p.x + uint64_t(row * row_bytes);
+                } else {
+                    const int q = atomicAdd(&num_remote, 1);
+                    remote_row[q] = row, remote_slot[q] = slot, remote_rank[q] = s;
+                }
             }
         }
-        for (int i = warp; i < n && base == 0; i += num_warps) {
-            const int64_t row = int64_t(l) * RT + begin + i;
-            const int t = reinterpret_cast<const int32_t*>(p.recv_src_info)[row];
-            const int64_t off = p.recv_off + (int64_t(e) * p.max_tokens + t) * p.msg_bytes;
-            // zero_copy: the caller already wrote the row into the staging area (same packed position).
+        __syncthreads();
+        if (p.use_logfmt) block_send_rows<true>(nvl_dst, nvl_src, num_nvl, p.hidden);  // host forbids zero_copy
+        else block_send_rows<false>(nvl_dst, nvl_src, num_nvl, p.hidden);
+        for (int q = warp; q < num_remote; q += num_warps) {
+            const int64_t row = remote_row[q];
             uint8_t* staged = ll.local(p.send_off + row * p.msg_bytes);
             const uint8_t* x_row = reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
             if (p.use_logfmt) warp_encode_row(staged, x_row, p.hidden, lane);  // payload and meta: msg_bytes
             else if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, x_row, row_bytes, lane);
             __syncwarp();
-            nvshmemx_putmem_nbi_warp(ll.local(off), staged, p.use_logfmt ? p.msg_bytes : row_bytes, s);
+            nvshmemx_putmem_nbi_warp(ll.local(remote_slot[q]), staged, p.use_logfmt ? p.msg_bytes : row_bytes,
+                                     remote_rank[q]);
         }
-    }
-    __syncthreads();
+    };
+    __shared__ ShareSmem share;
+    for_each_share_batch(share, ll.L * R, R, [&](int c) { return int(ranges[c] & 0xFFFFFFFF); },
+                         [](int, int, const int*) {}, send_batch);
     if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
     for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank

@@ -147,7 +147,9 @@ class LowLatencyOp:
                  num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
                  use_ue8m0=int(use_ue8m0), zero_copy=0, use_logfmt=0)
         send(max(1, min(N, self.num_sms)), stream_for_send)
-        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv, L * R)
+        # The receive blocks meet once (every count known) before taking even shares of the messages, so the
+        # grid must be resident at once: two 256-thread blocks per SM.
+        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv, 2 * self.num_sms)
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
@@ -188,7 +190,7 @@ class LowLatencyOp:
                  wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
                  num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy),
                  use_logfmt=int(use_logfmt))
-        send(L * R, stream_for_send)
+        send(3 * self.num_sms, stream_for_send)  # even shares of the rows; three blocks per SM fit in one wave
         # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * _RECV_BLOCK))
         return out, self._receive_launcher(send, recv, max(1, min(items, 2 * self.num_sms)))

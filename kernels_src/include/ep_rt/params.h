@@ -219,6 +219,7 @@ struct CombineParams {
 #define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets of the 4 LL kernels
 #define EP_RT_LL_WS_EPOCH 4          // [2]: per-buffer use counters
 #define EP_RT_LL_WS_CLAIM 6          // error claim word
+#define EP_RT_LL_WS_ARRIVED 7        // blocks of the dispatch receive past their own waits
 #define EP_RT_LL_WS_COUNTERS 8       // [num_experts]: per-expert send slots
 
 struct LowLatencyParams {
