@@ -147,6 +147,12 @@ def set_max_dynamic_smem(function, nbytes: int) -> None:
     check(_cu().cuFuncSetAttribute(function, attr, nbytes), "cuFuncSetAttribute(max dynamic shared memory)")
 
 
+def max_active_blocks(function, block: int, smem: int) -> int:
+    """How many blocks of `function` one SM holds at once (registers, shared memory, threads)."""
+    return check(_cu().cuOccupancyMaxActiveBlocksPerMultiprocessor(function, block, smem),
+                 "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+
+
 def make_stream(handle: int):
     return _cu().CUstream(handle)
 

@@ -26,7 +26,7 @@ namespace {
 
 constexpr int kWarpSize = 32;
 constexpr float kFp8Max = 448.0f;
-constexpr int kTicketDispatchSend = 0, kTicketDispatchRecv = 1, kTicketCombineSend = 2, kTicketCombineRecv = 3;
+constexpr int kTicketDispatchSend = 0, kTicketCombineSend = 2, kTicketCombineRecv = 3;  // ticket 1 unused
 
 struct LL {
     const LowLatencyParams& p;
@@ -168,7 +168,8 @@ __device__ __forceinline__ float warp_max(float v) {
 }
 
 // Message layout: int4 header (word 0 = source token), payload (bf16 row, or fp8 row then f32 scales).
-// The whole block writes token t's message into the staging area.
+// The whole block writes token t's message into `msg` (shared memory). Each thread issues all its loads of the
+// row before converting any of them, so building a message costs one memory round trip, not one per group.
 __device__ void build_message(const LL& ll, int t, uint8_t* msg) {
     const LowLatencyParams& p = ll.p;
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
@@ -176,36 +177,73 @@ __device__ void build_message(const LL& ll, int t, uint8_t* msg) {
     const __nv_bfloat16* x = reinterpret_cast<const __nv_bfloat16*>(p.x) + int64_t(t) * p.hidden;
     uint8_t* payload = msg + 16;
     if (!p.use_fp8) {
-        for (int i = threadIdx.x; i < p.hidden / 8; i += blockDim.x)
-            reinterpret_cast<int4*>(payload)[i] = ld_input_v4(reinterpret_cast<const int4*>(x) + i);
+        constexpr int kUnroll = 4;
+        const int n = p.hidden / 8;
+        for (int i0 = threadIdx.x; i0 < n; i0 += blockDim.x * kUnroll) {
+            int4 v[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+                if (i0 + u * int(blockDim.x) < n) v[u] = ld_input_v4(reinterpret_cast<const int4*>(x) + i0 + u * blockDim.x);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+                if (i0 + u * int(blockDim.x) < n) reinterpret_cast<int4*>(payload)[i0 + u * blockDim.x] = v[u];
+        }
         return;
     }
     float* scales = reinterpret_cast<float*>(payload + p.hidden);
-    for (int g = warp; g < ll.S; g += num_warps) {  // one warp per 128 channels, 4 per lane
-        const uint2 raw = *reinterpret_cast<const uint2*>(x + g * 128 + lane * 4);
-        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw);
-        float v[4], amax = 0.0f;
+    constexpr int kGroups = 4;  // groups of 128 channels per warp and pass: all of them at hidden 8192, 16 warps
+    for (int g0 = warp; g0 < ll.S; g0 += kGroups * num_warps) {  // one warp per group, 4 channels per lane
+        uint2 raw[kGroups];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) v[e] = __bfloat162float(h[e]), amax = fmaxf(amax, fabsf(v[e]));
-        amax = fmaxf(warp_max(amax), 1e-4f);
-        float scale, scale_inv;
-        if (p.round_scale) {  // scale_inv = 2^ceil(log2(amax / 448)), exactly
-            const int bits = __float_as_int(__fmul_rn(amax, 1.0f / kFp8Max));
-            const int e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0);
-            scale_inv = __int_as_float((e + 127) << 23);
-            scale = __int_as_float((127 - e) << 23);
-        } else {
-            scale_inv = __fmul_rn(amax, 1.0f / kFp8Max);
-            scale = __fdiv_rn(kFp8Max, amax);
+        for (int i = 0; i < kGroups; ++i) {
+            const int g = g0 + i * num_warps;
+            if (g < ll.S) raw[i] = __ldg(reinterpret_cast<const uint2*>(x + g * 128 + lane * 4));
         }
-        uint32_t packed = 0;
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const float y = fminf(fmaxf(__fmul_rn(v[e], scale), -kFp8Max), kFp8Max);
-            packed |= uint32_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3)) << (8 * e);
+        for (int i = 0; i < kGroups; ++i) {
+            const int g = g0 + i * num_warps;
+            if (g >= ll.S) break;  // warp-uniform
+            const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&raw[i]);
+            float v[4], amax = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) v[e] = __bfloat162float(h[e]), amax = fmaxf(amax, fabsf(v[e]));
+            amax = fmaxf(warp_max(amax), 1e-4f);
+            float scale, scale_inv;
+            if (p.round_scale) {  // scale_inv = 2^ceil(log2(amax / 448)), exactly
+                const int bits = __float_as_int(__fmul_rn(amax, 1.0f / kFp8Max));
+                const int e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0);
+                scale_inv = __int_as_float((e + 127) << 23);
+                scale = __int_as_float((127 - e) << 23);
+            } else {
+                scale_inv = __fmul_rn(amax, 1.0f / kFp8Max);
+                scale = __fdiv_rn(kFp8Max, amax);
+            }
+            uint32_t packed = 0;
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float y = fminf(fmaxf(__fmul_rn(v[e], scale), -kFp8Max), kFp8Max);
+                packed |= uint32_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3)) << (8 * e);
+            }
+            reinterpret_cast<uint32_t*>(payload + g * 128)[lane] = packed;
+            if (lane == 0) scales[g] = scale_inv;
         }
-        reinterpret_cast<uint32_t*>(payload + g * 128)[lane] = packed;
-        if (lane == 0) scales[g] = scale_inv;
+    }
+}
+
+// before[k] += how many of the first n top-k entries (token-major, all tokens before this one) chose expert[k].
+// One pass of the whole block with its loads in flight together, counted with shared-memory atomics.
+__device__ void count_earlier_choices(const int64_t* topk, int n, const int64_t* expert, int* before, int K) {
+    constexpr int kUnroll = 4;
+    for (int j0 = threadIdx.x; j0 < n; j0 += blockDim.x * kUnroll) {
+        int64_t v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = j0 + u * int(blockDim.x) < n ? topk[j0 + u * blockDim.x] : -1;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+            if (v[u] < 0) continue;
+            for (int k = 0; k < K; ++k)
+                if (v[u] == expert[k]) atomicAdd(before + k, 1);
+        }
     }
 }
 
@@ -228,32 +266,27 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     // Bytes of the slot a message really uses (an FP8 message is about half the slot).
     const int64_t used_bytes = p.use_fp8 ? (16 + p.hidden + 4 * ll.S + 15) / 16 * 16 : 16 + 2 * int64_t(p.hidden);
     const int used_int4 = int(used_bytes / 16);
+    const int64_t* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
+    __shared__ int64_t expert[EP_RT_LL_MAX_TOPK];  // token t's choices
+    __shared__ int before[EP_RT_LL_MAX_TOPK];      // choices of the same expert by earlier tokens
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
+        if (int(threadIdx.x) < K) expert[threadIdx.x] = topk[int64_t(t) * K + threadIdx.x], before[threadIdx.x] = 0;
         build_message(ll, t, reinterpret_cast<uint8_t*>(message));
         __syncthreads();
+        // Deterministic slot of (t, k): how many (t', k') before it in token-major order chose the same expert.
+        count_earlier_choices(topk, t * K, expert, before, K);
         uint8_t* staged = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
-        if (p.has_remote_peers) {
+        if (p.has_remote_peers)
             for (int i = threadIdx.x; i < used_int4; i += blockDim.x) reinterpret_cast<int4*>(staged)[i] = message[i];
-            __syncthreads();
-        }
+        __syncthreads();
         if (k < K) {
-            const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + k];
+            const int64_t e = expert[k];
             if (e >= p.num_experts && lane == 0 && part == 0)  // out of range: reported, never followed
                 report_error(ll.sink(), EP_RT_ERR_BAD_EXPERT, EP_RT_PHASE_LL_DISPATCH_SEND, -1, -1, e, p.num_experts);
             const int dst = (e >= 0 && e < p.num_experts) ? int(e / ll.L) : -1;
             if (dst >= 0 && !ll.masked(dst)) {
-                // Deterministic slot: how many (t', k') before (t, k) in token-major order chose expert e.
-                const int64_t* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
-                int before = 0;
-                for (int base = 0; base < t; base += kWarpSize) {
-                    const int tt = base + lane;
-                    if (tt < t)
-                        for (int kk = 0; kk < K; ++kk) before += topk[int64_t(tt) * K + kk] == e;
-                }
-#pragma unroll
-                for (int d = 16; d > 0; d >>= 1) before += __shfl_xor_sync(0xffffffffu, before, d);
-                for (int kk = 0; kk < k; ++kk) before += topk[int64_t(t) * K + kk] == e;
-                const int slot = before;
+                int slot = before[k];
+                for (int kk = 0; kk < k; ++kk) slot += expert[kk] == e;
                 if (lane == 0 && part == 0) atomicAdd(counters + e, 1);  // totals, announced by the last block
                 if (slot >= p.max_tokens) {  // only possible with duplicate experts in one token
                     if (lane == 0 && part == 0)
@@ -360,19 +393,20 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
     }
 }
 
-// Every block of the grid has arrived here (all must be resident, as with a cooperative launch: the grids are
-// sized to fit). What any block observed before arriving is visible to every block after.
+// Every block of the grid has arrived here (all must be resident at once, as with a cooperative launch: the host
+// sizes the grid by the kernel's occupancy). What any block observed before arriving is visible to every block
+// after. The counter only grows (64 bits never wrap): this barrier's target is the next multiple of the grid size.
 __device__ void all_blocks_arrive(const LL& ll, int phase) {
     __syncthreads();
     if (threadIdx.x == 0) {
-        int32_t* arrived = ll.ws + EP_RT_LL_WS_ARRIVED;
-        __threadfence();
-        atomicAdd(arrived, 1);
+        unsigned long long* arrived = reinterpret_cast<unsigned long long*>(ll.ws + EP_RT_LL_WS_ARRIVED);
+        const unsigned long long target = (atomic_add_release_gpu(arrived, 1ull) / gridDim.x + 1) * gridDim.x;
         const uint64_t start = globaltimer_ns();
         // Twice the signal timeout: a block that waits for a silent rank arrives only after its own timeout.
-        while (ld_acquire_gpu(arrived) < int(gridDim.x)) {
+        while (ld_acquire_gpu(arrived) < target) {
             if (int64_t(globaltimer_ns() - start) > 2 * ll.p.timeout_ns) {
-                report_error(ll.sink(), EP_RT_ERR_TIMEOUT, phase, -1, -1, ld_acquire_gpu(arrived), gridDim.x);
+                report_error(ll.sink(), EP_RT_ERR_TIMEOUT, phase, -1, -1, int64_t(ld_acquire_gpu(arrived)),
+                             int64_t(target));
                 break;
             }
         }
@@ -399,11 +433,20 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         if (p.wait_stats && cycles)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)cycles);
     }
+    // Read every signal now, while other blocks may still be waiting: most have arrived, and those that have
+    // hold their final value, so after the barrier only the others are read again.
+    __shared__ int32_t early[kShareTileCells];
+    const bool prefetched = E <= kShareTileCells;
+    for (int c = threadIdx.x; prefetched && c < E; c += blockDim.x)
+        early[c] = *reinterpret_cast<const volatile int32_t*>(signals + c);
     all_blocks_arrive(ll, EP_RT_PHASE_LL_DISPATCH_RECV);
+    // Every block has read the tag: the next call on this buffer may use the next one.
+    if (blockIdx.x == 0 && threadIdx.x == 0) ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
     // A masked or silent source sends nothing.
     auto count = [&](int c) -> int {
         if (ll.masked(c % R)) return 0;
-        const int32_t v = *reinterpret_cast<const volatile int32_t*>(signals + c);
+        int32_t v = prefetched ? early[c] : -1;  // -1 never carries a tag
+        if ((v >> EP_RT_LL_COUNT_BITS) != tag) v = *reinterpret_cast<const volatile int32_t*>(signals + c);
         return (v >> EP_RT_LL_COUNT_BITS) == tag ? (v & ((1 << EP_RT_LL_COUNT_BITS) - 1)) : 0;
     };
     // Per-cell outputs, each cell by one block: layout_range, the expert's count, the cumulative stats.
@@ -420,12 +463,6 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     __shared__ ShareSmem share;
     for_each_share_batch(share, E, R, count, cell_outputs,
                          [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
-    if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
-    if (threadIdx.x == 0) {
-        ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
-        ll.ws[EP_RT_LL_WS_ARRIVED] = 0;  // every block is past all_blocks_arrive
-        ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
-    }
 }
 
 // ------------------------------------------------------------------------------------------------

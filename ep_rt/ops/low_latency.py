@@ -50,6 +50,13 @@ class LowLatencyOp:
         self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", params.LowLatencyParams,
                                        block=_SEND_BLOCK if name == "dispatch_send" else _RECV_BLOCK)
                         for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
+        # Grids that fill the GPU in one wave. The dispatch receive blocks meet once (every count known) before
+        # taking even shares of the messages, so that grid must be resident at once; two blocks per SM are plenty.
+        per_sm = {name: _driver.max_active_blocks(k.function, k.block, 0) for name, k in self.kernels.items()}
+        if min(per_sm.values()) < 1:
+            raise EpRtError(f"an LL kernel cannot run on this GPU (blocks per SM: {per_sm})")
+        self.dispatch_recv_grid = self.num_sms * min(2, per_sm["dispatch_recv"])
+        self.combine_send_grid = self.num_sms * per_sm["combine_send"]
         torch.cuda.synchronize(self.device)
 
     # ---- state ----------------------------------------------------------------------------------
@@ -147,9 +154,8 @@ class LowLatencyOp:
                  num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
                  use_ue8m0=int(use_ue8m0), zero_copy=0, use_logfmt=0)
         send(max(1, min(N, self.num_sms)), stream_for_send)
-        # The receive blocks meet once (every count known) before taking even shares of the messages, so the
-        # grid must be resident at once: two 256-thread blocks per SM.
-        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv, 2 * self.num_sms)
+        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv,
+                                                                                      self.dispatch_recv_grid)
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
@@ -190,7 +196,7 @@ class LowLatencyOp:
                  wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
                  num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy),
                  use_logfmt=int(use_logfmt))
-        send(3 * self.num_sms, stream_for_send)  # even shares of the rows; three blocks per SM fit in one wave
+        send(self.combine_send_grid, stream_for_send)  # even shares of the rows
         # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * _RECV_BLOCK))
         return out, self._receive_launcher(send, recv, max(1, min(items, 2 * self.num_sms)))

@@ -216,11 +216,11 @@ struct CombineParams {
 #define EP_RT_LL_MAX_TOPK 16
 #define EP_RT_LL_MAX_HIDDEN 16384  // the dispatch send kernel builds a message in shared memory
 // Workspace (device memory, int32 words): per-expert send counters, then these words.
-#define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets of the 4 LL kernels
+#define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets of the LL kernels (by kernel: send, -, send, recv)
 #define EP_RT_LL_WS_EPOCH 4          // [2]: per-buffer use counters
 #define EP_RT_LL_WS_CLAIM 6          // error claim word
-#define EP_RT_LL_WS_ARRIVED 7        // blocks of the dispatch receive past their own waits
-#define EP_RT_LL_WS_COUNTERS 8       // [num_experts]: per-expert send slots
+#define EP_RT_LL_WS_ARRIVED 8        // uint64 (words 8-9): dispatch receive blocks past their own waits, ever
+#define EP_RT_LL_WS_COUNTERS 16      // [num_experts]: per-expert send slots
 
 struct LowLatencyParams {
     uint64_t x;                    // dispatch: bf16 [N, H]; combine: bf16 [L, R*T, H] (packed expert outputs)
