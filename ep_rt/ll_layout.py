@@ -8,6 +8,15 @@ def dispatch_msg_bytes(hidden: int) -> int:
     return 16 + max(2 * hidden, hidden + 4 * (hidden // 128))
 
 
+def dispatch_slot_bytes(hidden: int, use_fp8: bool) -> int:
+    """Stride of the dispatch slots a call uses. An FP8 message is about half of DeepEP's slot: its slots are its
+    own size rounded up to 128 bytes, so that every message starts on a cache line and the senders' stores cover
+    whole lines. Never more than dispatch_msg_bytes (the buffer sizes stay DeepEP's)."""
+    if use_fp8:
+        return (16 + hidden + 4 * (hidden // 128) + 127) // 128 * 128
+    return dispatch_msg_bytes(hidden)
+
+
 def combine_msg_bytes(hidden: int) -> int:
     """bf16 row + LogFMT metadata (4 bytes per 128 channels), padded to 16 bytes for vector copies."""
     return (2 * hidden + 4 * (hidden // 128) + 15) // 16 * 16

@@ -103,3 +103,11 @@ def test_layout_offsets_fit_the_hint():
         assert offsets["total"] <= ll_layout.rdma_size_hint(T_, H_, R, E_)
         assert ll_layout.combine_msg_bytes(H_) % 16 == 0 and ll_layout.dispatch_msg_bytes(H_) % 16 == 0
         assert offsets["recv"][1] + (offsets["recv"][1] - offsets["recv"][0]) == offsets["total"]
+
+
+def test_fp8_dispatch_slots_are_line_aligned_and_fit_deepep_slots():
+    for H_ in range(128, 16384 + 1, 128):
+        fp8 = ll_layout.dispatch_slot_bytes(H_, True)
+        assert fp8 % 128 == 0 and 16 + H_ + 4 * (H_ // 128) <= fp8 <= ll_layout.dispatch_msg_bytes(H_)
+        assert ll_layout.dispatch_slot_bytes(H_, False) == ll_layout.dispatch_msg_bytes(H_)
+    assert ll_layout.dispatch_slot_bytes(7168, True) == 7424  # 16 + 7168 + 224 = 7408, rounded up to 128

@@ -136,7 +136,7 @@ class LowLatencyOp:
                             device=self.device, rows=R)
         send, recv = self.kernels["dispatch_send"], self.kernels["dispatch_recv"]
         p = send.params
-        self._common(p, T, H, num_experts, ll_layout.dispatch_msg_bytes(H))
+        self._common(p, T, H, num_experts, ll_layout.dispatch_slot_bytes(H, use_fp8))
         RT, S = R * T, H // 128
         recv_x = torch.empty(L, RT, H, dtype=_FP8 if use_fp8 else torch.bfloat16, device=self.device)
         scales = None
