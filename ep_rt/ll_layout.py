@@ -22,6 +22,13 @@ def combine_msg_bytes(hidden: int) -> int:
     return (2 * hidden + 4 * (hidden // 128) + 15) // 16 * 16
 
 
+def combine_slot_bytes(hidden: int, use_logfmt: bool) -> int:
+    """Stride of the combine slots (and zero-copy staging rows) a call uses: LogFMT needs the metadata words after
+    the row; a bf16 row alone is a multiple of 256 bytes, so its slots start on cache lines. Never more than
+    combine_msg_bytes."""
+    return combine_msg_bytes(hidden) if use_logfmt else 2 * hidden
+
+
 def buffer_offsets(T: int, hidden: int, num_experts: int) -> dict:
     """Byte offsets in the symmetric buffer: signal0 | signal1 | send0 | send1 | recv0 | recv1."""
     d, c = dispatch_msg_bytes(hidden), combine_msg_bytes(hidden)

@@ -111,3 +111,10 @@ def test_fp8_dispatch_slots_are_line_aligned_and_fit_deepep_slots():
         assert fp8 % 128 == 0 and 16 + H_ + 4 * (H_ // 128) <= fp8 <= ll_layout.dispatch_msg_bytes(H_)
         assert ll_layout.dispatch_slot_bytes(H_, False) == ll_layout.dispatch_msg_bytes(H_)
     assert ll_layout.dispatch_slot_bytes(7168, True) == 7424  # 16 + 7168 + 224 = 7408, rounded up to 128
+
+
+def test_bf16_combine_slots_are_the_row_and_logfmt_slots_keep_the_metadata():
+    for H_ in range(128, 16384 + 1, 128):
+        assert ll_layout.combine_slot_bytes(H_, False) == 2 * H_ <= ll_layout.combine_msg_bytes(H_)
+        assert ll_layout.combine_slot_bytes(H_, True) == ll_layout.combine_msg_bytes(H_)
+    assert ll_layout.combine_slot_bytes(7168, True) == 14336 + 224

@@ -189,7 +189,7 @@ class LowLatencyOp:
                             rows=R)
         send, recv = self.kernels["combine_send"], self.kernels["combine_recv"]
         p = send.params
-        self._common(p, T, hidden, num_experts, ll_layout.combine_msg_bytes(hidden))
+        self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt))
         send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=topk_weights.data_ptr(),
                  recv_x=out.data_ptr(), recv_x_scales=0, recv_src_info=src_info.data_ptr(),
                  recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
@@ -206,7 +206,7 @@ class LowLatencyOp:
         """bf16 view [L, R*T, hidden] of the staging area the next LL call (a combine) reads with zero_copy."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
         L, RT = num_experts // self.num_ranks, self.num_ranks * T
-        row = ll_layout.combine_msg_bytes(hidden)
+        row = ll_layout.combine_slot_bytes(hidden, use_logfmt=False)  # zero_copy is never LogFMT
         base = self.sym + offsets["send"][self.idx]
         iface = {"shape": (L, RT, hidden), "typestr": "<i2", "data": (base, False), "version": 3,
                  "strides": (RT * row, row, 2)}
