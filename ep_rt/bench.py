@@ -63,7 +63,8 @@ def ht_inputs(num_tokens, hidden, num_topk, num_experts, device, copies=2, seed=
 
 
 def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=5, iters=30):
-    """Dispatch BF16, dispatch FP8 and combine on the HT reference workload; one row each."""
+    """Dispatch BF16, dispatch FP8 and combine on the HT reference workload; one row each. Kernel times come from
+    events around each kernel, after an L2 flush and a device barrier that starts both ranks together."""
     dev = buffer.device
     config = Config(num_sms, 6, 256, 6, 128)
     sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev)
@@ -82,6 +83,11 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
                 recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
             flush.zero_()
             torch.cuda.synchronize()
+            # Line the ranks' GPUs up: a sleep covers this host's enqueueing, then a device barrier releases both
+            # GPUs together, so a kernel that waits for its peer (combine has no notify to absorb it) is not
+            # charged for the other host arriving late.
+            torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+            op.nvl.barrier(torch.cuda.current_stream(), synchronize=False)
             op.timer = timer
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = time.perf_counter()
