@@ -83,10 +83,12 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
                 recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
             flush.zero_()
             torch.cuda.synchronize()
-            # Line the ranks' GPUs up: a sleep covers this host's enqueueing, then a device barrier releases both
-            # GPUs together, so a kernel that waits for its peer (combine has no notify to absorb it) is not
-            # charged for the other host arriving late.
-            torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+            # Line the ranks' GPUs up with a device barrier, so a kernel that waits for its peer (combine has no
+            # notify to absorb it) is not charged for the other host arriving late. Before a combine, which never
+            # waits on the host, a sleep also covers this host's enqueueing; a dispatch waits on the host for its
+            # counts, and a sleep would only add to its host time.
+            if name.startswith("combine"):
+                torch.cuda._sleep(_SLEEP_CYCLES_COVER)
             op.nvl.barrier(torch.cuda.current_stream(), synchronize=False)
             op.timer = timer
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
