@@ -64,7 +64,8 @@ def ht_inputs(num_tokens, hidden, num_topk, num_experts, device, copies=2, seed=
 
 def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=5, iters=30):
     """Dispatch BF16, dispatch FP8 and combine on the HT reference workload; one row each. Kernel times come from
-    events around each kernel, after an L2 flush and a device barrier that starts both ranks together."""
+    events around each kernel, after an L2 flush and a device barrier that starts both ranks together; host time
+    from calls without that line-up."""
     dev = buffer.device
     config = Config(num_sms, 6, 256, 6, 128)
     sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev)
@@ -72,46 +73,50 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
     timer = KernelTimer()
     op = buffer._intranode
     rows = []
-    for name in ("dispatch BF16", "dispatch FP8", "combine BF16"):
-        samples, calls, hosts, num_recv = {}, [], [], 0
-        for it in range(warmup + iters):
-            x, x_fp8, idx, w = sets[it % len(sets)]
-            per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
-            args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                        topk_idx=idx, topk_weights=w, config=config)
-            if name.startswith("combine"):
-                recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
-            flush.zero_()
-            torch.cuda.synchronize()
-            # Line the ranks' GPUs up with a device barrier, so a kernel that waits for its peer (combine has no
-            # notify to absorb it) is not charged for the other host arriving late. Before a combine, which never
-            # waits on the host, a sleep also covers this host's enqueueing; a dispatch waits on the host for its
-            # counts, and a sleep would only add to its host time.
-            if name.startswith("combine"):
-                torch.cuda._sleep(_SLEEP_CYCLES_COVER)
+
+    def one_call(name, it, lined_up):
+        """One timed call: (kernel times by name, call us from events, host us, received rows)."""
+        x, x_fp8, idx, w = sets[it % len(sets)]
+        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
+        args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                    topk_idx=idx, topk_weights=w, config=config)
+        if name.startswith("combine"):
+            recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
+        flush.zero_()
+        torch.cuda.synchronize()
+        if lined_up:
+            # Line the ranks' GPUs up: a sleep covers this host's enqueueing, then a device barrier releases both
+            # GPUs together, so a kernel that waits for its peer is not charged for the other host arriving late
+            # (a dispatch's hosts then also get their counts, and launch the dispatch kernel, together).
+            torch.cuda._sleep(_SLEEP_CYCLES_COVER)
             op.nvl.barrier(torch.cuda.current_stream(), synchronize=False)
-            op.timer = timer
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0 = time.perf_counter()
-            start.record()
-            if name == "dispatch BF16":
-                recv = buffer.dispatch(x, **args)[0]
-            elif name == "dispatch FP8":
-                recv = buffer.dispatch(x_fp8, **args)[0][0]
-            else:
-                buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
-                recv = recv_x
-            end.record()
-            t1 = time.perf_counter()
-            torch.cuda.synchronize()
-            op.timer = None
-            got = timer.collect()
+        op.timer = timer
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        t0 = time.perf_counter()
+        start.record()
+        if name == "dispatch BF16":
+            recv = buffer.dispatch(x, **args)[0]
+        elif name == "dispatch FP8":
+            recv = buffer.dispatch(x_fp8, **args)[0][0]
+        else:
+            buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
+            recv = recv_x
+        end.record()
+        t1 = time.perf_counter()
+        torch.cuda.synchronize()
+        op.timer = None
+        return timer.collect(), start.elapsed_time(end) * 1000.0, (t1 - t0) * 1e6, recv.size(0)
+
+    for name in ("dispatch BF16", "dispatch FP8", "combine BF16"):
+        samples, calls, num_recv = {}, [], 0
+        for it in range(warmup + iters):
+            got, call_us, _, num_recv = one_call(name, it, lined_up=True)
             if it >= warmup:
                 for k, v in got.items():
                     samples.setdefault(k, []).extend(v)
-                calls.append(start.elapsed_time(end) * 1000.0)
-                hosts.append((t1 - t0) * 1e6)
-                num_recv = recv.size(0)
+                calls.append(call_us)
+        # Host time without the line-up (whose sleep a dispatch would wait through for its counts).
+        hosts = [one_call(name, it, lined_up=False)[2] for it in range(iters)]
         kernel_name = "combine" if name.startswith("combine") else "dispatch"
         kernel_us = statistics.median(samples[kernel_name])
         notify_us = statistics.median(samples["notify"]) if "notify" in samples else 0.0
