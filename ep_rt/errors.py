@@ -50,6 +50,12 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
     """Turn an error record into the exception to raise, with a message a user can act on."""
     where = PHASES.get(phase, f"phase {phase}")
     chan = f", channel {channel}" if channel >= 0 else ""
+    if code == ERR_TIMEOUT and peer < 0:  # no peer: the kernel's own blocks never all met at its grid barrier
+        return CommTimeoutError(
+            f"rank {rank}: timed out in {where} waiting for the other blocks of its own kernel (arrival counter "
+            f"{detail0}, needed {detail1}): the GPU could not run the whole grid at once, e.g. fewer SMs are "
+            f"available to this process than the device has (an MPS limit). The Buffer is unusable now: destroy "
+            f"it and create a new one.")
     if code == ERR_TIMEOUT:
         return CommTimeoutError(
             f"rank {rank}: timed out in {where} waiting for rank {peer}{chan} (expected call #{detail0}, "

@@ -19,6 +19,8 @@ def test_clear_record_is_no_error():
     (dict(code=1, phase=2, rank=0, peer=3, channel=-1, detail0=7, detail1=6), errors.CommTimeoutError,
      ["rank 0", "rank 3", "notify", "EP_RT_TIMEOUT_S"]),
     (dict(code=1, phase=8, rank=1, peer=0, channel=-1), errors.CommTimeoutError, ["rank 1", "low-latency combine"]),
+    (dict(code=1, phase=7, rank=1, peer=-1, channel=-1, detail0=300, detail1=528), errors.CommTimeoutError,
+     ["rank 1", "low-latency dispatch (receiving)", "its own kernel", "300", "528", "MPS"]),
     (dict(code=2, phase=4, rank=0, peer=1, channel=0, detail0=900, detail1=800), errors.BufferTooSmallError,
      ["900", "800", "num_nvl_bytes"]),
     (dict(code=3, phase=4, rank=1, peer=1, detail0=70, detail1=64), errors.KernelError, ["num_worst_tokens=64"]),
