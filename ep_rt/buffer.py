@@ -29,6 +29,7 @@ class Buffer:
                  allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
                  enable_shrink: bool = False, comm=None, timeout_s: Optional[float] = None):
         self._nvl = self._ll = None
+        self._ll_on_comm_stream = False
         self.destroyed = False
         if group is None:
             raise NotImplementedError(_NOT_YET.format(what="mpi4py communicators (comm=); pass a torch.distributed "
@@ -311,11 +312,15 @@ class Buffer:
         `start(stream)` launches the send kernel and returns (result, launch_recv); `touched(result)` lists the
         tensors the comm stream used."""
         if return_recv_hook:
+            if self._ll_on_comm_stream:  # the last LL kernels ran there, maybe not waited for (async_finish)
+                torch.cuda.current_stream().wait_stream(self.comm_stream)
+                self._ll_on_comm_stream = False
             result, launch_recv = start(torch.cuda.current_stream())
             return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
         scope = StreamScope(self.comm_stream, None, async_finish, False)
         result, launch_recv = start(self.comm_stream)
         launch_recv(self.comm_stream, early=True)
+        self._ll_on_comm_stream = True
         return result, scope.finish(touched(result)), None
 
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:

@@ -42,6 +42,7 @@ PHASES = {
     7: "low-latency dispatch (receiving)",
     8: "low-latency combine (receiving)",
     9: "low-latency dispatch (sending)",
+    10: "low-latency send (waiting until the peer has read the previous call on this buffer)",
 }
 
 

@@ -27,6 +27,7 @@ EP_RT_PHASE_COMBINE_RECV = 6
 EP_RT_PHASE_LL_DISPATCH_RECV = 7
 EP_RT_PHASE_LL_COMBINE_RECV = 8
 EP_RT_PHASE_LL_DISPATCH_SEND = 9
+EP_RT_PHASE_LL_BUFFER_FREE = 10
 
 EP_RT_NOTIFY_SLOT_BYTES = 5120
 EP_RT_NOTIFY_HIDDEN_BYTES = 2
@@ -250,6 +251,7 @@ class LowLatencyParams(ctypes.Structure):
         ("signal_off", _i64),
         ("send_off", _i64),
         ("recv_off", _i64),
+        ("credit_off", _i64),
         ("msg_bytes", _i64),
         ("timeout_ns", _i64),
         ("rank", _i32),

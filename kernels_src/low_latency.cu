@@ -26,20 +26,26 @@ namespace {
 
 constexpr int kWarpSize = 32;
 constexpr float kFp8Max = 448.0f;
-constexpr int kTicketDispatchSend = 0, kTicketCombineSend = 2, kTicketCombineRecv = 3;  // ticket 1 unused
+constexpr int kTicketDispatchSend = 0, kTicketDispatchRecv = 1, kTicketCombineSend = 2, kTicketCombineRecv = 3;
+
+// The tag of the use of a buffer that finds `epoch` earlier uses completed: 1..EP_RT_LL_TAG_MASK, never 0 (the
+// value of a cleaned buffer, which the credit of a buffer's first use must match).
+__device__ __forceinline__ int32_t tag_of_epoch(uint32_t epoch) { return int32_t(epoch % EP_RT_LL_TAG_MASK) + 1; }
 
 struct LL {
     const LowLatencyParams& p;
     int32_t* ws;
     int L, S;
-    int32_t tag;
+    int32_t tag;       // this call's
+    int32_t prev_tag;  // the previous call's on this buffer: what every peer's credit must hold before we write
 
     __device__ LL(const LowLatencyParams& params) : p(params) {
         ws = reinterpret_cast<int32_t*>(p.workspace);
         L = p.num_experts / p.num_ranks;
         S = p.hidden / 128;
-        const int32_t epoch = *reinterpret_cast<volatile int32_t*>(ws + EP_RT_LL_WS_EPOCH + p.buffer_idx);
-        tag = (epoch + 1) & EP_RT_LL_TAG_MASK;
+        const uint32_t epoch = *reinterpret_cast<volatile uint32_t*>(ws + EP_RT_LL_WS_EPOCH + p.buffer_idx);
+        tag = tag_of_epoch(epoch);
+        prev_tag = epoch == 0 ? 0 : tag_of_epoch(epoch - 1);
     }
     __device__ ErrorSink sink() const { return ErrorSink{p.error, ws + EP_RT_LL_WS_CLAIM, p.rank}; }
     __device__ bool masked(int r) const {
@@ -47,6 +53,8 @@ struct LL {
     }
     __device__ uint64_t peer(int r) const { return reinterpret_cast<const uint64_t*>(p.peer_bases)[r]; }
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
+    // Word [buffer][rank] of the credit area (this rank's copy; peers' copies through peer()).
+    __device__ int64_t credit_off(int rank) const { return p.credit_off + (int64_t(p.buffer_idx) * p.num_ranks + rank) * 4; }
 };
 
 // The whole block sends n rows of `hidden` bf16 from src_rows[i] to dst_rows[i] (addresses, in shared memory):
@@ -135,6 +143,37 @@ __device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, int pee
     }
     cycles += clock64() - start_cycles;
     return true;
+}
+
+// Buffer credits (params.h). A send kernel calls credit_prefetch at its start (the loads overlap its first
+// loads of input), then wait_buffer_free in every block before its first write into a peer's buffer: thread r
+// checks rank r's credit and spins only if it is not there yet. The whole block then writes after the check.
+__device__ __forceinline__ int32_t credit_prefetch(const LL& ll) {
+    const int r = threadIdx.x;
+    return r < ll.p.num_ranks ? *reinterpret_cast<const volatile int32_t*>(ll.local(ll.credit_off(r))) : 0;
+}
+
+__device__ void wait_buffer_free(const LL& ll, int32_t prefetched) {
+    for (int r = threadIdx.x; r < ll.p.num_ranks; r += blockDim.x) {
+        if (ll.masked(r)) continue;
+        const int32_t want = ll.prev_tag;
+        if (r == int(threadIdx.x) && prefetched == want) {
+            asm volatile("fence.acq_rel.sys;" ::: "memory");  // the volatile load above + this fence: an acquire
+            continue;
+        }
+        int32_t value;
+        int64_t cycles = 0;
+        wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(ll.credit_off(r))),
+                    [want](int32_t v) { return v == want; }, r, EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
+    }
+    __syncthreads();
+}
+
+// The last block of a receive kernel, once every block has finished reading this buffer: hand it back to every
+// peer (our word [buffer][me] in each peer's credit area) with this call's tag.
+__device__ void release_buffer(const LL& ll) {
+    for (int r = threadIdx.x; r < ll.p.num_ranks; r += blockDim.x)
+        if (!ll.masked(r)) signal_rank(ll, r, ll.credit_off(ll.p.rank), ll.tag);
 }
 
 // Non-hook calls launch the receive kernel as a programmatic dependent launch: once every send block has
@@ -258,6 +297,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     __shared__ int4 message[(16 + 2 * EP_RT_LL_MAX_HIDDEN) / 16];
     allow_receive_kernel_to_start();
     const LL ll(p);
+    const int32_t credit = credit_prefetch(ll);
+    bool free_checked = false;  // block-uniform
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int R = p.num_ranks, me = p.rank, K = p.num_topk;
     const int warps_per_k = max(1, num_warps / max(K, 1));
@@ -278,7 +319,12 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         uint8_t* staged = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
         if (p.has_remote_peers)
             for (int i = threadIdx.x; i < used_int4; i += blockDim.x) reinterpret_cast<int4*>(staged)[i] = message[i];
-        __syncthreads();
+        if (!free_checked) {  // the first writes into peers' buffers follow: every peer must have read its last call
+            wait_buffer_free(ll, credit);
+            free_checked = true;
+        } else {
+            __syncthreads();
+        }
         if (k < K) {
             const int64_t e = expert[k];
             if (e >= p.num_experts && lane == 0 && part == 0)  // out of range: reported, never followed
@@ -309,6 +355,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         }
         __syncthreads();
     }
+    if (!free_checked) wait_buffer_free(ll, credit);  // a block without tokens: the last block still signals
     if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();  // remote puts complete before the signals
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
     // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters.
@@ -463,6 +510,9 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     __shared__ ShareSmem share;
     for_each_share_batch(share, E, R, count, cell_outputs,
                          [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
+    if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
+    release_buffer(ll);
+    if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -473,6 +523,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
 extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const LowLatencyParams p) {
     allow_receive_kernel_to_start();
     const LL ll(p);
+    wait_buffer_free(ll, credit_prefetch(ll));
     const int R = p.num_ranks, me = p.rank;
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t RT = int64_t(R) * p.max_tokens, row_bytes = int64_t(p.hidden) * 2;
@@ -645,6 +696,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
         __syncthreads();
     }
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineRecv)) return;
+    release_buffer(ll);
     if (threadIdx.x == 0) {
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineRecv] = 0;
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;

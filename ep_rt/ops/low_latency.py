@@ -34,8 +34,14 @@ class LowLatencyOp:
         self.num_sms = _driver.multiprocessor_count(device_index)
         entry = cubins.choose_entry(cubins.manifest(), "low_latency", cubins.arch_of(device_index), False)
         nvshmem.init(group, entry["nvshmem"])
-        self.sym = nvshmem.align(num_rdma_bytes)
-        _driver.memset_d8(self.sym, 0, num_rdma_bytes)
+        # The credit words (params.h) live after the user's num_rdma_bytes, so the size hint stays DeepEP's.
+        self.credit_off = (num_rdma_bytes + 127) // 128 * 128
+        self.sym_bytes = self.credit_off + (2 * self.num_ranks * 4 + 127) // 128 * 128
+        self.sym = nvshmem.align(self.sym_bytes)
+        _driver.memset_d8(self.sym, 0, self.sym_bytes)
+        # Per buffer: a receive hook handed out and not yet called. The next call on that buffer would wait for a
+        # receive that cannot run before it, so it is refused on the host instead.
+        self.pending_recv = [False, False]
         nvshmem.barrier_all()
         self.peer_bases = torch.tensor([nvshmem.peer_ptr(self.sym, r) for r in range(self.num_ranks)],
                                        dtype=torch.int64, device=self.device)
@@ -74,8 +80,15 @@ class LowLatencyOp:
                 f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
                 f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
                 f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}")
-        b, self.idx = self.idx, self.idx ^ 1
+        b = self.idx
+        if self.pending_recv[b]:
+            raise EpRtError(
+                "the receive hook of the low-latency call before the previous one was never called; it used the "
+                "same buffer as this call (ep_rt alternates two buffers, as DeepEP). Call every hook before the "
+                "next-but-one low-latency call; nothing was launched, so calling it now and retrying works.")
+        self.idx ^= 1
         p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
+        p.credit_off = self.credit_off
         p.workspace = self.workspace.data_ptr()
         p.mask = self.mask.data_ptr() if self.mask is not None else 0
         p.error = self.error_dev_ptr
@@ -107,14 +120,23 @@ class LowLatencyOp:
             raise ValueError(f"low-latency top-k is at most {params.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
         return N, H
 
-    @staticmethod
-    def _receive_launcher(send: Launcher, recv: Launcher, grid: int):
+    def _receive_launcher(self, send: Launcher, recv: Launcher, grid: int):
         """The receive kernel with the send kernel's parameters frozen now: launch(stream, early), now or from a
-        hook. early=True (right behind the send kernel on the same stream) lets its blocks start while the send
-        kernel finishes: the receive kernel waits for its data through the signals anyway."""
+        hook, exactly once. early=True (right behind the send kernel on the same stream) lets its blocks start
+        while the send kernel finishes: the receive kernel waits for its data through the signals anyway."""
         ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(send.params), ctypes.sizeof(send.params))
-        launch = recv.snapshot()
-        return lambda stream, early=False: launch(grid, stream, early)
+        launch, b = recv.snapshot(), send.params.buffer_idx
+        self.pending_recv[b] = True
+        state = {"launched": False}
+
+        def launch_once(stream, early=False):
+            if state["launched"]:
+                raise EpRtError("this low-latency receive hook was already called (each hook runs once)")
+            state["launched"] = True
+            self.pending_recv[b] = False
+            launch(grid, stream, early)
+
+        return launch_once
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, T, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale, use_ue8m0,
@@ -214,13 +236,15 @@ class LowLatencyOp:
         return torch.as_tensor(holder, device=self.device).view(torch.bfloat16)
 
     def clean(self, T: int, hidden: int, num_experts: int) -> None:
-        """Zero both signal areas and the epochs on every rank (collective)."""
+        """Zero both signal areas, the credits and the epochs on every rank (collective)."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
         torch.cuda.synchronize(self.device)
         nvshmem.barrier_all()
         _driver.memset_d8(self.sym, 0, offsets["send"][0])
+        _driver.memset_d8(self.sym + self.credit_off, 0, self.sym_bytes - self.credit_off)
         self.workspace.zero_()
         self.idx = 0
+        self.pending_recv = [False, False]
         torch.cuda.synchronize(self.device)
         nvshmem.barrier_all()
 

@@ -6,7 +6,7 @@ from . import workers
 from .conftest import gpus
 
 
-@gpus(2)
+@gpus(1)
 def test_low_latency_matches_reference():
     results = run_ranks(workers.ll_suite, 2, timeout_s=900)
     problems = []
@@ -19,7 +19,7 @@ def test_low_latency_matches_reference():
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
 
-@gpus(2)
+@gpus(1)
 def test_shrink_mode_masks_a_silent_rank():
     res = run_ranks(workers.ll_shrink, 2, timeout_s=300)[0]
     assert res["mask"] == [0, 1], res

@@ -29,6 +29,7 @@
 #define EP_RT_PHASE_LL_DISPATCH_RECV 7
 #define EP_RT_PHASE_LL_COMBINE_RECV 8
 #define EP_RT_PHASE_LL_DISPATCH_SEND 9
+#define EP_RT_PHASE_LL_BUFFER_FREE 10
 
 struct ErrorRecord {
     int32_t code;
@@ -208,15 +209,18 @@ struct CombineParams {
 
 // ---- low-latency mode -------------------------------------------------------------------------
 // Signals are int32 in the symmetric buffer. A dispatch count signal holds (tag << 11) | count, a
-// combine flag holds the tag; tag = (per-buffer epoch + 1) & EP_RT_LL_TAG_MASK, read from device memory so
-// that CUDA-graph replays advance it too.
+// combine flag holds the tag; tag = epoch % EP_RT_LL_TAG_MASK + 1 (never 0, the cleaned value), from the
+// per-buffer epoch in device memory, so that CUDA-graph replays advance it too.
+// Buffer credits: when a rank's receive kernel has finished reading buffer b, it writes its call's tag into
+// every peer's credit word [b][rank]; a send kernel writes into a peer's buffer b only once that peer's credit
+// holds the tag of the previous call on b. So no rank ever overwrites what a peer has not consumed.
 #define EP_RT_LL_COUNT_BITS 11
 #define EP_RT_LL_TAG_MASK 0xFFFFF
 #define EP_RT_LL_MAX_TOKENS 1024
 #define EP_RT_LL_MAX_TOPK 16
 #define EP_RT_LL_MAX_HIDDEN 16384  // the dispatch send kernel builds a message in shared memory
 // Workspace (device memory, int32 words): per-expert send counters, then these words.
-#define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets of the LL kernels (by kernel: send, -, send, recv)
+#define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets (dispatch send, dispatch recv, combine send, recv)
 #define EP_RT_LL_WS_EPOCH 4          // [2]: per-buffer use counters
 #define EP_RT_LL_WS_CLAIM 6          // error claim word
 #define EP_RT_LL_WS_ARRIVED 8        // uint64 (words 8-9): dispatch receive blocks past their own waits, ever
@@ -241,6 +245,7 @@ struct LowLatencyParams {
     int64_t signal_off;            // this call's buffer: signal area
     int64_t send_off;              //                     send (staging) area
     int64_t recv_off;              //                     receive area
+    int64_t credit_off;            // int32 [2 buffers][R]: the tag each peer last consumed (see above)
     int64_t msg_bytes;             // dispatch: 16 + max(2H, H + 4S); combine: 2H + 4S
     int64_t timeout_ns;
     int32_t rank;

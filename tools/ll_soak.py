@@ -1,0 +1,37 @@
+#!/usr/bin/env python3
+"""The LL soak (ep_rt/soak_ll.py) from the command line, for A/B runs of whole checkouts in one device call:
+    PYTHONPATH=<checkout> python tools/ll_soak.py --ranks 2 --rounds 3000 [--seed S]
+Prints one JSON line per rank; exit code 0 only if every rank finished every round with no mismatch."""
+import argparse
+import json
+import os
+import sys
+
+from ep_rt import soak_ll
+from ep_rt.spawn import run_ranks
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3000)
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--timeout", type=float, default=1200.0, help="wall-clock limit of the whole run, seconds")
+    args = ap.parse_args()
+    seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
+    print(f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds", flush=True)
+    try:
+        results = run_ranks(soak_ll.ll_soak, args.ranks, args=(args.rounds, seed), timeout_s=args.timeout)
+    except Exception as e:  # a rank raised or the run timed out: that is a failed soak, with its reason
+        print(f"FAILED: {type(e).__name__}: {str(e)[-3000:]}")
+        return 1
+    ok = True
+    for rank, res in enumerate(results):
+        print(json.dumps({"rank": rank, **res}))
+        ok &= res["first_bad"] is None and res["rounds"] == args.rounds and not any(res["bad"])
+    print("PASSED" if ok else "FAILED: mismatches")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
