@@ -2,6 +2,7 @@
 # The whole GPU job for one device-tool call, from the repository root of a checkout (no install: the
 # checkout on PYTHONPATH). Steps run in order of importance, each under its own time limit, logs in $OUT.
 # Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets;
+#        soak / soak4 / soak_base (BASE=<checkout>) run the LL soak;
 #        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main")
 set -uo pipefail
 OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
@@ -38,6 +39,12 @@ for step in $STEPS; do
     ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
     ep8_main) run ep8_main 540 python3 -m ep_rt ;;                           # one rank per GPU: EP8 tables
     ep4_main) run ep4_main 400 python3 -m ep_rt --ranks 4 --quick ;;         # EP4 tables on the same node
+    soak)  run soak 420 python3 tools/ll_soak.py --ranks 2 --rounds "${SOAK_ROUNDS:-3000}" --timeout 400 ;;
+    soak4) run soak4 420 python3 tools/ll_soak.py --ranks 4 --rounds "${SOAK_ROUNDS4:-1500}" --timeout 400 ;;
+    # The same soak on another checkout (BASE, e.g. the commit before a fix, with ep_rt/soak_ll.py copied in).
+    soak_base) run soak_base 300 env PYTHONPATH="$BASE" EP_RT_TIMEOUT_S=10 python3 tools/ll_soak.py --ranks 2 \
+             --rounds "${SOAK_ROUNDS:-3000}" --timeout 240 ;;
+    gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$OUT/bench.json" ;;
   esac
