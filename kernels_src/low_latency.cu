@@ -115,10 +115,11 @@ __device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, in
     }
 }
 
-// Wait until pred(signal) holds; false on timeout. In shrink mode a silent rank is masked instead.
-template <typename Pred>
-__device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, int peer, int phase, int32_t& value,
-                            int64_t& cycles) {
+// Wait until pred(signal) holds; false on timeout (reported with the tag `expected` and the tag seen, `tag_of`
+// of the last value). In shrink mode a silent rank is masked instead.
+template <typename Pred, typename TagOf>
+__device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, TagOf tag_of, int32_t expected, int peer,
+                            int phase, int32_t& value, int64_t& cycles) {
     const int64_t start_cycles = clock64();
     const uint64_t start = globaltimer_ns();
     const ErrorSink sink = ll.sink();
@@ -134,7 +135,7 @@ __device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, int pee
                     if (atomicExch(reinterpret_cast<int32_t*>(ll.p.mask) + peer, 1) == 0)
                         printf("ep_rt: rank %d masks rank %d after a timeout (phase %d)\n", ll.p.rank, peer, phase);
                 } else {
-                    report_error(sink, EP_RT_ERR_TIMEOUT, phase, peer, -1, ll.tag, value);
+                    report_error(sink, EP_RT_ERR_TIMEOUT, phase, peer, -1, expected, tag_of(value));
                 }
                 return false;
             }
@@ -156,15 +157,19 @@ __device__ __forceinline__ int32_t credit_prefetch(const LL& ll) {
 __device__ void wait_buffer_free(const LL& ll, int32_t prefetched) {
     for (int r = threadIdx.x; r < ll.p.num_ranks; r += blockDim.x) {
         if (ll.masked(r)) continue;
-        const int32_t want = ll.prev_tag;
-        if (r == int(threadIdx.x) && prefetched == want) {
+        // Free once r has read the previous call on this buffer; r may even have finished this call already (a
+        // combine receive that needs nothing from us waits for nothing), which our writes then cannot disturb:
+        // r's next use of the buffer waits for the next tag.
+        const int32_t prev = ll.prev_tag, cur = ll.tag;
+        auto is_free = [prev, cur](int32_t v) { return v == prev || v == cur; };
+        if (r == int(threadIdx.x) && is_free(prefetched)) {
             asm volatile("fence.acq_rel.sys;" ::: "memory");  // the volatile load above + this fence: an acquire
             continue;
         }
         int32_t value;
         int64_t cycles = 0;
-        wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(ll.credit_off(r))),
-                    [want](int32_t v) { return v == want; }, r, EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
+        wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(ll.credit_off(r))), is_free,
+                    [](int32_t v) { return v; }, prev, r, EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
     }
     __syncthreads();
 }
@@ -475,8 +480,9 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         int32_t value = 0;
         int64_t cycles = 0;
         if (!ll.masked(s))
-            wait_signal(ll, signals + c, [tag](int32_t v) { return (v >> EP_RT_LL_COUNT_BITS) == tag; }, s,
-                        EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles);
+            wait_signal(ll, signals + c, [tag](int32_t v) { return (v >> EP_RT_LL_COUNT_BITS) == tag; },
+                        [](int32_t v) { return v >> EP_RT_LL_COUNT_BITS; }, tag, s, EP_RT_PHASE_LL_DISPATCH_RECV,
+                        value, cycles);
         if (p.wait_stats && cycles)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)cycles);
     }
@@ -667,8 +673,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
                     int64_t cycles = 0;
                     const int32_t tag = ll.tag;
                     if (wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + e * 4)),
-                                    [tag](int32_t v) { return v == tag; }, int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV,
-                                    value, cycles))
+                                    [tag](int32_t v) { return v == tag; }, [](int32_t v) { return v; }, tag,
+                                    int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV, value, cycles))
                         off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;
                     if (p.wait_stats && cycles)
                         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L,

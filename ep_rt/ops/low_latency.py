@@ -34,9 +34,13 @@ class LowLatencyOp:
         self.num_sms = _driver.multiprocessor_count(device_index)
         entry = cubins.choose_entry(cubins.manifest(), "low_latency", cubins.arch_of(device_index), False)
         nvshmem.init(group, entry["nvshmem"])
-        # The credit words (params.h) live after the user's num_rdma_bytes, so the size hint stays DeepEP's.
+        # After the user's num_rdma_bytes (so the size hint stays DeepEP's): the credit words (params.h), then the
+        # combine flags, apart from the dispatch count signals. A rank that needed nothing from a peer finishes
+        # its combine receive without waiting for that peer's flags, which may land later; in words of their
+        # own (one writer each: the rank whose expert it is) they can never overwrite another rank's signal.
         self.credit_off = (num_rdma_bytes + 127) // 128 * 128
-        self.sym_bytes = self.credit_off + (2 * self.num_ranks * 4 + 127) // 128 * 128
+        self.combine_flag_off = self.credit_off + (2 * self.num_ranks * 4 + 127) // 128 * 128
+        self.sym_bytes = self.combine_flag_off + 2 * _MAX_EXPERTS * 4
         self.sym = nvshmem.align(self.sym_bytes)
         _driver.memset_d8(self.sym, 0, self.sym_bytes)
         # Per buffer: a receive hook handed out and not yet called. The next call on that buffer would wait for a
@@ -72,7 +76,7 @@ class LowLatencyOp:
         if self.failed is not None:
             raise self.failed
 
-    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int) -> int:
+    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool) -> int:
         """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
         if offsets["total"] > self.num_rdma_bytes:
@@ -93,6 +97,8 @@ class LowLatencyOp:
         p.mask = self.mask.data_ptr() if self.mask is not None else 0
         p.error = self.error_dev_ptr
         p.signal_off, p.send_off, p.recv_off = (offsets[k][b] for k in ("signal", "send", "recv"))
+        if combine:
+            p.signal_off = self.combine_flag_off + b * _MAX_EXPERTS * 4
         p.msg_bytes, p.timeout_ns = msg_bytes, self.timeout_ns
         p.has_remote_peers = int(self.nvlink_peers < self.num_ranks)
         p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
@@ -158,7 +164,7 @@ class LowLatencyOp:
                             device=self.device, rows=R)
         send, recv = self.kernels["dispatch_send"], self.kernels["dispatch_recv"]
         p = send.params
-        self._common(p, T, H, num_experts, ll_layout.dispatch_slot_bytes(H, use_fp8))
+        self._common(p, T, H, num_experts, ll_layout.dispatch_slot_bytes(H, use_fp8), combine=False)
         RT, S = R * T, H // 128
         recv_x = torch.empty(L, RT, H, dtype=_FP8 if use_fp8 else torch.bfloat16, device=self.device)
         scales = None
@@ -211,7 +217,7 @@ class LowLatencyOp:
                             rows=R)
         send, recv = self.kernels["combine_send"], self.kernels["combine_recv"]
         p = send.params
-        self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt))
+        self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt), combine=True)
         send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=topk_weights.data_ptr(),
                  recv_x=out.data_ptr(), recv_x_scales=0, recv_src_info=src_info.data_ptr(),
                  recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
@@ -236,7 +242,7 @@ class LowLatencyOp:
         return torch.as_tensor(holder, device=self.device).view(torch.bfloat16)
 
     def clean(self, T: int, hidden: int, num_experts: int) -> None:
-        """Zero both signal areas, the credits and the epochs on every rank (collective)."""
+        """Zero the signal areas, the credits, the combine flags and the epochs on every rank (collective)."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
         torch.cuda.synchronize(self.device)
         nvshmem.barrier_all()

@@ -213,7 +213,10 @@ struct CombineParams {
 // per-buffer epoch in device memory, so that CUDA-graph replays advance it too.
 // Buffer credits: when a rank's receive kernel has finished reading buffer b, it writes its call's tag into
 // every peer's credit word [b][rank]; a send kernel writes into a peer's buffer b only once that peer's credit
-// holds the tag of the previous call on b. So no rank ever overwrites what a peer has not consumed.
+// holds the tag of the previous call on b (or of this call: a combine receive that needs nothing from us ends
+// without waiting for us). So no rank ever overwrites what a peer has not consumed. Combine flags have an area
+// of their own (signal_off of a combine call points there), apart from the dispatch counts: a flag that lands
+// after its receiver has finished (it needed nothing from the sender) then cannot hit another rank's signal.
 #define EP_RT_LL_COUNT_BITS 11
 #define EP_RT_LL_TAG_MASK 0xFFFFF
 #define EP_RT_LL_MAX_TOKENS 1024
@@ -242,7 +245,7 @@ struct LowLatencyParams {
     uint64_t recv_count;           // dispatch out: int32 [L]
     uint64_t cumulative_stats;     // int32 [L] or 0
     uint64_t wait_stats;           // int64 [R] or 0 (clock cycles spent waiting per source)
-    int64_t signal_off;            // this call's buffer: signal area
+    int64_t signal_off;            // this call's buffer: signal area (dispatch counts, or the combine flags)
     int64_t send_off;              //                     send (staging) area
     int64_t recv_off;              //                     receive area
     int64_t credit_off;            // int32 [2 buffers][R]: the tag each peer last consumed (see above)
