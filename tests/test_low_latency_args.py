@@ -94,7 +94,7 @@ def test_buffer_too_small_names_the_hint():
     o = op()
     o.num_rdma_bytes = 1 << 20
     with pytest.raises(Exception, match="get_low_latency_rdma_size_hint"):
-        o._common(params.LowLatencyParams(), 128, 7168, 288, ll_layout.dispatch_msg_bytes(7168))
+        o._common(params.LowLatencyParams(), 128, 7168, 288, ll_layout.dispatch_msg_bytes(7168), combine=False)
 
 
 def test_layout_offsets_fit_the_hint():
