@@ -35,7 +35,12 @@ def soak_buffer_bytes(num_ranks: int) -> int:
                for e in EXPERTS if e % num_ranks == 0)
 
 
-def _round_settings(rng: random.Random, num_ranks: int, graph_ok: bool) -> dict:
+FEATURES = ("modes", "graph", "zero_copy", "logfmt", "zero_tokens", "own_only", "fp8", "shapes")
+
+
+def _round_settings(rng: random.Random, num_ranks: int, graph_ok: bool, features=FEATURES) -> dict:
+    """One round's settings. The draws are the same whatever `features` holds (a feature left out is then
+    overridden), so runs that differ only in features see the same sequence of shapes."""
     experts = [e for e in EXPERTS if e % num_ranks == 0]
     s = {
         "graph": graph_ok and rng.random() < 0.06,
@@ -56,6 +61,22 @@ def _round_settings(rng: random.Random, num_ranks: int, graph_ok: bool) -> dict:
     s["use_ue8m0"] = s["use_fp8"] and s["round_scale"] and s["hidden"] % 512 == 0 and rng.random() < 0.5
     if s["use_logfmt"]:
         s["zero_copy"] = False
+    if "modes" not in features:
+        s["dispatch_mode"] = s["combine_mode"] = "sync"
+    if "graph" not in features:
+        s["graph"] = False
+    if "zero_copy" not in features:
+        s["zero_copy"] = False
+    if "logfmt" not in features:
+        s["use_logfmt"] = False
+    if "zero_tokens" not in features:
+        s["tokens"] = [max(t, 1) for t in s["tokens"]]
+    if "own_only" not in features:
+        s["own_experts_only"] = [False] * num_ranks
+    if "fp8" not in features:
+        s["use_fp8"] = s["use_ue8m0"] = False
+    if "shapes" not in features:
+        s["hidden"], s["experts"], s["topk"] = HIDDENS[0], experts[0], 8
     return s
 
 
@@ -121,18 +142,24 @@ def _expected_combined(x, idx, w, use_fp8, round_scale, use_ue8m0):
 
 
 class _Tally:
-    """Mismatch counts kept on the GPU (no sync per round), with the first bad round remembered on read."""
+    """Mismatch counts per round and kind (counts, combined, LogFMT combined), kept on the GPU: no sync per
+    round; read every check_every rounds."""
 
-    def __init__(self, device):
-        self.bad = torch.zeros(3, dtype=torch.int64, device=device)  # counts, combined, logfmt
+    def __init__(self, rounds: int, device):
+        self.per_round = torch.zeros(rounds, 3, dtype=torch.int64, device=device)
+        self.round = 0
         self.checks = 0
 
     def add(self, i: int, mismatches: torch.Tensor) -> None:
-        self.bad[i] += mismatches.to(torch.int64)
+        self.per_round[self.round, i] += mismatches.to(torch.int64)
         self.checks += 1
 
+    @property
+    def bad(self) -> torch.Tensor:
+        return self.per_round.sum(0)
 
-def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int = 50) -> dict:
+
+def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int = 50, features=FEATURES) -> dict:
     import torch.distributed as dist
 
     from . import Buffer
@@ -140,14 +167,17 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
     device = torch.device("cuda", torch.cuda.current_device())
     buf = Buffer(dist.group.WORLD, 0, soak_buffer_bytes(num_ranks), low_latency_mode=True, num_qps_per_rank=4,
                  explicitly_destroy=True)
-    tally = _Tally(device)
-    graph = _capture_graph(buf, rank, num_ranks, seed, device)
+    tally = _Tally(rounds, device)
+    graph = _capture_graph(buf, rank, num_ranks, seed, device) if "graph" in features else None
     rng = random.Random(seed)
     counts = {"graph": 0, "hook": 0, "async": 0, "sync": 0, "zero_tokens": 0, "logfmt": 0, "fp8": 0}
+    settings = []
     first_bad = None
     t0 = time.monotonic()
     for rnd in range(rounds):
-        s = _round_settings(rng, num_ranks, graph is not None)
+        s = _round_settings(rng, num_ranks, graph is not None, features)
+        settings.append(s)
+        tally.round = rnd
         rs = seed * 100003 + rnd
         if s["graph"]:
             graph.replay_checked(rs, tally)
@@ -161,8 +191,10 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
         if (rnd + 1) % check_every == 0 or rnd + 1 == rounds:
             bad = tally.bad.tolist()  # the one sync of this batch of rounds
             buf.raise_if_failed()
-            if any(bad) and first_bad is None:
-                first_bad = {"before_round": rnd + 1, "bad": bad}
+            if any(bad):
+                rows = tally.per_round[:rnd + 1].sum(1).nonzero().flatten().tolist()
+                first_bad = {"rounds": rows[:5], "bad": [tally.per_round[r].tolist() for r in rows[:5]],
+                             "settings": [settings[r] for r in rows[:5]]}
                 break
     torch.cuda.synchronize()
     buf.raise_if_failed()

@@ -56,7 +56,13 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
             while not queue.empty():
                 rank, status, payload = queue.get()
                 (results if status == "ok" else errors)[rank] = payload
-            if errors:
+            if errors:  # give the other ranks a moment to report theirs too (often the cause)
+                grace = time.monotonic() + 5.0
+                while len(results) + len(errors) < num_ranks and time.monotonic() < grace:
+                    while not queue.empty():
+                        rank, status, payload = queue.get()
+                        (results if status == "ok" else errors)[rank] = payload
+                    time.sleep(0.05)
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks did not finish within {timeout_s:.0f} s (done: {sorted(results)})")

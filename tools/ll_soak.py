@@ -17,11 +17,19 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=1200.0, help="wall-clock limit of the whole run, seconds")
+    ap.add_argument("--features", default=",".join(soak_ll.FEATURES),
+                    help=f"comma list of what varies: {','.join(soak_ll.FEATURES)} (default: all)")
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
-    print(f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds", flush=True)
+    features = tuple(f for f in args.features.split(",") if f)
+    unknown = set(features) - set(soak_ll.FEATURES)
+    if unknown:
+        ap.error(f"unknown features {sorted(unknown)}")
+    print(f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds, features {','.join(features) or 'none'}",
+          flush=True)
     try:
-        results = run_ranks(soak_ll.ll_soak, args.ranks, args=(args.rounds, seed), timeout_s=args.timeout)
+        results = run_ranks(soak_ll.ll_soak, args.ranks, args=(args.rounds, seed, 50, features),
+                            timeout_s=args.timeout)
     except Exception as e:  # a rank raised or the run timed out: that is a failed soak, with its reason
         print(f"FAILED: {type(e).__name__}: {str(e)[-3000:]}")
         return 1
