@@ -1,6 +1,9 @@
 """Low-latency buffer layout and sizing (DeepEP V1's formula; the combine message is padded to 16 bytes,
-which only changes sizes for hidden sizes that are not multiples of 512)."""
+which only changes sizes for hidden sizes that are not multiples of 512). The layout itself is ep_rt's: the
+data of the two buffers in fixed halves of num_rdma_bytes, the signals in a control area after it."""
 from __future__ import annotations
+
+MAX_SIGNALS = 65536  # params.h EP_RT_LL_MAX_SIGNALS: the most experts an LL call takes
 
 
 def dispatch_msg_bytes(hidden: int) -> int:
@@ -29,19 +32,47 @@ def combine_slot_bytes(hidden: int, use_logfmt: bool) -> int:
     return combine_msg_bytes(hidden) if use_logfmt else 2 * hidden
 
 
-def buffer_offsets(T: int, hidden: int, num_experts: int) -> dict:
-    """Byte offsets in the symmetric buffer: signal0 | signal1 | send0 | send1 | recv0 | recv1."""
+def data_bytes(T: int, hidden: int, num_experts: int) -> tuple[int, int]:
+    """(staging, receive) bytes one buffer needs for calls of this shape (dispatch or combine, whichever is more)."""
     d, c = dispatch_msg_bytes(hidden), combine_msg_bytes(hidden)
-    signal = (num_experts * 4 + 127) // 128 * 128
-    send = max(T * d, num_experts * T * c)
-    recv = max(num_experts * T * d, num_experts * T * c)
-    return {"signal": (0, signal), "send": (2 * signal, 2 * signal + send),
-            "recv": (2 * signal + 2 * send, 2 * signal + 2 * send + recv), "total": 2 * (signal + send + recv)}
+    return max(T * d, num_experts * T * c), max(num_experts * T * d, num_experts * T * c)
+
+
+def buffer_offsets(T: int, hidden: int, num_experts: int, num_rdma_bytes: int) -> dict:
+    """Byte offsets of the two buffers' areas in the symmetric buffer. Buffer b owns the fixed half b of
+    num_rdma_bytes whatever the call's shape (so a call can never write into the other buffer's bytes): its receive
+    area at the half's start (128-byte aligned), its staging area after it. "need": bytes of a half this shape needs,
+    "half": the bytes a half has."""
+    send, recv = data_bytes(T, hidden, num_experts)
+    half = num_rdma_bytes // 2 // 128 * 128
+    return {"recv": (0, half), "send": (recv, half + recv), "need": send + recv, "half": half}
+
+
+def control_offsets(num_rdma_bytes: int, num_ranks: int) -> dict:
+    """ep_rt's control area after the caller's num_rdma_bytes (params.h): credits, count signals, combine flags at
+    offsets that do not depend on any call's shape. "end": the whole symmetric allocation."""
+    def up(n):
+        return (n + 127) // 128 * 128
+
+    credit = up(num_rdma_bytes)
+    count = credit + up(2 * num_ranks * 4)
+    flag = count + 2 * MAX_SIGNALS * 8
+    end = flag + 2 * MAX_SIGNALS * 4
+    return {"credit": credit, "count_signal": (count, count + MAX_SIGNALS * 8),
+            "combine_flag": (flag, flag + MAX_SIGNALS * 4), "end": end}
 
 
 def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
-    """Bytes of symmetric buffer for two alternating LL buffers: signal | send | recv each."""
+    """DeepEP's num_rdma_bytes for two alternating LL buffers (signal | send | recv each); ep_rt uses the signal
+    share as slack and keeps its signals in a control area of its own."""
+    for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank), ("hidden", hidden),
+                    ("num_ranks", num_ranks), ("num_experts", num_experts)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
     if hidden % 128:
         raise ValueError(f"hidden must be a multiple of 128, got {hidden}")
-    total = buffer_offsets(num_max_dispatch_tokens_per_rank, hidden, num_experts)["total"]
+    T, E = num_max_dispatch_tokens_per_rank, num_experts
+    signal = (E * 4 + 127) // 128 * 128
+    send, recv = data_bytes(T, hidden, E)
+    total = 2 * (signal + send + recv)
     return (total + 128) // 128 * 128

@@ -28,9 +28,9 @@ constexpr int kWarpSize = 32;
 constexpr float kFp8Max = 448.0f;
 constexpr int kTicketDispatchSend = 0, kTicketDispatchRecv = 1, kTicketCombineSend = 2, kTicketCombineRecv = 3;
 
-// The tag of the use of a buffer that finds `epoch` earlier uses completed: 1..EP_RT_LL_TAG_MASK, never 0 (the
-// value of a cleaned buffer, which the credit of a buffer's first use must match).
-__device__ __forceinline__ int32_t tag_of_epoch(uint32_t epoch) { return int32_t(epoch % EP_RT_LL_TAG_MASK) + 1; }
+// The tag of the use of a buffer that finds `epoch` earlier uses completed: 1..2^32-1 as a 32-bit pattern, never 0
+// (the value of a cleaned buffer, which the credit of a buffer's first use must match).
+__device__ __forceinline__ int32_t tag_of_epoch(uint32_t epoch) { return int32_t(epoch % 0xFFFFFFFFu + 1u); }
 
 struct LL {
     const LowLatencyParams& p;
@@ -104,22 +104,30 @@ __device__ __forceinline__ void warp_encode_row(uint8_t* slot, const uint8_t* sr
     }
 }
 
-// Write one int32 signal to rank r: a release store over NVLink, or fence + NVSHMEM store remotely.
-__device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, int32_t value) {
+// Write one signal (int32 or int64) to rank r: a release store over NVLink, or fence + NVSHMEM store remotely.
+template <typename T>
+__device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, T value) {
     const uint64_t base = ll.peer(r);
     if (base != 0) {
-        st_release_sys(reinterpret_cast<int32_t*>(base + off), value);
+        st_release_sys(reinterpret_cast<T*>(base + off), value);
     } else {
         nvshmem_fence();
-        nvshmem_int_p(reinterpret_cast<int*>(ll.local(off)), value, r);
+        if constexpr (sizeof(T) == 8) nvshmem_int64_p(reinterpret_cast<int64_t*>(ll.local(off)), value, r);
+        else nvshmem_int_p(reinterpret_cast<int*>(ll.local(off)), value, r);
     }
 }
 
+// A dispatch count signal: the tag in the high word, the count in the low word.
+__device__ __forceinline__ int64_t count_signal(int32_t tag, int count) {
+    return int64_t((uint64_t(uint32_t(tag)) << 32) | uint32_t(count));
+}
+__device__ __forceinline__ int32_t tag_of_count_signal(int64_t v) { return int32_t(uint64_t(v) >> 32); }
+
 // Wait until pred(signal) holds; false on timeout (reported with the tag `expected` and the tag seen, `tag_of`
 // of the last value). In shrink mode a silent rank is masked instead.
-template <typename Pred, typename TagOf>
-__device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, TagOf tag_of, int32_t expected, int peer,
-                            int phase, int32_t& value, int64_t& cycles) {
+template <typename T, typename Pred, typename TagOf>
+__device__ bool wait_signal(const LL& ll, const T* sig, Pred pred, TagOf tag_of, int32_t expected, int peer,
+                            int phase, T& value, int64_t& cycles) {
     const int64_t start_cycles = clock64();
     const uint64_t start = globaltimer_ns();
     const ErrorSink sink = ll.sink();
@@ -135,7 +143,7 @@ __device__ bool wait_signal(const LL& ll, const int32_t* sig, Pred pred, TagOf t
                     if (atomicExch(reinterpret_cast<int32_t*>(ll.p.mask) + peer, 1) == 0)
                         printf("ep_rt: rank %d masks rank %d after a timeout (phase %d)\n", ll.p.rank, peer, phase);
                 } else {
-                    report_error(sink, EP_RT_ERR_TIMEOUT, phase, peer, -1, expected, tag_of(value));
+                    report_error(sink, EP_RT_ERR_TIMEOUT, phase, peer, -1, uint32_t(expected), uint32_t(tag_of(value)));
                 }
                 return false;
             }
@@ -368,7 +376,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         const int dst = e / ll.L, l = e % ll.L;
         const int count = min(atomicExch(counters + e, 0), p.max_tokens);
         if (!ll.masked(dst))
-            signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 4, (ll.tag << EP_RT_LL_COUNT_BITS) | count);
+            signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 8, count_signal(ll.tag, count));
     }
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
 }
@@ -474,33 +482,35 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     const LL ll(p);
     const int R = p.num_ranks, E = p.num_experts;
     const int32_t tag = ll.tag;
-    const int32_t* signals = reinterpret_cast<const int32_t*>(ll.local(p.signal_off));
+    const int64_t* signals = reinterpret_cast<const int64_t*>(ll.local(p.signal_off));
     for (int c = blockIdx.x + threadIdx.x * gridDim.x; c < E; c += blockDim.x * gridDim.x) {
         const int s = c % R;
-        int32_t value = 0;
+        int64_t value = 0;
         int64_t cycles = 0;
         if (!ll.masked(s))
-            wait_signal(ll, signals + c, [tag](int32_t v) { return (v >> EP_RT_LL_COUNT_BITS) == tag; },
-                        [](int32_t v) { return v >> EP_RT_LL_COUNT_BITS; }, tag, s, EP_RT_PHASE_LL_DISPATCH_RECV,
-                        value, cycles);
+            wait_signal(ll, signals + c, [tag](int64_t v) { return tag_of_count_signal(v) == tag; },
+                        tag_of_count_signal, tag, s, EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles);
         if (p.wait_stats && cycles)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)cycles);
     }
     // Read every signal now, while other blocks may still be waiting: most have arrived, and those that have
-    // hold their final value, so after the barrier only the others are read again.
+    // hold their final value, so after the barrier only the others are read again. early[c]: the count, or -1.
+    auto arrived_count = [&](int c) -> int {
+        const int64_t v = *reinterpret_cast<const volatile int64_t*>(signals + c);
+        return tag_of_count_signal(v) == tag ? int(uint32_t(v)) : -1;
+    };
     __shared__ int32_t early[kShareTileCells];
     const bool prefetched = E <= kShareTileCells;
-    for (int c = threadIdx.x; prefetched && c < E; c += blockDim.x)
-        early[c] = *reinterpret_cast<const volatile int32_t*>(signals + c);
+    for (int c = threadIdx.x; prefetched && c < E; c += blockDim.x) early[c] = arrived_count(c);
     all_blocks_arrive(ll, EP_RT_PHASE_LL_DISPATCH_RECV);
     // Every block has read the tag: the next call on this buffer may use the next one.
     if (blockIdx.x == 0 && threadIdx.x == 0) ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
     // A masked or silent source sends nothing.
     auto count = [&](int c) -> int {
         if (ll.masked(c % R)) return 0;
-        int32_t v = prefetched ? early[c] : -1;  // -1 never carries a tag
-        if ((v >> EP_RT_LL_COUNT_BITS) != tag) v = *reinterpret_cast<const volatile int32_t*>(signals + c);
-        return (v >> EP_RT_LL_COUNT_BITS) == tag ? (v & ((1 << EP_RT_LL_COUNT_BITS) - 1)) : 0;
+        const int early_count = prefetched ? early[c] : -1;
+        const int n = early_count >= 0 ? early_count : arrived_count(c);
+        return max(n, 0);
     };
     // Per-cell outputs, each cell by one block: layout_range, the expert's count, the cumulative stats.
     auto cell_outputs = [&](int c0, int n, const int* start) {
@@ -581,7 +591,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
     for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
         const int dst = i % R, e = me * ll.L + i / R;
-        if (!ll.masked(dst)) signal_rank(ll, dst, p.signal_off + int64_t(e) * 4, ll.tag);
+        if (!ll.masked(dst)) signal_rank(ll, dst, p.signal_off + (int64_t(e % ll.L) * R + me) * 4, ll.tag);
     }
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
 }
@@ -672,7 +682,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
                     int32_t value;
                     int64_t cycles = 0;
                     const int32_t tag = ll.tag;
-                    if (wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + e * 4)),
+                    const int64_t flag = (e % ll.L) * p.num_ranks + e / ll.L;  // word l * R + source
+                    if (wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + flag * 4)),
                                     [tag](int32_t v) { return v == tag; }, [](int32_t v) { return v; }, tag,
                                     int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV, value, cycles))
                         off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;

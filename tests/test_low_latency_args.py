@@ -98,11 +98,41 @@ def test_buffer_too_small_names_the_hint():
 
 
 def test_layout_offsets_fit_the_hint():
-    for T_, H_, E_ in ((128, 7168, 288), (1024, 1024, 32), (32, 16384, 32), (64, 1152, 16)):
-        offsets = ll_layout.buffer_offsets(T_, H_, E_)
-        assert offsets["total"] <= ll_layout.rdma_size_hint(T_, H_, R, E_)
+    """With num_rdma_bytes from the hint, every shape up to it fits one half; the halves never overlap, and the
+    control area starts after num_rdma_bytes (so the hint is DeepEP's)."""
+    for T_, H_, E_ in ((128, 7168, 288), (1024, 1024, 32), (32, 16384, 32), (64, 1152, 16), (1, 128, 2)):
+        hint = ll_layout.rdma_size_hint(T_, H_, R, E_)
+        offsets = ll_layout.buffer_offsets(T_, H_, E_, hint)
+        assert offsets["need"] <= offsets["half"] and 2 * offsets["half"] <= hint
+        assert offsets["recv"][0] % 128 == 0 and offsets["recv"][1] % 128 == 0
+        assert offsets["send"][0] + (offsets["need"] - offsets["send"][0]) <= offsets["half"]
+        for smaller in ((T_ // 2 or 1, H_, E_), (T_, max(128, H_ // 2), E_), (T_, H_, max(R, E_ // 2))):
+            o = ll_layout.buffer_offsets(*smaller, hint)
+            assert o["need"] <= o["half"] and o["half"] == offsets["half"]  # the halves do not move with the shape
         assert ll_layout.combine_msg_bytes(H_) % 16 == 0 and ll_layout.dispatch_msg_bytes(H_) % 16 == 0
-        assert offsets["recv"][1] + (offsets["recv"][1] - offsets["recv"][0]) == offsets["total"]
+        ctrl = ll_layout.control_offsets(hint, R)
+        assert ctrl["credit"] >= hint and ctrl["count_signal"][0] >= ctrl["credit"] + 2 * R * 4
+        assert ctrl["combine_flag"][0] >= ctrl["count_signal"][1] + 8 * ll_layout.MAX_SIGNALS
+        assert ctrl["end"] == ctrl["combine_flag"][1] + 4 * ll_layout.MAX_SIGNALS
+
+
+def test_hint_is_deepeps_formula():
+    def deepep(T_, H_, R_, E_):  # DeepEP V1 LowLatencyLayout (combine messages padded to 16 bytes, ll_layout)
+        msg_d = 16 + max(2 * H_, H_ + 4 * (H_ // 128))
+        msg_c = (2 * H_ + 4 * (H_ // 128) + 15) // 16 * 16
+        send = max(T_ * msg_d, E_ * T_ * msg_c)
+        recv = max(E_ * T_ * msg_d, E_ * T_ * msg_c)
+        signal = (E_ * 4 + 127) // 128 * 128
+        return (2 * (signal + send + recv) + 128) // 128 * 128
+    for args in ((128, 7168, 16, 288), (256, 4096, 8, 64), (1, 128, 2, 2)):
+        assert ll_layout.rdma_size_hint(*args) == deepep(*args)
+
+
+@pytest.mark.parametrize("bad", [(0, 7168, 2, 16), (128, 7168, -2, 16), (128, 7168, 2, 0), (128, 100, 2, 16),
+                                 (128.0, 7168, 2, 16)])
+def test_hint_refuses_bad_arguments(bad):
+    with pytest.raises(ValueError):
+        ll_layout.rdma_size_hint(*bad)
 
 
 def test_fp8_dispatch_slots_are_line_aligned_and_fit_deepep_slots():

@@ -16,7 +16,7 @@ from .. import _driver, cubins, ll_layout, nvshmem, params, validate
 from ..errors import BufferTooSmallError, EpRtError, error_from_record
 from ..launch import Launcher
 
-_MAX_EXPERTS = 1 << 16
+_MAX_EXPERTS = params.EP_RT_LL_MAX_SIGNALS
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
 _FP8 = torch.float8_e4m3fn
 
@@ -34,13 +34,10 @@ class LowLatencyOp:
         self.num_sms = _driver.multiprocessor_count(device_index)
         entry = cubins.choose_entry(cubins.manifest(), "low_latency", cubins.arch_of(device_index), False)
         nvshmem.init(group, entry["nvshmem"])
-        # After the user's num_rdma_bytes (so the size hint stays DeepEP's): the credit words (params.h), then the
-        # combine flags, apart from the dispatch count signals. A rank that needed nothing from a peer finishes
-        # its combine receive without waiting for that peer's flags, which may land later; in words of their
-        # own (one writer each: the rank whose expert it is) they can never overwrite another rank's signal.
-        self.credit_off = (num_rdma_bytes + 127) // 128 * 128
-        self.combine_flag_off = self.credit_off + (2 * self.num_ranks * 4 + 127) // 128 * 128
-        self.sym_bytes = self.combine_flag_off + 2 * _MAX_EXPERTS * 4
+        # ep_rt's control area (credits, count signals, combine flags) follows the caller's num_rdma_bytes, so the
+        # size hint stays DeepEP's (ll_layout.control_offsets, params.h).
+        self.control = ll_layout.control_offsets(num_rdma_bytes, self.num_ranks)
+        self.sym_bytes = self.control["end"]
         self.sym = nvshmem.align(self.sym_bytes)
         _driver.memset_d8(self.sym, 0, self.sym_bytes)
         # Per buffer: a receive hook handed out and not yet called. The next call on that buffer would wait for a
@@ -78,8 +75,8 @@ class LowLatencyOp:
 
     def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool) -> int:
         """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
-        offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
-        if offsets["total"] > self.num_rdma_bytes:
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
+        if offsets["need"] > offsets["half"]:
             raise BufferTooSmallError(
                 f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
                 f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
@@ -92,33 +89,45 @@ class LowLatencyOp:
                 "next-but-one low-latency call; nothing was launched, so calling it now and retrying works.")
         self.idx ^= 1
         p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
-        p.credit_off = self.credit_off
         p.workspace = self.workspace.data_ptr()
         p.mask = self.mask.data_ptr() if self.mask is not None else 0
         p.error = self.error_dev_ptr
-        p.signal_off, p.send_off, p.recv_off = (offsets[k][b] for k in ("signal", "send", "recv"))
-        if combine:
-            p.signal_off = self.combine_flag_off + b * _MAX_EXPERTS * 4
+        p.send_off, p.recv_off = offsets["send"][b], offsets["recv"][b]
+        p.signal_off = self.control["combine_flag" if combine else "count_signal"][b]
+        p.credit_off = self.control["credit"]
         p.msg_bytes, p.timeout_ns = msg_bytes, self.timeout_ns
         p.has_remote_peers = int(self.nvlink_peers < self.num_ranks)
         p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
             self.rank, self.num_ranks, T, hidden, num_experts, b)
         return b
 
-    def _check(self, x, topk_idx, T, num_experts):
+    def check_shape(self, T: int, hidden: int, num_experts: int) -> None:
+        """The (num_max_dispatch_tokens_per_rank, hidden, num_experts) of an LL call: ranges, and fits the buffer."""
         R = self.num_ranks
-        validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=self.device)
-        N, H = x.shape
-        if H % 128 or not 0 < H <= params.EP_RT_LL_MAX_HIDDEN:
-            raise ValueError(f"low-latency hidden size must be a multiple of 128 in [128, "
-                             f"{params.EP_RT_LL_MAX_HIDDEN}], got {H}")
+        for name, v in (("num_max_dispatch_tokens_per_rank", T), ("hidden", hidden), ("num_experts", num_experts)):
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise TypeError(f"{name} must be an int, got {v!r}")
         if not 1 <= T <= params.EP_RT_LL_MAX_TOKENS:
             raise ValueError(f"num_max_dispatch_tokens_per_rank must be in 1..{params.EP_RT_LL_MAX_TOKENS}, got {T}")
-        if N > T:
-            raise ValueError(f"x has {N} tokens, more than num_max_dispatch_tokens_per_rank={T}")
-        if not isinstance(num_experts, int) or num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
+        if hidden % 128 or not 0 < hidden <= params.EP_RT_LL_MAX_HIDDEN:
+            raise ValueError(f"low-latency hidden size must be a multiple of 128 in [128, "
+                             f"{params.EP_RT_LL_MAX_HIDDEN}], got {hidden}")
+        if num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
             raise ValueError(f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, "
                              f"got {num_experts!r}")
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
+        if offsets["need"] > offsets["half"]:
+            raise BufferTooSmallError(
+                f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
+                f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, R, num_experts)} "
+                f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}")
+
+    def _check(self, x, topk_idx, T, num_experts):
+        validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=self.device)
+        N, H = x.shape
+        self.check_shape(T, H, num_experts)
+        if N > T:
+            raise ValueError(f"x has {N} tokens, more than num_max_dispatch_tokens_per_rank={T}")
         # No host check of the values (it would sync every decode step and break graph capture): the send
         # kernel reports an expert id >= num_experts through the error record, raised at the next call.
         validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device, rows=N)
@@ -232,7 +241,7 @@ class LowLatencyOp:
     # ---- buffers --------------------------------------------------------------------------------
     def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:
         """bf16 view [L, R*T, hidden] of the staging area the next LL call (a combine) reads with zero_copy."""
-        offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
         L, RT = num_experts // self.num_ranks, self.num_ranks * T
         row = ll_layout.combine_slot_bytes(hidden, use_logfmt=False)  # zero_copy is never LogFMT
         base = self.sym + offsets["send"][self.idx]
@@ -242,12 +251,13 @@ class LowLatencyOp:
         return torch.as_tensor(holder, device=self.device).view(torch.bfloat16)
 
     def clean(self, T: int, hidden: int, num_experts: int) -> None:
-        """Zero the signal areas, the credits, the combine flags and the epochs on every rank (collective)."""
-        offsets = ll_layout.buffer_offsets(T, hidden, num_experts)
+        """Zero the control area (signals, credits) and the epochs on every rank (collective). The layout does not
+        depend on the shape, but the shape is checked as DeepEP's (it must fit this Buffer)."""
+        self.check_shape(T, hidden, num_experts)
         torch.cuda.synchronize(self.device)
         nvshmem.barrier_all()
-        _driver.memset_d8(self.sym, 0, offsets["send"][0])
-        _driver.memset_d8(self.sym + self.credit_off, 0, self.sym_bytes - self.credit_off)
+        start = self.control["credit"]
+        _driver.memset_d8(self.sym + start, 0, self.sym_bytes - start)
         self.workspace.zero_()
         self.idx = 0
         self.pending_recv = [False, False]

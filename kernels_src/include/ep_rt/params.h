@@ -208,17 +208,19 @@ struct CombineParams {
 };
 
 // ---- low-latency mode -------------------------------------------------------------------------
-// Signals are int32 in the symmetric buffer. A dispatch count signal holds (tag << 11) | count, a
-// combine flag holds the tag; tag = epoch % EP_RT_LL_TAG_MASK + 1 (never 0, the cleaned value), from the
-// per-buffer epoch in device memory, so that CUDA-graph replays advance it too.
+// The symmetric buffer: the caller's num_rdma_bytes hold the data of two alternating buffers, one fixed half
+// each (staging area, then receive area, sized per call), followed by ep_rt's control area at fixed offsets:
+//   credits        int32 [2][R]               the tag each peer last consumed, per buffer
+//   count signals  int64 [2][EP_RT_LL_MAX_SIGNALS]  dispatch: word l * R + s = (tag << 32) | count, from source s
+//   combine flags  int32 [2][EP_RT_LL_MAX_SIGNALS]  combine: word l * R + s = tag, from rank s (whose expert it is)
+// Every signal word has one writer (rank word % R) whatever the call's shape, so a late signal can only be
+// overtaken by its own writer's later ones. tag = epoch % (2^32 - 1) + 1 as a 32-bit pattern (never 0, the
+// cleaned value), from the per-buffer epoch in device memory, so that CUDA-graph replays advance it too.
 // Buffer credits: when a rank's receive kernel has finished reading buffer b, it writes its call's tag into
 // every peer's credit word [b][rank]; a send kernel writes into a peer's buffer b only once that peer's credit
 // holds the tag of the previous call on b (or of this call: a combine receive that needs nothing from us ends
-// without waiting for us). So no rank ever overwrites what a peer has not consumed. Combine flags have an area
-// of their own (signal_off of a combine call points there), apart from the dispatch counts: a flag that lands
-// after its receiver has finished (it needed nothing from the sender) then cannot hit another rank's signal.
-#define EP_RT_LL_COUNT_BITS 11
-#define EP_RT_LL_TAG_MASK 0xFFFFF
+// without waiting for us). So no rank ever overwrites what a peer has not consumed, in any shape.
+#define EP_RT_LL_MAX_SIGNALS 65536  // = the most experts an LL call takes
 #define EP_RT_LL_MAX_TOKENS 1024
 #define EP_RT_LL_MAX_TOPK 16
 #define EP_RT_LL_MAX_HIDDEN 16384  // the dispatch send kernel builds a message in shared memory
@@ -245,10 +247,10 @@ struct LowLatencyParams {
     uint64_t recv_count;           // dispatch out: int32 [L]
     uint64_t cumulative_stats;     // int32 [L] or 0
     uint64_t wait_stats;           // int64 [R] or 0 (clock cycles spent waiting per source)
-    int64_t signal_off;            // this call's buffer: signal area (dispatch counts, or the combine flags)
+    int64_t signal_off;            // this call's buffer: dispatch count signals or combine flags (control area)
     int64_t send_off;              //                     send (staging) area
     int64_t recv_off;              //                     receive area
-    int64_t credit_off;            // int32 [2 buffers][R]: the tag each peer last consumed (see above)
+    int64_t credit_off;            // int32 [2 buffers][R]: the tag each peer last consumed (control area)
     int64_t msg_bytes;             // dispatch: 16 + max(2H, H + 4S); combine: 2H + 4S
     int64_t timeout_ns;
     int32_t rank;
