@@ -1,4 +1,6 @@
-"""ep_rt.Buffer: DeepEP V1's Buffer API on one node (2 to 8 ranks over NVLink)."""
+"""ep_rt.Buffer: DeepEP V1's Buffer API. It composes transports (Topology, error records, the NVL buffer of a
+node, the NVSHMEM session and a symmetric buffer) into ops (layout, intranode, low-latency) and tears the
+transports down in reverse order of construction."""
 from __future__ import annotations
 
 import warnings
@@ -7,16 +9,21 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import _driver, config as config_mod, cubins, env, topology, validate
+from . import config as config_mod, env, validate
 from .config import Config
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
-from .nvl_buffer import NvlBuffer
+from .handles import LowLatencyHandle, as_handle
+from .ops import ht_args
 from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
+from .runtime import driver, modules
+from .transport.error_record import ErrorRecords
+from .transport.nvl import NvlBuffer
+from .transport.topology import Topology
 
 _NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode high-throughput dispatch and "
-            "combine on up to 8 ranks of one node, and the low-latency mode)")
+            "combine on the ranks of one node, and the low-latency mode)")
 
 
 class Buffer:
@@ -28,7 +35,8 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
                  enable_shrink: bool = False, comm=None, timeout_s: Optional[float] = None):
-        self._nvl = self._ll = None
+        self._parts = []  # transports, in construction order; destroyed in reverse (see _release)
+        self._nvl = self._ll = self._ht = self._layout = None
         self._ll_on_comm_stream = False
         self.destroyed = False
         if group is None:
@@ -49,8 +57,6 @@ class Buffer:
         self.rank = dist.get_rank(group)
         self.group = group
         self.group_size = dist.get_world_size(group)
-        if self.group_size > 8 and (num_nvl_bytes or not low_latency_mode):
-            raise NotImplementedError(_NOT_YET.format(what="internode high-throughput mode (more than 8 ranks)"))
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -58,29 +64,49 @@ class Buffer:
         self.enable_shrink = enable_shrink
         self.device_index = torch.cuda.current_device()
         self.device = torch.device("cuda", self.device_index)
-        _driver.ensure_context(self.device_index)
+        driver.ensure_context(self.device_index)
         self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
         timeout = env.timeout_s() if timeout_s is None else float(timeout_s)
         if timeout <= 0:
             raise ValueError(f"timeout_s must be positive, got {timeout}")
 
-        if self.group_size <= 8:  # one node: NVLink buffer, also the device barrier
-            bus_ids = [None] * self.group_size
-            dist.all_gather_object(bus_ids, _driver.pci_bus_id(self.device_index), group=group)
-            if not env.skip_topology_check():
-                topology.require_nvlink(bus_ids)
-            self._nvl = NvlBuffer(group, num_nvl_bytes, self.device_index, timeout)
-            self._layout = LayoutOp(self.device_index, _driver.multiprocessor_count(self.device_index))
-            self._intranode = IntranodeOp(self._nvl)
+        self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
+        if topo.num_nodes > 1 and (num_nvl_bytes or not low_latency_mode):
+            raise NotImplementedError(_NOT_YET.format(what=f"internode high-throughput mode ({topo.describe()})"))
+        self._errors = self._own(ErrorRecords())
+        if topo.num_nodes == 1:  # one node: the NVL buffer (also the device barrier) and the intranode op
+            topo.require_nvlink(group)
+            self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, timeout, self._errors))
+            self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
+            self._ht = IntranodeOp(self._nvl)
             self._nvl.barrier(self.comm_stream)
         self.runtime = self._nvl
         if low_latency_mode:
-            from . import nvshmem
-            from .ops.low_latency import LowLatencyOp
+            self._ll = self._low_latency_op(group, topo, num_rdma_bytes, num_qps_per_rank,
+                                            allow_nvlink_for_low_latency_mode, allow_mnnvl, timeout, enable_shrink)
 
-            self.nvshmem_qp_depth = nvshmem.set_environment(num_qps_per_rank, allow_nvlink_for_low_latency_mode,
-                                                            allow_mnnvl, nvshmem.all_on_one_host(group))
-            self._ll = LowLatencyOp(group, num_rdma_bytes, self.device_index, timeout, enable_shrink)
+    def _own(self, part):
+        self._parts.append(part)
+        return part
+
+    def _low_latency_op(self, group, topo, num_rdma_bytes, num_qps_per_rank, allow_nvlink, allow_mnnvl, timeout,
+                        enable_shrink):
+        from .ops.low_latency import LowLatencyOp
+        from .transport.nvshmem import NvshmemSession
+        from .transport.symmetric import SymmetricBuffer
+
+        entry = LowLatencyOp.cubin_entry(self.device_index)
+        session = self._own(NvshmemSession(group, entry["nvshmem"], num_qps_per_rank, allow_nvlink, allow_mnnvl,
+                                           topo.single_host))
+        session.error_slot = "low_latency"
+        self.nvshmem_qp_depth = session.qp_depth
+        module = modules.load_entry(self.device_index, entry)
+        session.register(module)
+        sym = self._own(SymmetricBuffer(session, LowLatencyOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks),
+                                        topo.num_ranks, self.device))
+        sym.error_slot = "low_latency"
+        return LowLatencyOp(topo, sym, module, num_rdma_bytes, self.device_index, timeout, self._errors,
+                            enable_shrink)
 
     # ---- lifetime -------------------------------------------------------------------------------
     def destroy(self) -> None:
@@ -91,22 +117,31 @@ class Buffer:
         self._release(collective=True)
 
     def _release(self, collective: bool) -> None:
+        """Destroy the transports in reverse order of construction. A part whose kernels failed (its peers may be
+        anywhere) is destroyed without collectives, as is everything from a finalizer."""
         if self.destroyed:
             return
         self.destroyed = True
-        ll, self._ll = self._ll, None
-        nvl, self._nvl = self._nvl, None
-        if ll is not None:
-            if not collective:
-                ll.failed = ll.failed or EpRtError("released")  # no barrier from a finalizer: peers may be gone
-            ll.destroy()
-        if nvl is not None:
-            if not collective:
-                nvl.failed = nvl.failed or EpRtError("released")
-            nvl.destroy(self.comm_stream)
+        self._ll = self._ht = self._layout = self._nvl = None
+        if collective:
+            torch.cuda.synchronize(self.device)
+        parts, self._parts = self._parts, []
+        errors = []
+        for part in reversed(parts):
+            slot = getattr(part, "error_slot", None)
+            healthy = slot is None or self._errors.check(slot) is None
+            try:
+                if isinstance(part, NvlBuffer):
+                    part.destroy(collective and healthy, self.comm_stream)
+                else:
+                    part.destroy(collective and healthy)
+            except Exception as e:  # keep freeing the rest; report the first failure
+                errors.append(e)
+        if errors:
+            raise errors[0]
 
     def __del__(self):
-        if getattr(self, "destroyed", True) or (getattr(self, "_nvl", None) is None and getattr(self, "_ll", None) is None):
+        if getattr(self, "destroyed", True) or not getattr(self, "_parts", None):
             return
         if self.explicitly_destroy:
             warnings.warn("ep_rt.Buffer created with explicitly_destroy=True was not destroyed; call destroy()")
@@ -119,10 +154,11 @@ class Buffer:
     def _live(self) -> NvlBuffer:
         if self.destroyed:
             raise EpRtError("this Buffer has been destroyed")
-        if self._nvl is None:
-            raise NotImplementedError(_NOT_YET.format(what="high-throughput calls on more than 8 ranks"))
+        if self._ht is None:
+            raise NotImplementedError(_NOT_YET.format(what=f"high-throughput calls across nodes "
+                                                           f"({self.topology.describe()})"))
+        self._nvl.raise_if_failed()
         return self._nvl
-
 
     def _ll_live(self):
         if self.destroyed:
@@ -135,15 +171,14 @@ class Buffer:
     def raise_if_failed(self) -> None:
         """ep_rt extension: raise the error a finished kernel recorded (a peer timeout, a bad expert id), if any.
         Every call does this on entry; call it after synchronising to learn about the last call at once."""
-        for part in (self._nvl, self._ll):
-            if part is not None:
-                part.raise_if_failed()
+        if not self.destroyed:
+            self._errors.raise_if_failed()
 
     # ---- small static API -----------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
         try:
-            return any(e["arch"] == "sm_90" for e in cubins.manifest()["cubins"])
+            return any(e["arch"] == "sm_90" for e in modules.manifest()["cubins"])
         except EpRtError:
             return False
 
@@ -160,17 +195,17 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
-        from .ll_layout import rdma_size_hint
+        from .transport.ll_layout import rdma_size_hint
 
         return rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        return config_mod.table_config(config_mod.DISPATCH_TABLE, num_ranks, Buffer.num_sms)
+        return config_mod.table_config("dispatch", num_ranks, Buffer.num_sms)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        return config_mod.table_config(config_mod.COMBINE_TABLE, num_ranks, Buffer.num_sms)
+        return config_mod.table_config("combine", num_ranks, Buffer.num_sms)
 
     def get_comm_stream(self) -> torch.cuda.Stream:
         return self.comm_stream
@@ -198,8 +233,7 @@ class Buffer:
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
                             previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                             allocate_on_comm_stream: bool = False):
-        nvl = self._live()
-        nvl.raise_if_failed()
+        self._live()
         validate.experts(num_experts, self.group_size)
         validate.topk_idx(topk_idx, self.device, num_experts)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
@@ -217,25 +251,22 @@ class Buffer:
                  expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                  allocate_on_comm_stream: bool = False):
-        from . import dispatch_args
-
-        nvl = self._live()
-        nvl.raise_if_failed()
+        self._live()
         if handle is None and num_worst_tokens == 0 and torch.cuda.is_current_stream_capturing():
             # Without num_worst_tokens the host must read the receive count to size the outputs: a sync.
             raise RuntimeError("dispatch inside CUDA-graph capture needs num_worst_tokens > 0 (the output size "
                                "must not depend on the routing), or a handle (cached dispatch)")
         config = config if config is not None else self.get_dispatch_config(self.group_size)
-        args = dispatch_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
+        args = ht_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
                                    topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         if handle is not None:
-            recv_x, recv_scales, tensors = self._intranode.cached_dispatch(
+            recv_x, recv_scales, tensors = self._ht.cached_dispatch(
                 args.x, args.x_scales, handle, scope.alloc_stream(), self.comm_stream)
             event = scope.finish(tensors)
             out_x = (recv_x, recv_scales) if recv_scales is not None else recv_x
             return out_x, None, None, None, None, event
-        r = self._intranode.dispatch(args.x, args.x_scales, topk_idx, topk_weights, num_tokens_per_rank,
+        r = self._ht.dispatch(args.x, args.x_scales, topk_idx, topk_weights, num_tokens_per_rank,
                                      is_token_in_rank, num_tokens_per_expert, expert_alignment, num_worst_tokens,
                                      config.num_sms, scope.alloc_stream(), self.comm_stream)
         event = scope.finish(r.tensors)
@@ -249,13 +280,10 @@ class Buffer:
                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
         """Sum each token's rows over the ranks it was sent to (rank order, f32, bias first); no top-k
         weighting. Runs with the channel count of the dispatch that made `handle` (config.num_sms must match)."""
-        from . import dispatch_args
-
-        nvl = self._live()
-        nvl.raise_if_failed()
-        bias0, bias1 = dispatch_args.check_combine(self, x, handle, topk_weights, bias, config)
+        self._live()
+        bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
-        combined_x, combined_w, tensors = self._intranode.combine(x, handle, topk_weights, bias0, bias1,
+        combined_x, combined_w, tensors = self._ht.combine(x, handle, topk_weights, bias0, bias1,
                                                                   scope.alloc_stream(), self.comm_stream)
         event = scope.finish(tensors)
         return combined_x, combined_w, event
@@ -284,7 +312,7 @@ class Buffer:
             lambda stream: ll.dispatch(*args, stream), async_finish, return_recv_hook,
             lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out])
         recv_x, scales, count, src_info, layout_range = outputs
-        handle = (src_info, layout_range, T, x.size(1), num_experts)
+        handle = LowLatencyHandle(src_info, layout_range, T, x.size(1), num_experts)
         return ((recv_x, scales) if use_fp8 else recv_x), count, handle, event, hook
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: tuple,
@@ -297,9 +325,7 @@ class Buffer:
                              "send buffer as bf16; LogFMT encodes them on the way out)")
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot be used together")
-        if not isinstance(handle, tuple) or len(handle) != 5:
-            raise ValueError("handle must be the 5-tuple returned by low_latency_dispatch")
-        src_info, layout_range, T, hidden, num_experts = handle
+        src_info, layout_range, T, hidden, num_experts = as_handle(LowLatencyHandle, handle, "low_latency_combine")
         args = (x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out,
                 combine_wait_recv_cost_stats, zero_copy, use_logfmt)
         return self._ll_run(lambda stream: ll.combine(*args, stream), async_finish, return_recv_hook,
@@ -324,7 +350,8 @@ class Buffer:
         return result, scope.finish(touched(result)), None
 
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
-        src_info, layout_range, T, hidden, num_experts = handle
+        src_info, layout_range, T, hidden, num_experts = as_handle(LowLatencyHandle, handle,
+                                                                   "get_next_low_latency_combine_buffer")
         return self._ll_live().next_combine_buffer(T, hidden, num_experts)
 
     def _shrink_mask(self) -> torch.Tensor:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import buffer_layout
+from . import config_tables
+from .transport import nvl_layout
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,8 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"Config.{name} must be an int, got {value!r}")
-        if not 0 < self.num_sms <= buffer_layout.MAX_CHANNELS:
-            raise ValueError(f"Config.num_sms must be in 1..{buffer_layout.MAX_CHANNELS}, got {self.num_sms}")
+        if not 0 < self.num_sms <= nvl_layout.MAX_CHANNELS:
+            raise ValueError(f"Config.num_sms must be in 1..{nvl_layout.MAX_CHANNELS}, got {self.num_sms}")
         if self.num_max_nvl_chunked_send_tokens <= 0 or self.num_max_nvl_chunked_recv_tokens <= 0:
             raise ValueError("Config: NVL chunk sizes must be positive")
         if self.num_max_nvl_chunked_send_tokens >= self.num_max_nvl_chunked_recv_tokens:
@@ -45,22 +46,17 @@ class Config:
         ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument)."""
         if hidden_bytes <= 0 or hidden_bytes % 16:
             raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
-        if not 1 <= num_ranks <= buffer_layout.MAX_NVL_RANKS:
-            raise ValueError(f"intranode buffers serve 1..{buffer_layout.MAX_NVL_RANKS} ranks, got {num_ranks}")
-        return buffer_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
+        if not 1 <= num_ranks <= nvl_layout.MAX_NVL_RANKS:
+            raise ValueError(f"intranode buffers serve 1..{nvl_layout.MAX_NVL_RANKS} ranks, got {num_ranks}")
+        return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        if num_ranks <= buffer_layout.MAX_NVL_RANKS:
+        if num_ranks <= nvl_layout.MAX_NVL_RANKS:
             return 0
         raise NotImplementedError("ep_rt has no internode high-throughput kernels yet (more than 8 ranks)")
 
 
-# (nvl_send, nvl_recv, rdma_send, rdma_recv) per rank count, as DeepEP V1 tunes them; num_sms from Buffer.num_sms.
-DISPATCH_TABLE = {2: (24, 256, 6, 128), 4: (6, 256, 6, 128), 8: (6, 256, 6, 128)}
-COMBINE_TABLE = {2: (10, 256, 6, 128), 4: (9, 256, 6, 128), 8: (4, 256, 6, 128)}
-
-
-def table_config(table: dict, num_ranks: int, num_sms: int) -> Config:
-    if num_ranks not in table:
-        raise ValueError(f"no tuned config for {num_ranks} ranks (tuned: {sorted(table)}); pass config= explicitly")
-    return Config(num_sms, *table[num_ranks])
+def table_config(kind: str, num_ranks: int, num_sms: int) -> Config:
+    """The tuned Config of config_tables for `kind` ("dispatch" / "combine") and a rank count."""
+    row = config_tables.lookup(kind, num_ranks)
+    return Config(num_sms, row.nvl_send, row.nvl_recv, row.rdma_send, row.rdma_recv)

@@ -38,3 +38,18 @@ def check_values() -> bool:
 def skip_topology_check() -> bool:
     """EP_RT_SKIP_TOPOLOGY_CHECK=1: do not require NVLink between the GPUs of one node."""
     return _flag("EP_RT_SKIP_TOPOLOGY_CHECK", False)
+
+
+def ranks_per_node() -> int | None:
+    """EP_RT_RANKS_PER_NODE=g: treat each block of g consecutive ranks of one host as a node (emulated nodes:
+    traffic between them takes the inter-node path). Unset: the ranks of one host form a node."""
+    value = os.environ.get("EP_RT_RANKS_PER_NODE")
+    if value is None or value.strip() == "":
+        return None
+    try:
+        g = int(value)
+    except ValueError:
+        raise ValueError(f"EP_RT_RANKS_PER_NODE must be a positive int, got {value!r}") from None
+    if g <= 0:
+        raise ValueError(f"EP_RT_RANKS_PER_NODE must be a positive int, got {value!r}")
+    return g

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from . import buffer_layout, env
+from . import env
+from .transport import nvl_layout
 
 topk_idx_t = torch.int64
 FP8_DTYPE = torch.float8_e4m3fn
@@ -32,8 +33,8 @@ def topk_idx(t, device, num_experts: int, rows=None, may_sync: bool = True) -> N
     (num_worst_tokens, or a CUDA-graph capture), or EP_RT_CHECK_VALUES=0. Unchecked out-of-range ids are
     treated as -1 by the kernels (never followed)."""
     tensor("topk_idx", t, dtype=topk_idx_t, ndim=2, device=device, rows=rows)
-    if t.size(1) > buffer_layout.MAX_TOPK:
-        raise ValueError(f"top-k is at most {buffer_layout.MAX_TOPK}, got {t.size(1)}")
+    if t.size(1) > nvl_layout.MAX_TOPK:
+        raise ValueError(f"top-k is at most {nvl_layout.MAX_TOPK}, got {t.size(1)}")
     may_sync = may_sync and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
     if may_sync and env.check_values() and t.numel() > 0:
         lo, hi = (int(v) for v in torch.aminmax(t))
@@ -47,8 +48,8 @@ def experts(num_experts: int, num_ranks: int) -> int:
     if num_experts % num_ranks:
         raise ValueError(f"num_experts ({num_experts}) must be divisible by the number of ranks ({num_ranks})")
     local = num_experts // num_ranks
-    if local > buffer_layout.MAX_LOCAL_EXPERTS:
-        raise ValueError(f"at most {buffer_layout.MAX_LOCAL_EXPERTS} experts per rank, got {local}")
+    if local > nvl_layout.MAX_LOCAL_EXPERTS:
+        raise ValueError(f"at most {nvl_layout.MAX_LOCAL_EXPERTS} experts per rank, got {local}")
     return local
 
 

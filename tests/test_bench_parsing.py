@@ -2,7 +2,7 @@
 import math
 from types import SimpleNamespace
 
-from ep_rt import bench
+from ep_rt.testing import bench
 
 
 class _Kernel:

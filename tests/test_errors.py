@@ -1,7 +1,8 @@
 """Kernel error records become exceptions whose messages name the rank, the peer and the phase."""
 import pytest
 
-from ep_rt import errors, params
+from ep_rt import errors
+from ep_rt.runtime import abi as params
 
 
 def record(**fields):
@@ -36,23 +37,23 @@ def test_messages(fields, cls, words):
         assert w in str(e), (w, str(e))
 
 
-def test_buffer_raise_if_failed_checks_both_parts():
-    from types import SimpleNamespace
-
+def test_buffer_raise_if_failed_checks_every_part_and_parts_fail_alone():
     from ep_rt import Buffer
+    from ep_rt.transport.error_record import ErrorRecords
 
     buf = object.__new__(Buffer)
-    buf.destroyed = True  # keeps __del__ quiet
-    ok = SimpleNamespace(raise_if_failed=lambda: None)
-
-    def fail():
-        raise errors.CommTimeoutError("rank 0: timed out")
-
-    buf._nvl, buf._ll = ok, SimpleNamespace(raise_if_failed=fail)
-    with pytest.raises(errors.CommTimeoutError):
+    buf.destroyed = False
+    buf._errors = records = ErrorRecords(mapped=False)
+    buf.raise_if_failed()  # all clear
+    rec = records.record("low_latency")
+    rec.phase, rec.rank, rec.peer, rec.detail0, rec.detail1 = 7, 0, 1, 3, 2
+    rec.code = errors.ERR_TIMEOUT
+    with pytest.raises(errors.CommTimeoutError, match="waiting for rank 1"):
         buf.raise_if_failed()
-    buf._ll = None
-    buf.raise_if_failed()
+    records.raise_if_failed("nvl")  # the NVL part keeps working
+    with pytest.raises(errors.CommTimeoutError):
+        records.raise_if_failed("low_latency")
+    buf.destroyed = True  # keeps __del__ quiet
 
 
 def test_dispatch_without_num_worst_tokens_refuses_graph_capture(monkeypatch):
@@ -66,6 +67,7 @@ def test_dispatch_without_num_worst_tokens_refuses_graph_capture(monkeypatch):
     buf = object.__new__(Buffer)
     buf.destroyed = False
     buf._nvl = SimpleNamespace(raise_if_failed=lambda: None)
+    buf._ht = object()
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="num_worst_tokens"):
         buf.dispatch(torch.zeros(1, 8, dtype=torch.bfloat16))

@@ -5,12 +5,14 @@ import sys
 import pytest
 
 import ep_rt
-from ep_rt import Buffer, Config, buffer_layout, params
-from ep_rt.ll_layout import rdma_size_hint
+from ep_rt import Buffer, Config
+from ep_rt.runtime import abi as params
+from ep_rt.transport import nvl_layout as buffer_layout
+from ep_rt.transport.ll_layout import rdma_size_hint
 
 
 def test_import_touches_no_driver():
-    code = ("import ep_rt, ep_rt._driver as d; "
+    code = ("import ep_rt, ep_rt.runtime.driver as d; "
             "assert d._cu.cache_info().currsize == 0 and d._initialised.cache_info().currsize == 0; "
             "print(ep_rt.topk_idx_t)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -2,15 +2,18 @@
 import pytest
 import torch
 
-from ep_rt import ll_layout, params
+from ep_rt.runtime import abi as params
+from ep_rt.transport import ll_layout
 from ep_rt.ops.low_latency import LowLatencyOp
 
 R, T, H, E = 2, 8, 256, 8
 
 
 def op():
+    from ep_rt.transport.error_record import ErrorRecords
+
     o = object.__new__(LowLatencyOp)
-    o.num_ranks, o.device, o.failed, o.error = R, torch.device("cpu"), None, params.ErrorRecord()
+    o.num_ranks, o.device, o.errors = R, torch.device("cpu"), ErrorRecords(mapped=False)
     o.num_rdma_bytes = 1 << 30
     return o
 

@@ -1,4 +1,4 @@
-"""tools/build_cubins.py and ep_rt/manifest.py: builds of throwaway kernel families, the manifest they
+"""tools/build_cubins.py and ep_rt/runtime/manifest.py: builds of throwaway kernel families, the manifest they
 produce, and --check catching stale, missing, tampered and unlisted cubins. CPU only; builds need nvcc."""
 import hashlib
 import importlib.metadata
@@ -18,7 +18,7 @@ TOOL = REPO / "tools" / "build_cubins.py"
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from ep_rt.manifest import find_cubin_entries, load_manifest, source_digest  # noqa: E402
+from ep_rt.runtime.manifest import find_cubin_entries, load_manifest, source_digest  # noqa: E402
 
 REBUILD = "with python tools/build_cubins.py"
 

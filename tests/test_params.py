@@ -1,4 +1,4 @@
-"""ep_rt/params.py (ctypes mirrors) against params.h: the manifest's recorded layouts, and the header itself."""
+"""ep_rt/runtime/abi.py (ctypes mirrors) against params.h: the manifest's recorded layouts, and the header itself."""
 import ctypes
 import importlib.util
 import sys
@@ -10,8 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from ep_rt import params  # noqa: E402
-from ep_rt.manifest import load_manifest  # noqa: E402
+from ep_rt.runtime import abi as params  # noqa: E402
+from ep_rt.runtime.manifest import load_manifest  # noqa: E402
 
 MANIFEST = REPO / "cubins" / "manifest.json"
 SRC = REPO / "kernels_src"
@@ -40,7 +40,7 @@ def layout_mismatches(structs, constants):
     for name, rec in sorted(structs.items()):
         cls = mirrors.get(name)
         if cls is None:
-            problems.append(f"struct {name} has no ctypes mirror in ep_rt/params.py")
+            problems.append(f"struct {name} has no ctypes mirror in ep_rt/runtime/abi.py")
             continue
         names = [f[0] for f in cls._fields_]
         if set(names) != set(rec["fields"]):

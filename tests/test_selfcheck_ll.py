@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ep_rt import reference_ll
-from ep_rt.selfcheck import Checker
-from ep_rt.selfcheck_ll import (LOGFMT_BF16_KINDS, LOGFMT_KINDS, LLCase, _bf16_ulp, calc_diff, check_logfmt_combined,
+from ep_rt.testing.checker import Checker
+from ep_rt.testing.selfcheck_ll import (LOGFMT_BF16_KINDS, LOGFMT_KINDS, LLCase, _bf16_ulp, calc_diff, check_logfmt_combined,
                                 ll_inputs, logfmt_bf16_channels, logfmt_error_bound, logfmt_expert_outputs, to_packed)
 
 R, T, H, E = 2, 16, 768, 8  # 6 divisions per row: one of each kind

@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from ep_rt import reference_ll, soak_ll
+from ep_rt import reference_ll
+from ep_rt.testing import soak_ll
 
 
 @pytest.mark.parametrize("use_fp8,round_scale,use_ue8m0", [(False, False, False), (True, False, False),

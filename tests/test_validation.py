@@ -5,7 +5,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ep_rt import Buffer, Config, dispatch_args, validate
+from ep_rt import Buffer, Config, validate
+from ep_rt.ops import ht_args as dispatch_args
 from ep_rt.events import EventOverlap, StreamScope
 
 CPU = torch.device("cpu")

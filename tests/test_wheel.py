@@ -32,14 +32,18 @@ def test_wheel_is_pure_python_and_carries_every_cubin(wheel):
     assert "ep_rt/cubins/manifest.json" in names
     for entry in manifest["cubins"]:
         assert f"ep_rt/cubins/{entry['path']}" in names, entry["path"]
-    assert "ep_rt/reference.py" in names and "ep_rt/ops/intranode.py" in names
+    # Exactly the package's modules: every wing (runtime, transport, ops, reference, testing, cli), nothing stale.
+    sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ep_rt").rglob("*.py")}
+    assert {n for n in names if n.endswith(".py")} == sources
+    for wing in ("runtime", "transport", "ops", "reference", "testing", "cli"):
+        assert f"ep_rt/{wing}/__init__.py" in names, wing
 
 
 def test_installed_wheel_uses_its_own_cubins(wheel, tmp_path):
     target = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
                    check=True)
-    code = ("import ep_rt, ep_rt.cubins as c; r = c.cubin_root(); m = c.manifest(); "
+    code = ("import ep_rt, ep_rt.runtime.modules as c; r = c.cubin_root(); m = c.manifest(); "
             "e = m['cubins'][0]; c.read_verified(r, e); print(r)")
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)

@@ -49,7 +49,7 @@ REBUILD_HINT = "rebuild with python tools/build_cubins.py"
 
 def _load_manifest_lib():
     # Loaded by file path so that --check never runs ep_rt/__init__.py (which may import torch).
-    spec = importlib.util.spec_from_file_location("_ep_rt_manifest", REPO / "ep_rt" / "manifest.py")
+    spec = importlib.util.spec_from_file_location("_ep_rt_manifest", REPO / "ep_rt" / "runtime" / "manifest.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

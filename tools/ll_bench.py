@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 
 def bench_rank(rank, num_ranks, experts, repeats):
-    from ep_rt import Buffer, bench
+    from ep_rt import Buffer
+    from ep_rt.testing import bench
 
     need = max(Buffer.get_low_latency_rdma_size_hint(128, 7168, num_ranks, e) for e in experts)
     buffer = Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
@@ -31,7 +32,7 @@ def main() -> int:
     parser.add_argument("--experts", type=int, nargs="+", default=[288])
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    from ep_rt.spawn import run_ranks
+    from ep_rt.testing.spawn import run_ranks
 
     num_ranks = torch.cuda.device_count()
     results = run_ranks(bench_rank, num_ranks, args=(args.experts, args.repeats), timeout_s=900)

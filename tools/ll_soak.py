@@ -7,8 +7,8 @@ import json
 import os
 import sys
 
-from ep_rt import soak_ll
-from ep_rt.spawn import run_ranks
+from ep_rt.testing import soak_ll
+from ep_rt.testing.spawn import run_ranks
 
 
 def main() -> int:

@@ -15,10 +15,12 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from .. import buffer_layout, cubins, params
 from ..errors import BufferTooSmallError
-from ..launch import Launcher
-from ..nvl_buffer import NvlBuffer
+from ..handles import IntranodeHandle
+from ..runtime import abi, modules
+from ..runtime.launch import Launcher
+from ..transport import nvl_layout
+from ..transport.nvl import NvlBuffer
 
 _NOTIFY_BLOCK = 1024
 _DATA_BLOCK = 512
@@ -37,13 +39,13 @@ class DispatchResult(NamedTuple):
 class IntranodeOp:
     def __init__(self, nvl: NvlBuffer):
         self.nvl = nvl
-        module = cubins.load_family(nvl.device_index, "intranode")
-        self.notify = Launcher(module, "ep_rt_intranode_notify", params.NotifyParams, block=_NOTIFY_BLOCK)
-        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", params.DispatchParams, block=_DATA_BLOCK)
-        self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", params.CombineParams, block=_DATA_BLOCK)
+        module = modules.load_family(nvl.device_index, "intranode")
+        self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams, block=_NOTIFY_BLOCK)
+        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, block=_DATA_BLOCK)
+        self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams, block=_DATA_BLOCK)
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):
             nvl.fill_common(k.params)
-        self.timer = None  # ep_rt.bench.KernelTimer while benchmarking
+        self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
 
     def _run(self, name: str, kernel: Launcher, grid: int, stream) -> None:
         if self.timer is None:
@@ -66,11 +68,11 @@ class IntranodeOp:
         # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them).
         host_token = 0 if num_worst_tokens > 0 else nvl.next_host_token()
 
-        dispatch_rows = buffer_layout.DispatchRows(hidden_bytes, S, K)
-        combine_rows = buffer_layout.CombineRows(hidden, K)
+        dispatch_rows = nvl_layout.DispatchRows(hidden_bytes, S, K)
+        combine_rows = nvl_layout.CombineRows(hidden, K)
         d = self.dispatch_kernel.params
         capacity = dispatch_rows.fill(d.region, nvl.num_nvl_bytes)
-        combine_capacity = combine_rows.fill(params.CombineRegion(), nvl.num_nvl_bytes)
+        combine_capacity = combine_rows.fill(abi.CombineRegion(), nvl.num_nvl_bytes)
 
         with torch.cuda.stream(alloc_stream):
             rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
@@ -95,17 +97,17 @@ class IntranodeOp:
             num_rows, per_expert = num_worst_tokens, []
         else:
             nvl.wait_host_counters(host_token, "dispatch notify")
-            num_rows = counters[params.EP_RT_HOST_NUM_RECV]
-            max_dispatch = counters[params.EP_RT_HOST_MAX_DISPATCH_ROWS]
-            max_combine = counters[params.EP_RT_HOST_MAX_COMBINE_ROWS]
+            num_rows = counters[abi.EP_RT_HOST_NUM_RECV]
+            max_dispatch = counters[abi.EP_RT_HOST_MAX_DISPATCH_ROWS]
+            max_combine = counters[abi.EP_RT_HOST_MAX_COMBINE_ROWS]
             if max_dispatch > capacity or max_combine > combine_capacity:
                 # Every rank sees the same maxima, so every rank raises here: nothing hangs.
-                need = buffer_layout.nvl_bytes_for(max(hidden_bytes, 2 * hidden), max(max_dispatch, max_combine))
+                need = nvl_layout.nvl_bytes_for(max(hidden_bytes, 2 * hidden), max(max_dispatch, max_combine))
                 raise BufferTooSmallError(
                     f"rank {me}: this dispatch needs room for {max_dispatch} received rows (and {max_combine} rows "
                     f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {capacity} "
                     f"({combine_capacity}); create the Buffer with num_nvl_bytes >= {need}")
-            per_expert = [counters[params.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)] if K else []
+            per_expert = [counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)] if K else []
 
         with torch.cuda.stream(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
@@ -118,8 +120,8 @@ class IntranodeOp:
                               recv_channel_prefix_matrix, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
                               recv_src_idx, num_channels, L, num_rows, fill_unused=num_worst_tokens > 0,
                               handshake=False, stream=comm_stream)
-        handle = (rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx,
-                  is_token_in_rank, send_pos)
+        handle = IntranodeHandle(rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx,
+                                 is_token_in_rank, send_pos)
         tensors = [x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, recv_x,
                    recv_x_scales, recv_topk_idx, recv_topk_weights, *handle]
         return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
@@ -129,7 +131,7 @@ class IntranodeOp:
         hidden = x.size(1)
         S = x_scales.size(1) if x_scales is not None else 0
         num_rows = recv_src_idx.size(0)
-        buffer_layout.DispatchRows(hidden * x.element_size(), S, 0).fill(self.dispatch_kernel.params.region,
+        nvl_layout.DispatchRows(hidden * x.element_size(), S, 0).fill(self.dispatch_kernel.params.region,
                                                                           self.nvl.num_nvl_bytes)
         with torch.cuda.stream(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
@@ -165,7 +167,7 @@ class IntranodeOp:
         N, hidden = is_token_in_rank.size(0), x.size(1)
         K = topk_weights.size(1) if topk_weights is not None else 0
         c = self.combine_kernel.params
-        buffer_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
+        nvl_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
         with torch.cuda.stream(alloc_stream):
             combined_x = torch.empty(N, hidden, dtype=torch.bfloat16, device=x.device)
             combined_w = torch.empty(N, K, dtype=torch.float32, device=x.device) if K else None

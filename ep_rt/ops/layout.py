@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _driver, cubins, params
-from ..launch import Launcher
+from ..runtime import abi, driver, modules
+from ..runtime.launch import Launcher
 
 _BLOCK = 256
 _MAX_SMEM = 200 * 1024
@@ -12,9 +12,9 @@ _MAX_SMEM = 200 * 1024
 
 class LayoutOp:
     def __init__(self, device_index: int, num_sms: int):
-        module = cubins.load_family(device_index, "layout")
-        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", params.LayoutParams, block=_BLOCK)
-        _driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
+        module = modules.load_family(device_index, "layout")
+        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", abi.LayoutParams, block=_BLOCK)
+        driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
         self.num_sms = num_sms
 
     def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream):

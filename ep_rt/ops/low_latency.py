@@ -10,56 +10,64 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.distributed as dist
 
-from .. import _driver, cubins, ll_layout, nvshmem, params, validate
-from ..errors import BufferTooSmallError, EpRtError, error_from_record
-from ..launch import Launcher
+from .. import validate
+from ..errors import BufferTooSmallError, EpRtError
+from ..runtime import abi, driver, modules
+from ..runtime.launch import Launcher
+from ..transport import ll_layout, nvshmem
+from ..transport.error_record import ErrorRecords
+from ..transport.symmetric import SymmetricBuffer
+from ..transport.topology import Topology
 
-_MAX_EXPERTS = params.EP_RT_LL_MAX_SIGNALS
+_MAX_EXPERTS = abi.EP_RT_LL_MAX_SIGNALS
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
 _FP8 = torch.float8_e4m3fn
+SLOT = "low_latency"  # this op's slot in the ErrorRecords
 
 
 class LowLatencyOp:
-    def __init__(self, group, num_rdma_bytes: int, device_index: int, timeout_s: float, enable_shrink: bool):
-        self.rank, self.num_ranks = dist.get_rank(group), dist.get_world_size(group)
+    """Owns no resources: the symmetric buffer, the NVSHMEM session that registered `module`, and the error
+    records are transports the Buffer made (and tears down); the workspace and mask are torch tensors."""
+
+    @staticmethod
+    def cubin_entry(device_index: int) -> dict:
+        return modules.choose_entry(modules.manifest(), "low_latency", modules.arch_of(device_index), False)
+
+    @staticmethod
+    def symmetric_bytes(num_rdma_bytes: int, num_ranks: int) -> int:
+        """The symmetric allocation: the caller's num_rdma_bytes, then ep_rt's control area (ll_layout)."""
+        return ll_layout.control_offsets(num_rdma_bytes, num_ranks)["end"]
+
+    def __init__(self, topology: Topology, sym: SymmetricBuffer, module, num_rdma_bytes: int, device_index: int,
+                 timeout_s: float, errors: ErrorRecords, enable_shrink: bool):
+        self.rank, self.num_ranks = topology.rank, topology.num_ranks
         if self.num_ranks > 256:
             raise NotImplementedError("ep_rt's low-latency kernels serve at most 256 ranks")
         self.device = torch.device("cuda", device_index)
         self.num_rdma_bytes = num_rdma_bytes
         self.timeout_ns = int(timeout_s * 1e9)
         self.idx = 0
-        self.failed: EpRtError | None = None
-        self.num_sms = _driver.multiprocessor_count(device_index)
-        entry = cubins.choose_entry(cubins.manifest(), "low_latency", cubins.arch_of(device_index), False)
-        nvshmem.init(group, entry["nvshmem"])
+        self.errors = errors
+        self.error_dev_ptr = errors.device_ptr(SLOT)
+        self.num_sms = driver.multiprocessor_count(device_index)
         # ep_rt's control area (credits, count signals, combine flags) follows the caller's num_rdma_bytes, so the
         # size hint stays DeepEP's (ll_layout.control_offsets, params.h).
         self.control = ll_layout.control_offsets(num_rdma_bytes, self.num_ranks)
         self.sym_bytes = self.control["end"]
-        self.sym = nvshmem.align(self.sym_bytes)
-        _driver.memset_d8(self.sym, 0, self.sym_bytes)
+        self.sym = sym.ptr
+        self.peer_bases, self.nvlink_peers = sym.peer_bases, sym.nvlink_peers
         # Per buffer: a receive hook handed out and not yet called. The next call on that buffer would wait for a
         # receive that cannot run before it, so it is refused on the host instead.
         self.pending_recv = [False, False]
-        nvshmem.barrier_all()
-        self.peer_bases = torch.tensor([nvshmem.peer_ptr(self.sym, r) for r in range(self.num_ranks)],
-                                       dtype=torch.int64, device=self.device)
-        self.nvlink_peers = int((self.peer_bases != 0).sum())
-        self.workspace = torch.zeros(params.EP_RT_LL_WS_COUNTERS + _MAX_EXPERTS, dtype=torch.int32, device=self.device)
+        self.workspace = torch.zeros(abi.EP_RT_LL_WS_COUNTERS + _MAX_EXPERTS, dtype=torch.int32, device=self.device)
         self.mask = torch.zeros(self.num_ranks, dtype=torch.int32, device=self.device) if enable_shrink else None
-        self.host_ptr, self.error_dev_ptr = _driver.host_alloc_mapped(128)
-        self.error = params.ErrorRecord.from_address(self.host_ptr)
-        self.module = cubins.load_entry(device_index, entry)
-        nvshmem.register_module(self.module.handle)
-        module = self.module
-        self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", params.LowLatencyParams,
+        self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams,
                                        block=_SEND_BLOCK if name == "dispatch_send" else _RECV_BLOCK)
                         for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
         # Grids that fill the GPU in one wave. The dispatch receive blocks meet once (every count known) before
         # taking even shares of the messages, so that grid must be resident at once; two blocks per SM are plenty.
-        per_sm = {name: _driver.max_active_blocks(k.function, k.block, 0) for name, k in self.kernels.items()}
+        per_sm = {name: driver.max_active_blocks(k.function, k.block, 0) for name, k in self.kernels.items()}
         if min(per_sm.values()) < 1:
             raise EpRtError(f"an LL kernel cannot run on this GPU (blocks per SM: {per_sm})")
         self.dispatch_recv_grid = self.num_sms * min(2, per_sm["dispatch_recv"])
@@ -68,10 +76,11 @@ class LowLatencyOp:
 
     # ---- state ----------------------------------------------------------------------------------
     def raise_if_failed(self) -> None:
-        if self.failed is None:
-            self.failed = error_from_record(self.error)
-        if self.failed is not None:
-            raise self.failed
+        self.errors.raise_if_failed(SLOT)
+
+    @property
+    def failed(self):
+        return self.errors.check(SLOT)
 
     def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool) -> int:
         """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
@@ -107,11 +116,11 @@ class LowLatencyOp:
         for name, v in (("num_max_dispatch_tokens_per_rank", T), ("hidden", hidden), ("num_experts", num_experts)):
             if not isinstance(v, int) or isinstance(v, bool):
                 raise TypeError(f"{name} must be an int, got {v!r}")
-        if not 1 <= T <= params.EP_RT_LL_MAX_TOKENS:
-            raise ValueError(f"num_max_dispatch_tokens_per_rank must be in 1..{params.EP_RT_LL_MAX_TOKENS}, got {T}")
-        if hidden % 128 or not 0 < hidden <= params.EP_RT_LL_MAX_HIDDEN:
+        if not 1 <= T <= abi.EP_RT_LL_MAX_TOKENS:
+            raise ValueError(f"num_max_dispatch_tokens_per_rank must be in 1..{abi.EP_RT_LL_MAX_TOKENS}, got {T}")
+        if hidden % 128 or not 0 < hidden <= abi.EP_RT_LL_MAX_HIDDEN:
             raise ValueError(f"low-latency hidden size must be a multiple of 128 in [128, "
-                             f"{params.EP_RT_LL_MAX_HIDDEN}], got {hidden}")
+                             f"{abi.EP_RT_LL_MAX_HIDDEN}], got {hidden}")
         if num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
             raise ValueError(f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, "
                              f"got {num_experts!r}")
@@ -131,8 +140,8 @@ class LowLatencyOp:
         # No host check of the values (it would sync every decode step and break graph capture): the send
         # kernel reports an expert id >= num_experts through the error record, raised at the next call.
         validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device, rows=N)
-        if topk_idx.size(1) > params.EP_RT_LL_MAX_TOPK:
-            raise ValueError(f"low-latency top-k is at most {params.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
+        if topk_idx.size(1) > abi.EP_RT_LL_MAX_TOPK:
+            raise ValueError(f"low-latency top-k is at most {abi.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
         return N, H
 
     def _receive_launcher(self, send: Launcher, recv: Launcher, grid: int):
@@ -208,8 +217,8 @@ class LowLatencyOp:
                              f"got {tuple(x.shape)}")
         validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device)
         N = topk_idx.size(0)
-        if N > T or topk_idx.size(1) > params.EP_RT_LL_MAX_TOPK:
-            raise ValueError(f"topk_idx must have at most {T} rows and {params.EP_RT_LL_MAX_TOPK} columns")
+        if N > T or topk_idx.size(1) > abi.EP_RT_LL_MAX_TOPK:
+            raise ValueError(f"topk_idx must have at most {T} rows and {abi.EP_RT_LL_MAX_TOPK} columns")
         validate.tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=self.device, rows=N)
         if topk_weights.size(1) != topk_idx.size(1):
             raise ValueError("topk_weights must have the shape of topk_idx")
@@ -257,25 +266,9 @@ class LowLatencyOp:
         torch.cuda.synchronize(self.device)
         nvshmem.barrier_all()
         start = self.control["credit"]
-        _driver.memset_d8(self.sym + start, 0, self.sym_bytes - start)
+        driver.memset_d8(self.sym + start, 0, self.sym_bytes - start)
         self.workspace.zero_()
         self.idx = 0
         self.pending_recv = [False, False]
         torch.cuda.synchronize(self.device)
         nvshmem.barrier_all()
-
-    def destroy(self) -> None:
-        torch.cuda.synchronize(self.device)
-        if self.failed is not None:
-            # nvshmem_free and finalize are collective: with a failed or abandoned buffer the peers may never
-            # come, so leave the symmetric heap to process exit rather than hang here.
-            _driver.host_free(self.host_ptr)
-            self.error = None
-            return
-        nvshmem.barrier_all()
-        nvshmem.free(self.sym)
-        nvshmem.unregister_module(self.module.handle)
-        _driver.module_unload(self.module.handle)
-        _driver.host_free(self.host_ptr)
-        self.error = None
-        nvshmem.finalize()

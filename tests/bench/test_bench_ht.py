@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ep_rt import Buffer, Config
-from ep_rt.bench import KernelTimer, ht_inputs
+from ep_rt.testing.bench import KernelTimer, ht_inputs
 
 from . import two_ranks
 
@@ -70,9 +70,9 @@ def test_ht(benchmark, pair, case):
         fn()
         torch.cuda.synchronize()
 
-    buf._intranode.timer = timer
+    buf._ht.timer = timer
     benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
-    buf._intranode.timer = None
+    buf._ht.timer = None
     kernel = "combine" if case.startswith("combine") else "dispatch"
     times = timer.collect()[kernel][WARMUP:]
     kernel_us = statistics.median(times)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ep_rt import Buffer
-from ep_rt.bench import bench_ll, ll_inputs
+from ep_rt.testing.bench import bench_ll, ll_inputs
 
 from . import two_ranks
 

@@ -4,7 +4,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from ep_rt.spawn import free_port
+from ep_rt.testing.spawn import free_port
 
 
 def _init(rank, port):

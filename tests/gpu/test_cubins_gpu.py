@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from ep_rt import cubins
+from ep_rt.runtime import modules as cubins
 
 
 def test_every_manifest_cubin_loads_and_its_kernels_resolve():
@@ -15,7 +15,7 @@ def test_every_manifest_cubin_loads_and_its_kernels_resolve():
         module = cubins.load_entry(dev, entry)
         for name in entry["kernels"]:
             assert module.function(name) is not None
-        from ep_rt import _driver
+        from ep_rt.runtime import driver as _driver
         _driver.module_unload(module.handle)
 
 

@@ -3,7 +3,7 @@ ep_rt.reference on fresh random inputs. Skipped with fewer than 8 GPUs; the EP8 
 `python -m ep_rt` and `python -m ep_rt --ranks 4` (tools/gpu_run.sh steps ep8 and ep4)."""
 import pytest
 
-from ep_rt.spawn import run_ranks
+from ep_rt.testing.spawn import run_ranks
 
 from . import workers
 from .conftest import gpus

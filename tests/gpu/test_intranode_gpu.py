@@ -2,7 +2,7 @@
 variants), create/destroy cycles, timeouts, capacity errors, and more ranks than GPUs."""
 import pytest
 
-from ep_rt.spawn import run_ranks
+from ep_rt.testing.spawn import run_ranks
 from torch.cuda import device_count
 
 from . import workers

@@ -44,8 +44,8 @@ def test_layout_kernel_matches_reference(num_ranks, num_experts, num_topk, num_t
 
 def test_launch_with_attributes_matches_plain_launch():
     """cuLaunchKernelEx with the cooperative attribute (and a cluster of 1) gives the same layout."""
-    from ep_rt import cubins, params
-    from ep_rt.launch import Launcher
+    from ep_rt.runtime import abi as params, modules as cubins
+    from ep_rt.runtime.launch import Launcher
 
     dev = torch.cuda.current_device()
     op = LayoutOp(dev, 8)

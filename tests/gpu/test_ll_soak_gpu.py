@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from ep_rt import soak_ll
-from ep_rt.spawn import run_ranks
+from ep_rt.testing import soak_ll
+from ep_rt.testing.spawn import run_ranks
 
 from .conftest import gpus
 

@@ -1,6 +1,6 @@
 """Low-latency mode on 2 GPUs against ep_rt.reference_ll: every option, both buffers, hooks, zero-copy,
 LogFMT combine, CUDA-graph replays, and shrink mode with a rank that stops answering."""
-from ep_rt.spawn import run_ranks
+from ep_rt.testing.spawn import run_ranks
 
 from . import workers
 from .conftest import gpus

@@ -7,8 +7,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from ep_rt import Buffer, Config, selfcheck
-from ep_rt import _driver
+from ep_rt import Buffer, Config
+from ep_rt.runtime import driver as _driver
+from ep_rt.testing import checker, selfcheck_ht as selfcheck
 from ep_rt.errors import BufferTooSmallError, CommTimeoutError, EpRtError
 
 MB = 1 << 20
@@ -62,7 +63,7 @@ def suite(rank, num_ranks, case_names=None, aggressive=False):
         cases = [c for c in cases if c.name in case_names]
     need = Config(24).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
     buf = Buffer(dist.group.WORLD, need, explicitly_destroy=True)
-    seed = selfcheck.shared_seed(buf.group)
+    seed = checker.shared_seed(buf.group)
     out = []
     for i, case in enumerate(cases):
         chk = selfcheck.run_case(buf, case, seed + i)
@@ -159,7 +160,7 @@ def too_small(rank, num_ranks):
 
 def ll_buffer(num_ranks, **kwargs):
     from ep_rt import Buffer
-    from ep_rt.selfcheck_ll import ll_cases
+    from ep_rt.testing.selfcheck_ll import ll_cases
 
     need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
                for c in ll_cases(num_ranks))
@@ -168,10 +169,10 @@ def ll_buffer(num_ranks, **kwargs):
 
 
 def ll_suite(rank, num_ranks):
-    from ep_rt import selfcheck_ll
+    from ep_rt.testing import selfcheck_ll
 
     buf = ll_buffer(num_ranks)
-    seed = selfcheck.shared_seed(buf.group)
+    seed = checker.shared_seed(buf.group)
     out = []
     for i, case in enumerate(selfcheck_ll.ll_cases(num_ranks)):
         chk = selfcheck_ll.run_ll_case(buf, case, seed + i)
@@ -189,10 +190,10 @@ def ll_shrink(rank, num_ranks):
     """Rank 1 stops answering; rank 0 masks it after the timeout and its results match the reference with
     rank 1 masked."""
     from ep_rt import reference_ll
-    from ep_rt.selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
+    from ep_rt.testing.selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
 
     buf = ll_buffer(num_ranks, enable_shrink=True, timeout_s=2.0)
-    seed = selfcheck.shared_seed(buf.group)
+    seed = checker.shared_seed(buf.group)
     case = LLCase("shrink", num_tokens=64, max_tokens=64, hidden=1024, num_experts=16)
     T, H, E, L = case.max_tokens, case.hidden, case.num_experts, case.num_experts // num_ranks
     result = {}

@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from . import reference
+from .. import reference
 
 HIDDENS = (1024, 2048, 2560, 4096, 7168)
 EXPERTS = (32, 64, 288)
@@ -29,7 +29,7 @@ GRAPH_SHAPE = dict(n=96, hidden=2048, topk=8, experts=64)  # the captured graph'
 
 
 def soak_buffer_bytes(num_ranks: int) -> int:
-    from . import Buffer
+    from .. import Buffer
 
     return max(Buffer.get_low_latency_rdma_size_hint(MAX_TOKENS, h, num_ranks, e) for h in HIDDENS
                for e in EXPERTS if e % num_ranks == 0)
@@ -162,7 +162,7 @@ class _Tally:
 def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int = 50, features=FEATURES) -> dict:
     import torch.distributed as dist
 
-    from . import Buffer
+    from .. import Buffer
 
     device = torch.device("cuda", torch.cuda.current_device())
     buf = Buffer(dist.group.WORLD, 0, soak_buffer_bytes(num_ranks), low_latency_mode=True, num_qps_per_rank=4,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import params
+from ..runtime import abi
 
-MAX_NVL_RANKS = params.EP_RT_MAX_NVL_RANKS
-MAX_CHANNELS = params.EP_RT_MAX_CHANNELS
-MAX_LOCAL_EXPERTS = params.EP_RT_MAX_LOCAL_EXPERTS
-MAX_TOPK = params.EP_RT_MAX_TOPK
+MAX_NVL_RANKS = abi.EP_RT_MAX_NVL_RANKS
+MAX_CHANNELS = abi.EP_RT_MAX_CHANNELS
+MAX_LOCAL_EXPERTS = abi.EP_RT_MAX_LOCAL_EXPERTS
+MAX_TOPK = abi.EP_RT_MAX_TOPK
 ALIGN = 128
 
 
@@ -24,14 +24,14 @@ def align(n: int, a: int = ALIGN) -> int:
 def _control_layout() -> tuple[dict, int]:
     offsets, cursor = {}, 0
     for name, nbytes in (
-        ("notify_slots", MAX_NVL_RANKS * params.EP_RT_NOTIFY_SLOT_BYTES),
+        ("notify_slots", MAX_NVL_RANKS * abi.EP_RT_NOTIFY_SLOT_BYTES),
         ("barrier_flags", MAX_NVL_RANKS * 8),
         ("dispatch_ready", MAX_NVL_RANKS * 8),
         ("combine_ready", MAX_NVL_RANKS * 8),
         ("dispatch_done", MAX_NVL_RANKS * MAX_CHANNELS * 8),
         ("combine_done", MAX_NVL_RANKS * MAX_CHANNELS * 8),
         ("error_claim", 4),
-        ("call_seq", params.EP_RT_CALL_KINDS * (8 + 4)),
+        ("call_seq", abi.EP_RT_CALL_KINDS * (8 + 4)),
     ):
         offsets[name] = cursor
         cursor = align(cursor + nbytes)
@@ -41,7 +41,7 @@ def _control_layout() -> tuple[dict, int]:
 CONTROL_OFFSETS, CONTROL_BYTES = _control_layout()
 
 
-def fill_control(ctrl: params.ControlLayout, data_bytes: int) -> None:
+def fill_control(ctrl: abi.ControlLayout, data_bytes: int) -> None:
     for name, offset in CONTROL_OFFSETS.items():
         setattr(ctrl, name, offset)
     ctrl.data = CONTROL_BYTES
@@ -68,7 +68,7 @@ class DispatchRows:
     def widths(self) -> list[int]:
         return [self.hidden_bytes, 4 * self.num_scales, 8 * self.num_topk, 4 * self.num_topk, 4]
 
-    def fill(self, region: params.DispatchRegion, data_bytes: int) -> int:
+    def fill(self, region: abi.DispatchRegion, data_bytes: int) -> int:
         (region.x, region.scales, region.topk_idx, region.topk_weights, region.src_idx), cap = _soa(
             data_bytes, self.widths())
         region.capacity = cap
@@ -83,7 +83,7 @@ class CombineRows:
     def widths(self) -> list[int]:
         return [2 * self.hidden, 4 * self.num_topk]
 
-    def fill(self, region: params.CombineRegion, data_bytes: int) -> int:
+    def fill(self, region: abi.CombineRegion, data_bytes: int) -> int:
         (region.x, region.topk_weights), cap = _soa(data_bytes, self.widths())
         region.capacity = cap
         return cap

@@ -5,8 +5,10 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from . import buffer_layout, validate
-from .config import Config
+from .. import validate
+from ..config import Config
+from ..handles import IntranodeHandle, as_handle
+from ..transport import nvl_layout
 
 
 class DispatchArgs(NamedTuple):
@@ -14,22 +16,22 @@ class DispatchArgs(NamedTuple):
     x_scales: Optional[torch.Tensor]
 
 
-def check_handle(handle, num_ranks: int, device) -> None:
-    if not isinstance(handle, tuple) or len(handle) != 6:
-        raise ValueError("handle must be the 6-tuple returned by an intranode dispatch")
+def check_handle(handle, num_ranks: int, device) -> IntranodeHandle:
+    handle = as_handle(IntranodeHandle, handle, "an intranode cached dispatch or combine")
     rpm, cpm, rcpm, recv_src_idx, in_rank, send_pos = handle
     validate.tensor("handle[0] (rank_prefix_matrix)", rpm, dtype=torch.int32, ndim=2, device=device)
     if tuple(rpm.shape) != (num_ranks, num_ranks):
         raise ValueError(f"handle[0] must be [{num_ranks}, {num_ranks}]; this handle is from another group")
     validate.tensor("handle[2] (recv_channel_prefix_matrix)", rcpm, dtype=torch.int32, ndim=2, device=device,
                     rows=num_ranks)
-    if not 0 < rcpm.size(1) <= buffer_layout.MAX_CHANNELS:
+    if not 0 < rcpm.size(1) <= nvl_layout.MAX_CHANNELS:
         raise ValueError("handle[2] has an invalid channel count")
     validate.tensor("handle[3] (recv_src_idx)", recv_src_idx, dtype=torch.int32, ndim=1, device=device)
     validate.tensor("handle[4] (is_token_in_rank)", in_rank, dtype=torch.bool, ndim=2, device=device)
     validate.tensor("handle[5] (send_pos)", send_pos, dtype=torch.int32, ndim=2, device=device, rows=in_rank.size(0))
     if in_rank.size(1) != num_ranks or send_pos.size(1) != num_ranks:
         raise ValueError("handle[4] / handle[5] must have one column per rank")
+    return handle
 
 
 def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
@@ -46,7 +48,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
     if handle is not None:
         if topk_idx is not None or topk_weights is not None:
             raise ValueError("cached dispatch (handle given) takes no topk_idx / topk_weights")
-        check_handle(handle, R, dev)
+        handle = check_handle(handle, R, dev)
         if handle[4].size(0) != N:
             raise ValueError(f"x has {N} tokens but the handle was made for {handle[4].size(0)}")
         return DispatchArgs(data, scales)
@@ -58,8 +60,8 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
     validate.tensor("is_token_in_rank", is_token_in_rank, dtype=torch.bool, ndim=2, device=dev, rows=N)
     if is_token_in_rank.size(1) != R:
         raise ValueError(f"is_token_in_rank must be [{N}, {R}], got {tuple(is_token_in_rank.shape)}")
-    if config.num_sms > buffer_layout.MAX_CHANNELS:
-        raise ValueError(f"config.num_sms is at most {buffer_layout.MAX_CHANNELS}")
+    if config.num_sms > nvl_layout.MAX_CHANNELS:
+        raise ValueError(f"config.num_sms is at most {nvl_layout.MAX_CHANNELS}")
     if (topk_idx is None) != (topk_weights is None):
         raise ValueError("pass topk_idx and topk_weights together, or neither")
     if topk_idx is None:
@@ -82,7 +84,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
 
 def check_combine(buf, x, handle, topk_weights, bias, config):
     R, dev = buf.group_size, buf.device
-    check_handle(handle, R, dev)
+    handle = check_handle(handle, R, dev)
     rows, N = handle[3].size(0), handle[4].size(0)
     validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev, rows=rows)
     if x.size(1) == 0 or x.size(1) % 8:
@@ -93,8 +95,8 @@ def check_combine(buf, x, handle, topk_weights, bias, config):
         raise TypeError(f"config must be an ep_rt.Config, got {type(config).__name__}")
     if topk_weights is not None:
         validate.tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=dev, rows=rows)
-        if topk_weights.size(1) > buffer_layout.MAX_TOPK:
-            raise ValueError(f"top-k is at most {buffer_layout.MAX_TOPK}")
+        if topk_weights.size(1) > nvl_layout.MAX_TOPK:
+            raise ValueError(f"top-k is at most {nvl_layout.MAX_TOPK}")
     biases = bias if isinstance(bias, tuple) else (bias, None)
     if len(biases) != 2:
         raise ValueError("bias must be a tensor or a 2-tuple of tensors")

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import reference
-from .config import Config
+from .. import reference
+from ..config import Config
 
 
 @dataclass
@@ -71,7 +71,7 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
     sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev)
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
     timer = KernelTimer()
-    op = buffer._intranode
+    op = buffer._ht
     rows = []
 
     def one_call(name, it, lined_up):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import ctypes
 import functools
 
-from .errors import CudaDriverError
+from ..errors import CudaDriverError
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,9 +193,6 @@ def launch_ex(config, function, grid: int, block: int, smem: int, stream, params
     config.gridDimX, config.blockDimX, config.sharedMemBytes, config.hStream = grid, block, smem, stream
     check(_cu().cuLaunchKernelEx(config, function, params_address, 0), f"cuLaunchKernelEx({name})")
 
-
-def ctx_synchronize() -> None:
-    check(_cu().cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def pci_bus_id(device_index: int) -> str:

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-import socket
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .errors import EpRtError
+from ..errors import EpRtError
 
 _UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
 _INIT_WITH_UNIQUEID = 1 << 3
@@ -71,12 +70,6 @@ def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool
         os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
         os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
     return qp_depth
-
-
-def all_on_one_host(group) -> bool:
-    names = [None] * dist.get_world_size(group)
-    dist.all_gather_object(names, socket.gethostname(), group=group)
-    return len(set(names)) == 1
 
 
 def init(group, expected_version: str) -> None:
@@ -146,3 +139,36 @@ def register_module(module) -> None:
 
 def unregister_module(module) -> None:
     _lib().nvshmemx_cumodule_finalize(ctypes.c_void_p(int(module)))
+
+
+class NvshmemSession:
+    """This Buffer's use of the process's NVSHMEM world (one world for LL and internode HT, PE = group rank):
+    DeepEP's environment, the reference-counted initialisation, and the NVSHMEM-linked modules it registered.
+    destroy(collective) unregisters them and finalizes; without `collective` (a failed or abandoned Buffer, whose
+    peers may never come) nothing collective runs and the world is left to process exit."""
+
+    def __init__(self, group, expected_device_version: str, num_qps_per_rank: int, allow_nvlink: bool,
+                 allow_mnnvl: bool, single_host: bool):
+        self.qp_depth = set_environment(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host)
+        init(group, expected_device_version)
+        self.modules: list = []
+        self.live = True
+
+    def register(self, module) -> None:
+        """Register a loaded NVSHMEM-linked module (runtime.modules.LoadedModule) before its first launch."""
+        register_module(module.handle)
+        self.modules.append(module)
+
+    def destroy(self, collective: bool) -> None:
+        from ..runtime import driver
+
+        if not self.live:
+            return
+        self.live = False
+        if not collective:
+            return
+        for m in self.modules:
+            unregister_module(m.handle)
+            driver.module_unload(m.handle)
+        self.modules = []
+        finalize()

@@ -1,20 +1,16 @@
-"""GPU checks against ep_rt.reference, shared by the GPU tests and `python -m ep_rt`.
+"""High-throughput GPU checks against ep_rt.reference, shared by the GPU tests and `python -m ep_rt`.
 
 Every rank builds every rank's inputs from one seed (drawn fresh per run by rank 0 and shared), runs
 the collective on its GPU, runs the reference for all ranks, and compares its own results bit for bit.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
-from . import reference
-
-ROUTINGS = ("uniform", "holes", "hot_expert", "empty_rank")
-
+from .. import reference
+from .checker import Checker
 
 @dataclass(frozen=True)
 class Case:
@@ -24,7 +20,7 @@ class Case:
     num_topk: int = 8           # 0: dispatch without top-k (routing from is_token_in_rank only)
     num_experts: int = 64
     dtype: str = "bf16"         # bf16 | fp8 | fp8_colmajor | fp8_ue8m0
-    routing: str = "uniform"
+    routing: str = "uniform"   # uniform | holes | hot_expert | empty_rank
     num_worst_tokens: bool = False
     async_finish: bool = False
     previous_event: bool = False
@@ -32,12 +28,6 @@ class Case:
     num_sms: int = 20
     expert_alignment: int = 1
     tokens_by_rank: tuple = field(default=())  # overrides num_tokens per rank when given
-
-
-def shared_seed(group) -> int:
-    seed = [int.from_bytes(os.urandom(4), "little") if dist.get_rank(group) == 0 else 0]
-    dist.broadcast_object_list(seed, src=dist.get_global_rank(group, 0), group=group)
-    return seed[0]
 
 
 def make_inputs(case: Case, seed: int, num_ranks: int, device):
@@ -79,40 +69,9 @@ def _as_dispatch_x(x, dtype: str):
     return fp8, scales
 
 
-def _bits(t):
-    if t is None:
-        return None
-    return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64)
-
-
-class Checker:
-    def __init__(self, case: Case):
-        self.case, self.failures, self.checks = case, [], 0
-
-    def equal(self, what: str, got, want, rows=None) -> None:
-        self.checks += 1
-        if got is None or want is None:
-            if (got is None) != (want is None):
-                self.failures.append(f"{what}: got {'None' if got is None else 'a tensor'}, want "
-                                     f"{'None' if want is None else 'a tensor'}")
-            return
-        if isinstance(want, list):
-            if list(got) != want:
-                self.failures.append(f"{what}: got {list(got)[:8]}..., want {want[:8]}...")
-            return
-        got, want = got.to(want.device), want
-        if rows is not None:
-            got, want = got[:rows], want[:rows]
-        if got.shape != want.shape:
-            self.failures.append(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
-        elif not torch.equal(_bits(got), _bits(want)):
-            bad = (_bits(got) != _bits(want)).nonzero()
-            self.failures.append(f"{what}: {bad.size(0)} elements differ, first at {bad[0].tolist()}")
-
-
 def run_case(buffer, case: Case, seed: int) -> Checker:
     """One full round on this rank: layout, dispatch, cached dispatch, combine; each against the reference."""
-    from . import Config
+    from .. import Config
 
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
     chk = Checker(case)
@@ -199,7 +158,7 @@ def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
     """Layout, num_worst_tokens dispatch, cached dispatch and combine captured in one CUDA graph, replayed with
     new routing and data copied in; every replay checked against the reference. An eager round runs between
     replays, so graph replays and eager calls must agree on the call numbering."""
-    from . import Config
+    from .. import Config
 
     case = Case("cuda graph", num_tokens=384, hidden=2048, num_experts=64, num_worst_tokens=True, bias="one")
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
@@ -294,49 +253,3 @@ def standard_cases(num_ranks: int) -> list[Case]:
         Case("many channels (64 SMs)", num_sms=64, num_tokens=2048),
         Case("2 SMs", num_sms=2),
     ]
-
-
-def main_rank(rank, num_ranks, quick, bench, num_sms):
-    """One rank of `python -m ep_rt`: every check against the reference, then the benchmark."""
-    from . import Buffer, Config, bench as bench_mod
-
-    hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
-    buffer = Buffer(dist.group.WORLD, hint, explicitly_destroy=True)
-    seed = shared_seed(buffer.group)
-    cases = standard_cases(num_ranks)
-    if quick:
-        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
-                                                "holes (-1 in topk_idx)", "bias pair")]
-    rows = []
-    for i, case in enumerate(cases):
-        chk = run_case(buffer, case, seed + i)
-        rows.append((case.name, chk.checks, chk.failures))
-    chk = run_graph_case(buffer, seed + 500)
-    rows.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
-    bench_rows = bench_mod.bench_ht(buffer, num_sms=num_sms) if bench else []
-    buffer.destroy()
-    ll_rows, ll_bench = low_latency_round(num_ranks, seed, quick, bench)
-    return {"seed": seed, "rows": rows + ll_rows,
-            "bench": "\n".join(x for x in (bench_mod.format_rows(bench_rows, rank) if bench_rows else "",
-                                           bench_mod.format_ll_rows(ll_bench, rank) if ll_bench else "") if x)}
-
-
-def low_latency_round(num_ranks, seed, quick, bench):
-    """The LL part of `python -m ep_rt`: checks against ep_rt.reference_ll, graph replays, the LL benchmark."""
-    from . import Buffer, bench as bench_mod, selfcheck_ll
-
-    cases = selfcheck_ll.ll_cases(num_ranks)
-    if quick:
-        cases = [c for c in cases if c.name in ("fp8", "hooks", "LL reference shape (128 x 7168, top-8, 288 experts)")]
-    need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts) for c in cases)
-    buffer = Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
-    rows = []
-    for i, case in enumerate(cases):
-        chk = selfcheck_ll.run_ll_case(buffer, case, seed + 1000 + i)
-        rows.append(("LL " + case.name, chk.checks, chk.failures))
-    chk = selfcheck_ll.run_ll_graph(buffer, seed + 2000)
-    rows.append(("LL cuda graph replays", chk.checks, chk.failures))
-    # The LL reference workload at 288 experts, and at 256 (the other count peers publish).
-    ll_bench = bench_mod.bench_ll(buffer) + bench_mod.bench_ll(buffer, num_experts=256) if bench else []
-    buffer.destroy()
-    return rows, ll_bench

@@ -13,11 +13,12 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import _driver, env
-from .errors import CubinNotFoundError
+from .. import env
+from ..errors import CubinNotFoundError
+from . import driver
 from .manifest import ManifestError, load_manifest
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ep_rt/
 
 
 def candidate_dirs() -> list[Path]:
@@ -91,7 +92,7 @@ class LoadedModule:
             if name not in self.entry["kernels"]:
                 raise CubinNotFoundError(f"kernel {name!r} is not in {self.entry['path']} "
                                          f"(it has {self.entry['kernels']})")
-            self.functions[name] = _driver.module_function(self.handle, name)
+            self.functions[name] = driver.module_function(self.handle, name)
         return self.functions[name]
 
 
@@ -100,7 +101,7 @@ _modules: dict[tuple[int, str, bool], LoadedModule] = {}
 
 
 def arch_of(device_index: int) -> str:
-    major, minor = _driver.compute_capability(device_index)
+    major, minor = driver.compute_capability(device_index)
     return f"sm_{major}{minor}"
 
 
@@ -111,17 +112,17 @@ def load_family(device_index: int, family: str, aggressive: bool | None = None) 
     key = (device_index, family, aggressive)
     with _lock:
         if key not in _modules:
-            _driver.ensure_context(device_index)
+            driver.ensure_context(device_index)
             root = cubin_root()
             entry = choose_entry(manifest(), family, arch_of(device_index), aggressive)
             if entry.get("needs_nvshmem"):
                 raise CubinNotFoundError(f"{family!r} is NVSHMEM-linked: load it once per NVSHMEM session with "
                                          f"load_entry and register it with NVSHMEM")
-            _modules[key] = LoadedModule(entry, _driver.module_load(read_verified(root, entry)))
+            _modules[key] = LoadedModule(entry, driver.module_load(read_verified(root, entry)))
         return _modules[key]
 
 
 def load_entry(device_index: int, entry: dict) -> LoadedModule:
     """Load one manifest entry without caching (NVSHMEM-linked families, the cubin self-test)."""
-    _driver.ensure_context(device_index)
-    return LoadedModule(entry, _driver.module_load(read_verified(cubin_root(), entry)))
+    driver.ensure_context(device_index)
+    return LoadedModule(entry, driver.module_load(read_verified(cubin_root(), entry)))

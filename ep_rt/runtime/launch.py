@@ -1,6 +1,6 @@
 """Kernel launches with pre-packed arguments.
 
-Each kernel takes one parameter struct (kernels_src/include/ep_rt/params.h, mirrored in params.py).
+Each kernel takes one parameter struct (kernels_src/include/ep_rt/params.h, mirrored in runtime/abi.py).
 A Launcher owns one instance of it and the `void*[1]` array pointing at it, so a launch only updates
 the fields that change and passes one integer address to cuLaunchKernel (the driver copies the
 struct at launch time, so it can be reused at once). Launch attributes (cooperative, cluster) go
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ctypes
 
-from . import _driver
-from .cubins import LoadedModule
+from . import driver
+from .modules import LoadedModule
 
 _streams: dict[int, object] = {}
 
@@ -21,7 +21,7 @@ def driver_stream(torch_stream) -> object:
     handle = int(torch_stream.cuda_stream)
     stream = _streams.get(handle)
     if stream is None:
-        stream = _streams[handle] = _driver.make_stream(handle)
+        stream = _streams[handle] = driver.make_stream(handle)
     return stream
 
 
@@ -35,10 +35,10 @@ class Launcher:
         self.params = params_type()
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))
         self._args_address = ctypes.addressof(self._args)
-        self._config = _driver.make_launch_config(cooperative, cluster) if (cooperative or cluster > 1) else None
+        self._config = driver.make_launch_config(cooperative, cluster) if (cooperative or cluster > 1) else None
         self._early_config = None  # built on first use: building it costs tens of microseconds of Python
         if smem > 48 * 1024:
-            _driver.set_max_dynamic_smem(self.function, smem)
+            driver.set_max_dynamic_smem(self.function, smem)
 
     def set(self, **fields) -> "Launcher":
         for key, value in fields.items():
@@ -48,9 +48,9 @@ class Launcher:
     def __call__(self, grid: int, stream, smem: int | None = None) -> None:
         smem = self.smem if smem is None else smem
         if self._config is None:
-            _driver.launch(self.function, grid, self.block, smem, driver_stream(stream), self._args_address, self.name)
+            driver.launch(self.function, grid, self.block, smem, driver_stream(stream), self._args_address, self.name)
         else:
-            _driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),
+            driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),
                               self._args_address, self.name)
 
     def snapshot(self):
@@ -62,15 +62,15 @@ class Launcher:
         args = (ctypes.c_void_p * 1)(ctypes.addressof(params))
         function, block, name = self.function, self.block, self.name
         if self._early_config is None:
-            self._early_config = _driver.make_launch_config(False, 1, programmatic=True)
+            self._early_config = driver.make_launch_config(False, 1, programmatic=True)
         # One config per Launcher: launch_ex sets every per-launch field right before each use.
         early_config = self._early_config
 
         def launch(grid: int, stream, early: bool = False, _keep=(params, args)):
             if early:
-                _driver.launch_ex(early_config, function, grid, block, 0, driver_stream(stream),
+                driver.launch_ex(early_config, function, grid, block, 0, driver_stream(stream),
                                   ctypes.addressof(args), name)
             else:
-                _driver.launch(function, grid, block, 0, driver_stream(stream), ctypes.addressof(args), name)
+                driver.launch(function, grid, block, 0, driver_stream(stream), ctypes.addressof(args), name)
 
         return launch

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import reference_ll
-from .selfcheck import Checker
+from .. import reference_ll
+from .checker import Checker
 
 
 @dataclass(frozen=True)

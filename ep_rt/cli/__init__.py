@@ -1,0 +1,23 @@
+"""`python -m ep_rt [COMMAND]`: the command line. Each command is a module of this package with main(argv);
+this only picks one. Without a command (or with only options), `check` runs, as `python -m ep_rt` always did."""
+from __future__ import annotations
+
+import importlib
+
+COMMANDS = {
+    "check": "every operation against ep_rt.reference on fresh inputs, then the benchmarks (the default)",
+}
+
+
+def main(argv=None) -> int:
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
+        print("usage: python -m ep_rt [COMMAND] [OPTIONS]\n\ncommands:")
+        for name, what in COMMANDS.items():
+            print(f"  {name:<8} {what}")
+        print("\n`python -m ep_rt COMMAND --help` for a command's options.")
+        return 0
+    name = argv.pop(0) if argv and argv[0] in COMMANDS else "check"
+    return importlib.import_module(f".{name}", __name__).main(argv)

@@ -1,0 +1,45 @@
+"""What every GPU check shares: one fresh seed per run, agreed by all ranks, and a bit-exact comparer that
+collects failures instead of stopping at the first."""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def shared_seed(group) -> int:
+    seed = [int.from_bytes(os.urandom(4), "little") if dist.get_rank(group) == 0 else 0]
+    dist.broadcast_object_list(seed, src=dist.get_global_rank(group, 0), group=group)
+    return seed[0]
+
+
+def _bits(t):
+    if t is None:
+        return None
+    return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+class Checker:
+    def __init__(self, case):
+        self.case, self.failures, self.checks = case, [], 0
+
+    def equal(self, what: str, got, want, rows=None) -> None:
+        self.checks += 1
+        if got is None or want is None:
+            if (got is None) != (want is None):
+                self.failures.append(f"{what}: got {'None' if got is None else 'a tensor'}, want "
+                                     f"{'None' if want is None else 'a tensor'}")
+            return
+        if isinstance(want, list):
+            if list(got) != want:
+                self.failures.append(f"{what}: got {list(got)[:8]}..., want {want[:8]}...")
+            return
+        got, want = got.to(want.device), want
+        if rows is not None:
+            got, want = got[:rows], want[:rows]
+        if got.shape != want.shape:
+            self.failures.append(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
+        elif not torch.equal(_bits(got), _bits(want)):
+            bad = (_bits(got) != _bits(want)).nonzero()
+            self.failures.append(f"{what}: {bad.size(0)} elements differ, first at {bad[0].tolist()}")

@@ -1,0 +1,55 @@
+"""The per-rank bodies of `python -m ep_rt` (ep_rt.cli.check): every check against the reference, then the
+benchmarks."""
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from . import bench as bench_mod, selfcheck_ll
+from .checker import shared_seed
+from .selfcheck_ht import run_case, run_graph_case, standard_cases
+
+
+def main_rank(rank, num_ranks, quick, bench, num_sms):
+    """One rank of `python -m ep_rt`: every check against the reference, then the benchmark."""
+    from .. import Buffer, Config
+
+    hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
+    buffer = Buffer(dist.group.WORLD, hint, explicitly_destroy=True)
+    seed = shared_seed(buffer.group)
+    cases = standard_cases(num_ranks)
+    if quick:
+        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
+                                                "holes (-1 in topk_idx)", "bias pair")]
+    rows = []
+    for i, case in enumerate(cases):
+        chk = run_case(buffer, case, seed + i)
+        rows.append((case.name, chk.checks, chk.failures))
+    chk = run_graph_case(buffer, seed + 500)
+    rows.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
+    bench_rows = bench_mod.bench_ht(buffer, num_sms=num_sms) if bench else []
+    buffer.destroy()
+    ll_rows, ll_bench = low_latency_round(num_ranks, seed, quick, bench)
+    return {"seed": seed, "rows": rows + ll_rows,
+            "bench": "\n".join(x for x in (bench_mod.format_rows(bench_rows, rank) if bench_rows else "",
+                                           bench_mod.format_ll_rows(ll_bench, rank) if ll_bench else "") if x)}
+
+
+def low_latency_round(num_ranks, seed, quick, bench):
+    """The LL part of `python -m ep_rt`: checks against ep_rt.reference_ll, graph replays, the LL benchmark."""
+    from .. import Buffer
+
+    cases = selfcheck_ll.ll_cases(num_ranks)
+    if quick:
+        cases = [c for c in cases if c.name in ("fp8", "hooks", "LL reference shape (128 x 7168, top-8, 288 experts)")]
+    need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts) for c in cases)
+    buffer = Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    rows = []
+    for i, case in enumerate(cases):
+        chk = selfcheck_ll.run_ll_case(buffer, case, seed + 1000 + i)
+        rows.append(("LL " + case.name, chk.checks, chk.failures))
+    chk = selfcheck_ll.run_ll_graph(buffer, seed + 2000)
+    rows.append(("LL cuda graph replays", chk.checks, chk.failures))
+    # The LL reference workload at 288 experts, and at 256 (the other count peers publish).
+    ll_bench = bench_mod.bench_ll(buffer) + bench_mod.bench_ll(buffer, num_experts=256) if bench else []
+    buffer.destroy()
+    return rows, ll_bench

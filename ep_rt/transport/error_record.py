@@ -1,0 +1,60 @@
+"""The host-mapped error records kernels fill in, and a Buffer's failed state.
+
+One page of host memory mapped into the device holds one ErrorRecord per kernel family that can fail on its own
+(the NVL kernels, the low-latency kernels). A kernel's first failing block claims its family's device-memory
+claim word, fills the record and writes `code` last; the host turns a set code into the exception to raise. A
+family that failed stays failed (its peers may be anywhere in their calls); the others keep working, as before.
+"""
+from __future__ import annotations
+
+import ctypes
+
+from ..errors import EpRtError, error_from_record
+from ..runtime import abi, driver
+
+RECORD_BYTES = 128
+SLOTS = ("nvl", "low_latency")
+
+
+class ErrorRecords:
+    def __init__(self, mapped: bool = True):
+        """mapped=False: plain host memory no kernel can reach (CPU tests of the decoding and failed state)."""
+        nbytes = RECORD_BYTES * len(SLOTS)
+        if mapped:
+            self.host_ptr, self.dev_ptr = driver.host_alloc_mapped(nbytes)
+        else:
+            self._plain = ctypes.create_string_buffer(nbytes)
+            self.host_ptr, self.dev_ptr = ctypes.addressof(self._plain), 0
+        self.mapped = mapped
+        ctypes.memset(self.host_ptr, 0, nbytes)
+        self.failed: dict[str, EpRtError] = {}
+
+    def device_ptr(self, slot: str) -> int:
+        return self.dev_ptr + RECORD_BYTES * SLOTS.index(slot)
+
+    def record(self, slot: str) -> abi.ErrorRecord:
+        return abi.ErrorRecord.from_address(self.host_ptr + RECORD_BYTES * SLOTS.index(slot))
+
+    def check(self, slot: str) -> EpRtError | None:
+        """The error `slot` holds (a kernel's record, or one the host set), if any."""
+        if slot not in self.failed and self.host_ptr:
+            err = error_from_record(self.record(slot))
+            if err is not None:
+                self.failed[slot] = err
+        return self.failed.get(slot)
+
+    def raise_if_failed(self, slot: str | None = None) -> None:
+        for s in (SLOTS if slot is None else (slot,)):
+            err = self.check(s)
+            if err is not None:
+                raise err
+
+    def fail(self, slot: str, err: EpRtError) -> EpRtError:
+        """Mark `slot` failed by the host (a host-side timeout, a released Buffer); returns the error."""
+        self.failed.setdefault(slot, err)
+        return self.failed[slot]
+
+    def destroy(self, collective: bool) -> None:
+        if self.host_ptr and self.mapped:
+            driver.host_free(self.host_ptr)
+        self.host_ptr = 0
