@@ -13,7 +13,7 @@ from . import config as config_mod, env, validate
 from .config import Config
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
-from .handles import LowLatencyHandle, as_handle
+from .handles import HandleFacts, LowLatencyHandle, as_handle, with_facts
 from .ops import ht_args
 from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
@@ -122,14 +122,26 @@ class Buffer:
         if self.destroyed:
             return
         self.destroyed = True
+        ll = self._ll
         self._ll = self._ht = self._layout = self._nvl = None
+        errors = []
+        nvshmem_collective = collective
         if collective:
             torch.cuda.synchronize(self.device)
+            if ll is not None and ll.failed is None:
+                # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one
+                # (mask-aware) has seen every peer arrive, and never with a masked (gone) rank.
+                try:
+                    ll.barrier(self.comm_stream)
+                except EpRtError as e:
+                    errors.append(e)
+                nvshmem_collective = ll.failed is None and not ll.masked_ranks()
         parts, self._parts = self._parts, []
-        errors = []
         for part in reversed(parts):
             slot = getattr(part, "error_slot", None)
             healthy = slot is None or self._errors.check(slot) is None
+            if slot == "low_latency":
+                healthy = healthy and nvshmem_collective
             try:
                 if isinstance(part, NvlBuffer):
                     part.destroy(collective and healthy, self.comm_stream)
@@ -261,6 +273,8 @@ class Buffer:
                                    topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         if handle is not None:
+            self._ht.check_handle_capacity(handle, args.x.size(1) * args.x.element_size(),
+                                           args.x_scales.size(1) if args.x_scales is not None else 0, None, 0)
             recv_x, recv_scales, tensors = self._ht.cached_dispatch(
                 args.x, args.x_scales, handle, scope.alloc_stream(), self.comm_stream)
             event = scope.finish(tensors)
@@ -282,6 +296,7 @@ class Buffer:
         weighting. Runs with the channel count of the dispatch that made `handle` (config.num_sms must match)."""
         self._live()
         bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
+        self._ht.check_handle_capacity(handle, 0, 0, x.size(1), topk_weights.size(1) if topk_weights is not None else 0)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         combined_x, combined_w, tensors = self._ht.combine(x, handle, topk_weights, bias0, bias1,
                                                                   scope.alloc_stream(), self.comm_stream)
@@ -313,6 +328,7 @@ class Buffer:
             lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out])
         recv_x, scales, count, src_info, layout_range = outputs
         handle = LowLatencyHandle(src_info, layout_range, T, x.size(1), num_experts)
+        with_facts(handle, HandleFacts.of(handle, ll.serial))
         return ((recv_x, scales) if use_fp8 else recv_x), count, handle, event, hook
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: tuple,
@@ -325,12 +341,20 @@ class Buffer:
                              "send buffer as bf16; LogFMT encodes them on the way out)")
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot be used together")
-        src_info, layout_range, T, hidden, num_experts = as_handle(LowLatencyHandle, handle, "low_latency_combine")
+        src_info, layout_range, T, hidden, num_experts = self._ll_handle(ll, handle, "low_latency_combine")
         args = (x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out,
                 combine_wait_recv_cost_stats, zero_copy, use_logfmt)
         return self._ll_run(lambda stream: ll.combine(*args, stream), async_finish, return_recv_hook,
                             lambda combined: [x, topk_idx, topk_weights, src_info, layout_range, combined,
                                               combine_wait_recv_cost_stats])
+
+    @staticmethod
+    def _ll_handle(ll, handle, what: str) -> LowLatencyHandle:
+        facts = getattr(handle, "facts", None)
+        typed = as_handle(LowLatencyHandle, handle, what)
+        if facts is not None:
+            facts.check(handle, ll.serial, what)
+        return typed
 
     def _ll_run(self, start, async_finish: bool, return_recv_hook: bool, touched):
         """DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and the hook
@@ -350,8 +374,8 @@ class Buffer:
         return result, scope.finish(touched(result)), None
 
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
-        src_info, layout_range, T, hidden, num_experts = as_handle(LowLatencyHandle, handle,
-                                                                   "get_next_low_latency_combine_buffer")
+        src_info, layout_range, T, hidden, num_experts = self._ll_handle(
+            self._ll_live(), handle, "get_next_low_latency_combine_buffer")
         return self._ll_live().next_combine_buffer(T, hidden, num_experts)
 
     def _shrink_mask(self) -> torch.Tensor:

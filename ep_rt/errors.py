@@ -43,6 +43,7 @@ PHASES = {
     8: "low-latency combine (receiving)",
     9: "low-latency dispatch (sending)",
     10: "low-latency send (waiting until the peer has read the previous call on this buffer)",
+    11: "low-latency barrier (clean_low_latency_buffer or teardown)",
 }
 
 
@@ -67,20 +68,30 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
                            f"(num_max_dispatch_tokens_per_rank); a token lists the same expert more than once?")
     if code == ERR_CAPACITY:
         return BufferTooSmallError(
-            f"rank {rank}: {where}: rank {peer} would receive {detail0} rows but its buffer holds {detail1}; "
-            f"construct Buffer with a larger num_nvl_bytes.")
+            f"rank {rank}: {where}: rank {peer} would receive {detail0} rows but its buffer holds {detail1}, so that "
+            f"call's outputs are incomplete. Every rank finished the call and the Buffer stays usable; construct a "
+            f"Buffer with a larger num_nvl_bytes (Config.get_nvl_buffer_size_hint) for calls of that size.")
     if code == ERR_WORST_TOKENS:
         return KernelError(
             f"rank {rank}: {where}: {detail0} tokens arrived but num_worst_tokens={detail1}; rows past "
-            f"num_worst_tokens were dropped. Pass a larger num_worst_tokens.")
+            f"num_worst_tokens were dropped, so that call's outputs are incomplete. Every rank finished the call and "
+            f"the Buffer stays usable: repeat the call with num_worst_tokens >= {detail0}.")
+    if code == ERR_MISMATCH and phase in (7, 8):  # LL: the digest of the shape a peer called with
+        return KernelError(
+            f"rank {rank}: {where}: rank {peer} called with a different shape (num_max_dispatch_tokens_per_rank, "
+            f"hidden, num_experts, use_fp8 or use_logfmt differ; shape digests {detail0:#06x} and {detail1:#06x}); "
+            f"every rank must pass the same. Its messages were not read. The Buffer is unusable now: destroy it "
+            f"and create a new one.")
     if code == ERR_MISMATCH:
         return KernelError(
             f"rank {rank}: {where}: rank {peer} called with different shapes (its hidden bytes {detail0}, "
             f"top-k {detail1}, or channel / expert counts differ); every rank must pass the same "
-            f"hidden size, top-k, number of experts and config.")
+            f"hidden size, top-k, number of experts and config. The Buffer is unusable now: destroy it and create "
+            f"a new one.")
     if code == ERR_BAD_EXPERT:
         return KernelError(f"rank {rank}: {where}: topk_idx holds expert id {detail0}, but num_experts is {detail1}; "
-                           f"valid ids are -1 and 0..{detail1 - 1}. That token selection was skipped.")
+                           f"valid ids are -1 and 0..{detail1 - 1}. That token selection was skipped, every rank "
+                           f"finished the call, and the Buffer stays usable.")
     return KernelError(f"rank {rank}: kernel error code {code} in {where} (peer {peer}{chan}, {detail0}, {detail1})")
 
 

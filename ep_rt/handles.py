@@ -1,14 +1,51 @@
 """The handles dispatch returns and combine (or a cached dispatch) takes back. NamedTuples: to DeepEP code they
 are the plain tuples it knows (same length, same order, indexable, unpackable); to ep_rt they say which kind
-of call made them, so checks and op selection go by type instead of by tuple length."""
+of call made them, so checks and op selection go by type instead of by tuple length.
+
+A handle ep_rt made also carries host-side facts (not tuple entries, so DeepEP code never sees them): which
+Buffer part made it, the tensors it held, and the largest row counts of its call on any rank. They make the checks
+of a cached dispatch or a combine cheap: a handle from another Buffer, a handle whose tensors were replaced, and a
+call whose rows would not fit the NVL buffer are refused on the host before any kernel runs, on every rank alike.
+A handle rebuilt by the caller as a plain tuple has no facts; it gets the checks that need none."""
 from __future__ import annotations
 
-from typing import NamedTuple
+import itertools
+from dataclasses import dataclass
+from typing import NamedTuple, Optional
 
 import torch
 
+_serials = itertools.count(1)
 
-class IntranodeHandle(NamedTuple):
+
+def next_serial() -> int:
+    """A number no other Buffer part of this process has had (identities, not id(), which is reused)."""
+    return next(_serials)
+
+
+@dataclass(frozen=True)
+class HandleFacts:
+    owner: int                              # serial of the part that made the handle
+    tensor_ptrs: tuple                      # data_ptr of each tensor entry, in order (0 for non-tensors)
+    max_dispatch_rows: Optional[int] = None  # most rows any rank received (None: not known on the host)
+    max_combine_rows: Optional[int] = None   # most rows any rank gets back in combine
+
+    @staticmethod
+    def of(handle, owner: int, **counts) -> "HandleFacts":
+        ptrs = tuple(t.data_ptr() if isinstance(t, torch.Tensor) else 0 for t in handle)
+        return HandleFacts(owner, ptrs, **counts)
+
+    def check(self, handle, owner: int, what: str) -> None:
+        if self.owner != owner:
+            raise ValueError(f"{what}: this handle was made by another Buffer (or by one destroyed since); pass the "
+                             f"handle this Buffer's dispatch returned")
+        for i, (t, ptr) in enumerate(zip(handle, self.tensor_ptrs)):
+            if isinstance(t, torch.Tensor) and t.data_ptr() != ptr:
+                raise ValueError(f"{what}: handle[{i}] is not the tensor the dispatch returned (it was replaced); "
+                                 f"pass the handle unchanged")
+
+
+class _IntranodeFields(NamedTuple):
     """DeepEP's 6-tuple. In ep_rt every column of rank_prefix_matrix is valid, and send_pos holds each token's
     position among those sent to a rank (-1 if not sent) instead of DeepEP's ring-slot counters."""
     rank_prefix_matrix: torch.Tensor          # int32 [R, R]: inclusive prefix over sources, every column
@@ -19,13 +56,28 @@ class IntranodeHandle(NamedTuple):
     send_pos: torch.Tensor                    # int32 [N, R]
 
 
-class LowLatencyHandle(NamedTuple):
+class IntranodeHandle(_IntranodeFields):
+    """DeepEP's 6-tuple (fields above); `facts` when ep_rt made it."""
+    facts: Optional[HandleFacts] = None
+
+
+class _LowLatencyFields(NamedTuple):
     """DeepEP's 5-tuple of a low-latency dispatch."""
     src_info: torch.Tensor                    # int32 [L, R*T]: source token of every packed row
     layout_range: torch.Tensor                # int64 [L, R]: (begin << 32) | count per (local expert, source)
     num_max_dispatch_tokens_per_rank: int
     hidden: int
     num_experts: int
+
+
+class LowLatencyHandle(_LowLatencyFields):
+    """DeepEP's 5-tuple (fields above); `facts` when ep_rt made it."""
+    facts: Optional[HandleFacts] = None
+
+
+def with_facts(handle, facts: HandleFacts):
+    handle.facts = facts
+    return handle
 
 
 def as_handle(kind: type, handle, what: str):
@@ -37,7 +89,7 @@ def as_handle(kind: type, handle, what: str):
         if isinstance(handle, other):
             raise ValueError(f"{what} needs the handle of a {_NAMES[kind]}; this one comes from a {_NAMES[other]}")
     if isinstance(handle, tuple) and len(handle) == len(kind._fields):
-        return kind(*handle)
+        return kind(*handle)  # rebuilt by the caller: no facts
     raise ValueError(f"{what} needs the {len(kind._fields)}-tuple handle returned by a {_NAMES[kind]}, got "
                      f"{type(handle).__name__}" + (f" of length {len(handle)}" if isinstance(handle, tuple) else ""))
 

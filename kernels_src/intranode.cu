@@ -465,6 +465,12 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
     if (!wait_peers(local, p.ctrl.combine_done, EP_RT_MAX_CHANNELS, c, me, R, seq, p.timeout_ns, sink,
                     EP_RT_PHASE_COMBINE_RECV))
         return;
+    if (combine_rows(rpm, R, me) > p.region.capacity) {  // the senders skipped my rows: say so here too
+        if (c == 0 && threadIdx.x == 0)
+            report_error(sink, EP_RT_ERR_CAPACITY, EP_RT_PHASE_COMBINE_RECV, me, c, combine_rows(rpm, R, me),
+                         p.region.capacity);
+        return;
+    }
     __shared__ int src_base[EP_RT_MAX_NVL_RANKS];
     if (threadIdx.x < R) {
         const int r = threadIdx.x;

@@ -117,11 +117,22 @@ __device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, T 
     }
 }
 
-// A dispatch count signal: the tag in the high word, the count in the low word.
-__device__ __forceinline__ int64_t count_signal(int32_t tag, int count) {
-    return int64_t((uint64_t(uint32_t(tag)) << 32) | uint32_t(count));
+// A signal: the tag in the high word, then the sender's shape digest (16 bits: a peer that called with another
+// shape is caught instead of followed) and, for dispatch counts, the count (16 bits).
+__device__ __forceinline__ int64_t make_signal(int32_t tag, int digest, int count) {
+    return int64_t((uint64_t(uint32_t(tag)) << 32) | (uint32_t(digest & 0xFFFF) << 16) | uint32_t(count & 0xFFFF));
 }
-__device__ __forceinline__ int32_t tag_of_count_signal(int64_t v) { return int32_t(uint64_t(v) >> 32); }
+__device__ __forceinline__ int32_t tag_of_signal(int64_t v) { return int32_t(uint64_t(v) >> 32); }
+__device__ __forceinline__ int digest_of_signal(int64_t v) { return int((uint64_t(v) >> 16) & 0xFFFF); }
+__device__ __forceinline__ int count_of_signal(int64_t v) { return int(uint64_t(v) & 0xFFFF); }
+
+// A signal of this call from `peer` whose digest differs from ours: reported (the caller's error; every rank must
+// pass the same shape), and the signal is then treated as carrying nothing.
+__device__ __forceinline__ bool same_shape(const LL& ll, int64_t v, int peer, int phase) {
+    if (digest_of_signal(v) == (ll.p.shape_digest & 0xFFFF)) return true;
+    report_error(ll.sink(), EP_RT_ERR_MISMATCH, phase, peer, -1, digest_of_signal(v), ll.p.shape_digest & 0xFFFF);
+    return false;
+}
 
 // Wait until pred(signal) holds; false on timeout (reported with the tag `expected` and the tag seen, `tag_of`
 // of the last value). In shrink mode a silent rank is masked instead.
@@ -340,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         }
         if (k < K) {
             const int64_t e = expert[k];
-            if (e >= p.num_experts && lane == 0 && part == 0)  // out of range: reported, never followed
+            if ((e >= p.num_experts || e < -1) && lane == 0 && part == 0)  // out of range: reported, never followed
                 report_error(ll.sink(), EP_RT_ERR_BAD_EXPERT, EP_RT_PHASE_LL_DISPATCH_SEND, -1, -1, e, p.num_experts);
             const int dst = (e >= 0 && e < p.num_experts) ? int(e / ll.L) : -1;
             if (dst >= 0 && !ll.masked(dst)) {
@@ -376,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         const int dst = e / ll.L, l = e % ll.L;
         const int count = min(atomicExch(counters + e, 0), p.max_tokens);
         if (!ll.masked(dst))
-            signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 8, count_signal(ll.tag, count));
+            signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 8, make_signal(ll.tag, p.shape_digest, count));
     }
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
 }
@@ -488,8 +499,9 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         int64_t value = 0;
         int64_t cycles = 0;
         if (!ll.masked(s))
-            wait_signal(ll, signals + c, [tag](int64_t v) { return tag_of_count_signal(v) == tag; },
-                        tag_of_count_signal, tag, s, EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles);
+            if (wait_signal(ll, signals + c, [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag,
+                            s, EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles))
+                same_shape(ll, value, s, EP_RT_PHASE_LL_DISPATCH_RECV);
         if (p.wait_stats && cycles)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)cycles);
     }
@@ -497,7 +509,8 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     // hold their final value, so after the barrier only the others are read again. early[c]: the count, or -1.
     auto arrived_count = [&](int c) -> int {
         const int64_t v = *reinterpret_cast<const volatile int64_t*>(signals + c);
-        return tag_of_count_signal(v) == tag ? int(uint32_t(v)) : -1;
+        if (tag_of_signal(v) != tag) return -1;
+        return digest_of_signal(v) == (p.shape_digest & 0xFFFF) ? count_of_signal(v) : 0;
     };
     __shared__ int32_t early[kShareTileCells];
     const bool prefetched = E <= kShareTileCells;
@@ -591,7 +604,8 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
     for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
         const int dst = i % R, e = me * ll.L + i / R;
-        if (!ll.masked(dst)) signal_rank(ll, dst, p.signal_off + (int64_t(e % ll.L) * R + me) * 4, ll.tag);
+        if (!ll.masked(dst))
+            signal_rank(ll, dst, p.signal_off + (int64_t(e % ll.L) * R + me) * 8, make_signal(ll.tag, p.shape_digest, 0));
     }
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
 }
@@ -679,13 +693,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
             if (k < K) {
                 const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + k];
                 if (e >= 0 && e < p.num_experts && !ll.masked(int(e / ll.L))) {
-                    int32_t value;
+                    int64_t value;
                     int64_t cycles = 0;
                     const int32_t tag = ll.tag;
-                    const int64_t flag = (e % ll.L) * p.num_ranks + e / ll.L;  // word l * R + source
-                    if (wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(p.signal_off + flag * 4)),
-                                    [tag](int32_t v) { return v == tag; }, [](int32_t v) { return v; }, tag,
-                                    int(e / ll.L), EP_RT_PHASE_LL_COMBINE_RECV, value, cycles))
+                    const int src = int(e / ll.L);
+                    const int64_t flag = (e % ll.L) * p.num_ranks + src;  // word l * R + source
+                    if (wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + flag * 8)),
+                                    [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag, src,
+                                    EP_RT_PHASE_LL_COMBINE_RECV, value, cycles) &&
+                        same_shape(ll, value, src, EP_RT_PHASE_LL_COMBINE_RECV))
                         off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;
                     if (p.wait_stats && cycles)
                         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L,
@@ -718,4 +734,26 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineRecv] = 0;
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
     }
+}
+
+// ------------------------------------------------------------------------------------------------
+// A time-limited barrier over the unmasked ranks (clean_low_latency_buffer, teardown): one block writes
+// p.barrier_seq into its word at every peer, then waits until every unmasked peer's word here holds at least it.
+// In shrink mode a peer that never comes is masked; otherwise the timeout is reported like any other. NVSHMEM's
+// own barrier has no deadline and no mask.
+extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLatencyParams p) {
+    const LL ll(p);
+    const int R = p.num_ranks;
+    for (int r = threadIdx.x; r < R; r += blockDim.x)
+        if (!ll.masked(r)) signal_rank(ll, r, p.signal_off + int64_t(p.rank) * 8, p.barrier_seq);
+    const int64_t seq = p.barrier_seq;
+    for (int r = threadIdx.x; r < R; r += blockDim.x) {
+        if (ll.masked(r)) continue;
+        int64_t value, cycles = 0;
+        wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + int64_t(r) * 8)),
+                    [seq](int64_t v) { return v >= seq; }, [](int64_t v) { return int32_t(v); }, int32_t(seq), r,
+                    EP_RT_PHASE_LL_BARRIER, value, cycles);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) __threadfence_system();
 }

@@ -97,7 +97,8 @@ def test_buffer_too_small_names_the_hint():
     o = op()
     o.num_rdma_bytes = 1 << 20
     with pytest.raises(Exception, match="get_low_latency_rdma_size_hint"):
-        o._common(params.LowLatencyParams(), 128, 7168, 288, ll_layout.dispatch_msg_bytes(7168), combine=False)
+        o._common(params.LowLatencyParams(), 128, 7168, 288, ll_layout.dispatch_msg_bytes(7168), combine=False,
+                  message_format=1)
 
 
 def test_layout_offsets_fit_the_hint():
@@ -116,7 +117,15 @@ def test_layout_offsets_fit_the_hint():
         ctrl = ll_layout.control_offsets(hint, R)
         assert ctrl["credit"] >= hint and ctrl["count_signal"][0] >= ctrl["credit"] + 2 * R * 4
         assert ctrl["combine_flag"][0] >= ctrl["count_signal"][1] + 8 * ll_layout.MAX_SIGNALS
-        assert ctrl["end"] == ctrl["combine_flag"][1] + 4 * ll_layout.MAX_SIGNALS
+        assert ctrl["barrier"] >= ctrl["combine_flag"][1] + 8 * ll_layout.MAX_SIGNALS
+        assert ctrl["end"] >= ctrl["barrier"] + 8 * R
+
+
+def test_shape_digest_tells_shapes_apart():
+    seen = {ll_layout.shape_digest(T_, H_, E_, f) for T_ in (1, 64, 128, 129) for H_ in (1024, 7168, 7296)
+            for E_ in (16, 256, 288) for f in range(4)}
+    assert len(seen) == 4 * 3 * 3 * 4 and all(0 <= d < 1 << 16 for d in seen)
+    assert ll_layout.shape_digest(128, 7168, 288, 1) == ll_layout.shape_digest(128, 7168, 288, 1)
 
 
 def test_hint_is_deepeps_formula():

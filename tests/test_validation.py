@@ -10,7 +10,7 @@ from ep_rt.ops import ht_args as dispatch_args
 from ep_rt.events import EventOverlap, StreamScope
 
 CPU = torch.device("cpu")
-BUF = SimpleNamespace(group_size=2, device=CPU)
+BUF = SimpleNamespace(group_size=2, device=CPU, _ht=SimpleNamespace(serial=-1))
 N, H, K, E = 16, 256, 4, 8
 
 

@@ -16,8 +16,14 @@ class DispatchArgs(NamedTuple):
     x_scales: Optional[torch.Tensor]
 
 
-def check_handle(handle, num_ranks: int, device) -> IntranodeHandle:
-    handle = as_handle(IntranodeHandle, handle, "an intranode cached dispatch or combine")
+def check_handle(handle, num_ranks: int, device, owner: int | None = None, what: str = "combine") -> IntranodeHandle:
+    """The handle's kind, shapes and (when ep_rt made it) identity: made by this Buffer (`owner`, the op's serial),
+    tensors unchanged."""
+    original = handle
+    handle = as_handle(IntranodeHandle, handle, what)
+    facts = getattr(original, "facts", None)
+    if facts is not None and owner is not None:
+        facts.check(original, owner, what)
     rpm, cpm, rcpm, recv_src_idx, in_rank, send_pos = handle
     validate.tensor("handle[0] (rank_prefix_matrix)", rpm, dtype=torch.int32, ndim=2, device=device)
     if tuple(rpm.shape) != (num_ranks, num_ranks):
@@ -48,7 +54,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
     if handle is not None:
         if topk_idx is not None or topk_weights is not None:
             raise ValueError("cached dispatch (handle given) takes no topk_idx / topk_weights")
-        handle = check_handle(handle, R, dev)
+        handle = check_handle(handle, R, dev, buf._ht.serial, "cached dispatch")
         if handle[4].size(0) != N:
             raise ValueError(f"x has {N} tokens but the handle was made for {handle[4].size(0)}")
         return DispatchArgs(data, scales)
@@ -84,7 +90,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
 
 def check_combine(buf, x, handle, topk_weights, bias, config):
     R, dev = buf.group_size, buf.device
-    handle = check_handle(handle, R, dev)
+    handle = check_handle(handle, R, dev, buf._ht.serial, "combine")
     rows, N = handle[3].size(0), handle[4].size(0)
     validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev, rows=rows)
     if x.size(1) == 0 or x.size(1) % 8:

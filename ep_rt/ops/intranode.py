@@ -16,7 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from ..errors import BufferTooSmallError
-from ..handles import IntranodeHandle
+from ..handles import HandleFacts, IntranodeHandle, next_serial, with_facts
 from ..runtime import abi, modules
 from ..runtime.launch import Launcher
 from ..transport import nvl_layout
@@ -45,6 +45,7 @@ class IntranodeOp:
         self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams, block=_DATA_BLOCK)
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):
             nvl.fill_common(k.params)
+        self.serial = next_serial()  # the owner its handles name
         self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
 
     def _run(self, name: str, kernel: Launcher, grid: int, stream) -> None:
@@ -93,6 +94,7 @@ class IntranodeOp:
                         expert_alignment=expert_alignment, hidden_bytes=hidden_bytes, num_topk=K)
         self._run("notify", self.notify, R, comm_stream)
 
+        max_dispatch = max_combine = None  # over all ranks; known on the host unless num_worst_tokens
         if num_worst_tokens > 0:
             num_rows, per_expert = num_worst_tokens, []
         else:
@@ -122,9 +124,34 @@ class IntranodeOp:
                               handshake=False, stream=comm_stream)
         handle = IntranodeHandle(rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx,
                                  is_token_in_rank, send_pos)
+        with_facts(handle, HandleFacts.of(handle, self.serial, max_dispatch_rows=max_dispatch,
+                                          max_combine_rows=max_combine))
         tensors = [x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, recv_x,
                    recv_x_scales, recv_topk_idx, recv_topk_weights, *handle]
         return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
+
+    def check_handle_capacity(self, handle, hidden_bytes: int, num_scales: int, combine_hidden: int | None,
+                              combine_topk: int) -> None:
+        """A cached dispatch (combine_hidden None) or a combine whose rows would not fit the NVL buffer, refused on
+        every rank alike: the maxima in the handle's facts are the same on all ranks. Without facts (a rebuilt
+        handle, or num_worst_tokens) the kernels check, report on every rank concerned, and the Buffer stays usable."""
+        facts = getattr(handle, "facts", None)
+        if facts is None:
+            return
+        nbytes = self.nvl.num_nvl_bytes
+        if combine_hidden is None:
+            rows, what = facts.max_dispatch_rows, "cached dispatch"
+            capacity = nvl_layout.DispatchRows(hidden_bytes, num_scales, 0).fill(abi.DispatchRegion(), nbytes)
+            row_bytes = hidden_bytes + 4 * num_scales
+        else:
+            rows, what = facts.max_combine_rows, "combine"
+            capacity = nvl_layout.CombineRows(combine_hidden, combine_topk).fill(abi.CombineRegion(), nbytes)
+            row_bytes = 2 * combine_hidden + 4 * combine_topk
+        if rows is not None and rows > capacity:
+            raise BufferTooSmallError(
+                f"rank {self.nvl.rank}: this {what} needs room for {rows} rows on some rank but the NVL buffer "
+                f"({nbytes} bytes) holds {capacity}; create the Buffer with num_nvl_bytes >= "
+                f"{nvl_layout.nvl_bytes_for(row_bytes, rows)} (nothing was launched; the Buffer stays usable)")
 
     def cached_dispatch(self, x, x_scales, handle, alloc_stream, comm_stream):
         rank_prefix_matrix, _, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_pos = handle

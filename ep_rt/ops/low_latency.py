@@ -12,10 +12,11 @@ import ctypes
 import torch
 
 from .. import validate
+from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
-from ..transport import ll_layout, nvshmem
+from ..transport import ll_layout
 from ..transport.error_record import ErrorRecords
 from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
@@ -65,6 +66,11 @@ class LowLatencyOp:
         self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams,
                                        block=_SEND_BLOCK if name == "dispatch_send" else _RECV_BLOCK)
                         for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
+        self._barrier = Launcher(module, "ep_rt_ll_barrier", abi.LowLatencyParams, block=_RECV_BLOCK)
+        self.barrier_seq = 0
+        self.timeout_s = timeout_s
+        self.serial = next_serial()  # the owner its handles name
+        errors.on_rearm(SLOT, lambda: self.workspace[abi.EP_RT_LL_WS_CLAIM].zero_())
         # Grids that fill the GPU in one wave. The dispatch receive blocks meet once (every count known) before
         # taking even shares of the messages, so that grid must be resident at once; two blocks per SM are plenty.
         per_sm = {name: driver.max_active_blocks(k.function, k.block, 0) for name, k in self.kernels.items()}
@@ -82,7 +88,8 @@ class LowLatencyOp:
     def failed(self):
         return self.errors.check(SLOT)
 
-    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool) -> int:
+    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool,
+                message_format: int) -> int:
         """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
         if offsets["need"] > offsets["half"]:
@@ -108,6 +115,7 @@ class LowLatencyOp:
         p.has_remote_peers = int(self.nvlink_peers < self.num_ranks)
         p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
             self.rank, self.num_ranks, T, hidden, num_experts, b)
+        p.shape_digest = ll_layout.shape_digest(T, hidden, num_experts, message_format)
         return b
 
     def check_shape(self, T: int, hidden: int, num_experts: int) -> None:
@@ -182,7 +190,8 @@ class LowLatencyOp:
                             device=self.device, rows=R)
         send, recv = self.kernels["dispatch_send"], self.kernels["dispatch_recv"]
         p = send.params
-        self._common(p, T, H, num_experts, ll_layout.dispatch_slot_bytes(H, use_fp8), combine=False)
+        self._common(p, T, H, num_experts, ll_layout.dispatch_slot_bytes(H, use_fp8), combine=False,
+                     message_format=int(use_fp8))
         RT, S = R * T, H // 128
         recv_x = torch.empty(L, RT, H, dtype=_FP8 if use_fp8 else torch.bfloat16, device=self.device)
         scales = None
@@ -235,7 +244,8 @@ class LowLatencyOp:
                             rows=R)
         send, recv = self.kernels["combine_send"], self.kernels["combine_recv"]
         p = send.params
-        self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt), combine=True)
+        self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt), combine=True,
+                     message_format=2 + int(use_logfmt))
         send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=topk_weights.data_ptr(),
                  recv_x=out.data_ptr(), recv_x_scales=0, recv_src_info=src_info.data_ptr(),
                  recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
@@ -259,16 +269,38 @@ class LowLatencyOp:
         holder = type("SymView", (), {"__cuda_array_interface__": iface})()
         return torch.as_tensor(holder, device=self.device).view(torch.bfloat16)
 
+    def barrier(self, stream=None) -> None:
+        """A barrier over the unmasked ranks with a deadline (ep_rt_ll_barrier), then a host sync; in shrink mode a
+        rank that never comes is masked, otherwise the timeout raises CommTimeoutError. NVSHMEM's barrier_all has no
+        deadline and no mask, so ep_rt never calls it where a peer may be gone."""
+        self.raise_if_failed()
+        self.barrier_seq += 1
+        p = self._barrier.params
+        p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
+        p.workspace = self.workspace.data_ptr()
+        p.mask = self.mask.data_ptr() if self.mask is not None else 0
+        p.error, p.timeout_ns = self.error_dev_ptr, self.timeout_ns
+        p.signal_off, p.barrier_seq = self.control["barrier"], self.barrier_seq
+        p.rank, p.num_ranks, p.num_experts = self.rank, self.num_ranks, self.num_ranks
+        stream = stream if stream is not None else torch.cuda.current_stream(self.device)
+        self._barrier(1, stream)
+        stream.synchronize()
+        self.raise_if_failed()
+
+    def masked_ranks(self) -> list[int]:
+        return [] if self.mask is None else [r for r, m in enumerate(self.mask.tolist()) if m]
+
     def clean(self, T: int, hidden: int, num_experts: int) -> None:
-        """Zero the control area (signals, credits) and the epochs on every rank (collective). The layout does not
-        depend on the shape, but the shape is checked as DeepEP's (it must fit this Buffer)."""
+        """Zero the control area (signals, credits) and the epochs on every unmasked rank (collective, with a
+        deadline: barriers of ep_rt_ll_barrier, which skip masked ranks). The layout does not depend on the shape,
+        but the shape is checked as DeepEP's (it must fit this Buffer)."""
         self.check_shape(T, hidden, num_experts)
         torch.cuda.synchronize(self.device)
-        nvshmem.barrier_all()
+        self.barrier()  # nobody still writes into us
         start = self.control["credit"]
-        driver.memset_d8(self.sym + start, 0, self.sym_bytes - start)
+        driver.memset_d8(self.sym + start, 0, self.control["barrier"] - start)
         self.workspace.zero_()
         self.idx = 0
         self.pending_recv = [False, False]
         torch.cuda.synchronize(self.device)
-        nvshmem.barrier_all()
+        self.barrier()  # everybody is clean before anybody writes again

@@ -28,6 +28,7 @@ EP_RT_PHASE_LL_DISPATCH_RECV = 7
 EP_RT_PHASE_LL_COMBINE_RECV = 8
 EP_RT_PHASE_LL_DISPATCH_SEND = 9
 EP_RT_PHASE_LL_BUFFER_FREE = 10
+EP_RT_PHASE_LL_BARRIER = 11
 
 EP_RT_NOTIFY_SLOT_BYTES = 5120
 EP_RT_NOTIFY_HIDDEN_BYTES = 2
@@ -251,6 +252,7 @@ class LowLatencyParams(ctypes.Structure):
         ("send_off", _i64),
         ("recv_off", _i64),
         ("credit_off", _i64),
+        ("barrier_seq", _i64),
         ("msg_bytes", _i64),
         ("timeout_ns", _i64),
         ("rank", _i32),
@@ -267,4 +269,6 @@ class LowLatencyParams(ctypes.Structure):
         ("zero_copy", _i32),
         ("has_remote_peers", _i32),
         ("use_logfmt", _i32),
+        ("shape_digest", _i32),
+        ("pad", _i32),
     ]

@@ -2,18 +2,23 @@
 
 One page of host memory mapped into the device holds one ErrorRecord per kernel family that can fail on its own
 (the NVL kernels, the low-latency kernels). A kernel's first failing block claims its family's device-memory
-claim word, fills the record and writes `code` last; the host turns a set code into the exception to raise. A
-family that failed stays failed (its peers may be anywhere in their calls); the others keep working, as before.
+claim word, fills the record and writes `code` last; the host turns a set code into the exception to raise.
+
+Two kinds of error. The caller's input was wrong but every rank finished the call (an expert id out of range,
+more rows than num_worst_tokens or than the NVL buffer holds): raised once, then the record is re-armed and the part keeps working. Anything
+else (a peer that never came, ranks that called with different shapes): the part stays failed, since its peers
+may be anywhere in their calls; the other parts keep working.
 """
 from __future__ import annotations
 
 import ctypes
 
-from ..errors import EpRtError, error_from_record
+from ..errors import ERR_BAD_EXPERT, ERR_CAPACITY, ERR_WORST_TOKENS, EpRtError, error_from_record
 from ..runtime import abi, driver
 
 RECORD_BYTES = 128
 SLOTS = ("nvl", "low_latency")
+RECOVERABLE = (ERR_BAD_EXPERT, ERR_WORST_TOKENS, ERR_CAPACITY)  # the call completed on every rank
 
 
 class ErrorRecords:
@@ -28,6 +33,11 @@ class ErrorRecords:
         self.mapped = mapped
         ctypes.memset(self.host_ptr, 0, nbytes)
         self.failed: dict[str, EpRtError] = {}
+        self._rearm = {}
+
+    def on_rearm(self, slot: str, reset_claim) -> None:
+        """How to re-arm `slot` after a recoverable error: reset_claim() clears the family's device claim word."""
+        self._rearm[slot] = reset_claim
 
     def device_ptr(self, slot: str) -> int:
         return self.dev_ptr + RECORD_BYTES * SLOTS.index(slot)
@@ -36,9 +46,18 @@ class ErrorRecords:
         return abi.ErrorRecord.from_address(self.host_ptr + RECORD_BYTES * SLOTS.index(slot))
 
     def check(self, slot: str) -> EpRtError | None:
-        """The error `slot` holds (a kernel's record, or one the host set), if any."""
+        """The error `slot` holds (a kernel's record, or one the host set), if any. A recoverable one is returned
+        once and the slot re-armed."""
         if slot not in self.failed and self.host_ptr:
-            err = error_from_record(self.record(slot))
+            rec = self.record(slot)
+            err = error_from_record(rec)
+            if err is not None and rec.code in RECOVERABLE and slot in self._rearm:
+                import torch
+
+                torch.cuda.synchronize()  # the failing kernel has finished before its claim is reset
+                self._rearm[slot]()
+                ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+                return err
             if err is not None:
                 self.failed[slot] = err
         return self.failed.get(slot)

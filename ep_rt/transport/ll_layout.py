@@ -49,17 +49,30 @@ def buffer_offsets(T: int, hidden: int, num_experts: int, num_rdma_bytes: int) -
 
 
 def control_offsets(num_rdma_bytes: int, num_ranks: int) -> dict:
-    """ep_rt's control area after the caller's num_rdma_bytes (params.h): credits, count signals, combine flags at
-    offsets that do not depend on any call's shape. "end": the whole symmetric allocation."""
+    """ep_rt's control area after the caller's num_rdma_bytes (params.h): credits, count signals, combine flags and
+    barrier words at offsets that do not depend on any call's shape. clean_low_latency_buffer zeroes
+    [credit, barrier); the barrier words only grow. "end": the whole symmetric allocation."""
     def up(n):
         return (n + 127) // 128 * 128
 
     credit = up(num_rdma_bytes)
     count = credit + up(2 * num_ranks * 4)
     flag = count + 2 * MAX_SIGNALS * 8
-    end = flag + 2 * MAX_SIGNALS * 4
+    barrier = flag + 2 * MAX_SIGNALS * 8
+    end = barrier + up(num_ranks * 8)
     return {"credit": credit, "count_signal": (count, count + MAX_SIGNALS * 8),
-            "combine_flag": (flag, flag + MAX_SIGNALS * 4), "end": end}
+            "combine_flag": (flag, flag + MAX_SIGNALS * 8), "barrier": barrier, "end": end}
+
+
+def shape_digest(T: int, hidden: int, num_experts: int, message_format: int) -> int:
+    """16 bits the LL kernels carry in every signal (params.h): a receiver whose own digest differs reports the
+    sender as having called with another shape, instead of reading its messages at the wrong offsets. The
+    message format tells fp8 from bf16 dispatch messages and LogFMT from bf16 combine rows."""
+    h = 0x811C9DC5
+    for v in (T, hidden, num_experts, message_format):
+        for byte in int(v).to_bytes(4, "little", signed=False):
+            h = ((h ^ byte) * 0x01000193) & 0xFFFFFFFF  # FNV-1a
+    return (h ^ (h >> 16)) & 0xFFFF
 
 
 def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:

@@ -58,6 +58,7 @@ class NvlBuffer:
         self.error_dev_ptr = errors.device_ptr(SLOT)
         self.ctrl = abi.ControlLayout()
         nvl_layout.fill_control(self.ctrl, num_nvl_bytes)
+        errors.on_rearm(SLOT, self._reset_error_claim)
 
         handle = driver.ipc_get_handle(self.local_ptr)
         gathered = [None] * topology.num_ranks
@@ -91,6 +92,10 @@ class NvlBuffer:
 
     def raise_if_failed(self) -> None:
         self.errors.raise_if_failed(SLOT)
+
+    def _reset_error_claim(self) -> None:
+        driver.memset_d8(self.local_ptr + nvl_layout.CONTROL_OFFSETS["error_claim"], 0, 4)
+        torch.cuda.synchronize(self.device_index)
 
     @property
     def failed(self):

@@ -21,10 +21,10 @@ class SymmetricBuffer:
         self.nvlink_peers = int((self.peer_bases != 0).sum())
 
     def destroy(self, collective: bool) -> None:
-        """nvshmem_free is collective: only with every peer present; otherwise the heap is left to process exit."""
+        """nvshmem_free is collective: only when every peer is in teardown too (the Buffer first runs a barrier
+        with a deadline that says so); otherwise the heap is left to process exit."""
         if not self.ptr:
             return
         ptr, self.ptr = self.ptr, 0
         if collective:
-            nvshmem.barrier_all()
             nvshmem.free(ptr)

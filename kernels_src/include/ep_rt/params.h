@@ -30,6 +30,7 @@
 #define EP_RT_PHASE_LL_COMBINE_RECV 8
 #define EP_RT_PHASE_LL_DISPATCH_SEND 9
 #define EP_RT_PHASE_LL_BUFFER_FREE 10
+#define EP_RT_PHASE_LL_BARRIER 11
 
 struct ErrorRecord {
     int32_t code;
@@ -211,8 +212,11 @@ struct CombineParams {
 // The symmetric buffer: the caller's num_rdma_bytes hold the data of two alternating buffers, one fixed half
 // each (staging area, then receive area, sized per call), followed by ep_rt's control area at fixed offsets:
 //   credits        int32 [2][R]               the tag each peer last consumed, per buffer
-//   count signals  int64 [2][EP_RT_LL_MAX_SIGNALS]  dispatch: word l * R + s = (tag << 32) | count, from source s
-//   combine flags  int32 [2][EP_RT_LL_MAX_SIGNALS]  combine: word l * R + s = tag, from rank s (whose expert it is)
+//   count signals  int64 [2][EP_RT_LL_MAX_SIGNALS]  dispatch: word l * R + s from source s
+//   combine flags  int64 [2][EP_RT_LL_MAX_SIGNALS]  combine: word l * R + s from rank s (whose expert it is)
+//   barrier words  int64 [R]                        ep_rt_ll_barrier: word s from rank s (never cleaned)
+// A signal is (tag << 32) | (shape digest << 16) | count (0 for combine flags): the digest of the sender's call
+// shape (host-computed from T, hidden, experts and the message format) catches a rank that calls with another.
 // Every signal word has one writer (rank word % R) whatever the call's shape, so a late signal can only be
 // overtaken by its own writer's later ones. tag = epoch % (2^32 - 1) + 1 as a 32-bit pattern (never 0, the
 // cleaned value), from the per-buffer epoch in device memory, so that CUDA-graph replays advance it too.
@@ -251,6 +255,7 @@ struct LowLatencyParams {
     int64_t send_off;              //                     send (staging) area
     int64_t recv_off;              //                     receive area
     int64_t credit_off;            // int32 [2 buffers][R]: the tag each peer last consumed (control area)
+    int64_t barrier_seq;           // ep_rt_ll_barrier: this barrier's number (signal_off = the barrier words)
     int64_t msg_bytes;             // dispatch: 16 + max(2H, H + 4S); combine: 2H + 4S
     int64_t timeout_ns;
     int32_t rank;
@@ -267,4 +272,6 @@ struct LowLatencyParams {
     int32_t zero_copy;
     int32_t has_remote_peers;      // some rank is reached through NVSHMEM puts (not NVLink stores)
     int32_t use_logfmt;            // combine: rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh)
+    int32_t shape_digest;          // 16 bits: digest of this call's shape, carried in its signals
+    int32_t pad;
 };
