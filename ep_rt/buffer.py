@@ -224,11 +224,21 @@ class Buffer:
 
     def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
                                 use_rdma_buffer: bool = False) -> torch.Tensor:
-        """A view of this rank's NVL buffer data region. `offset` is in bytes (as DeepEP's C++ does); unlike
-        DeepEP, the view's length stops at the buffer's end instead of running past it."""
+        """A view of this rank's NVL buffer data region, or with use_rdma_buffer of its RDMA (symmetric) buffer's
+        num_rdma_bytes. `offset` is in bytes (as DeepEP's C++ does); unlike DeepEP, the view's length stops at the
+        buffer's end instead of running past it."""
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if not isinstance(offset, int) or isinstance(offset, bool):
+            raise TypeError(f"offset must be an int (bytes), got {offset!r}")
         if use_rdma_buffer:
-            raise NotImplementedError(_NOT_YET.format(what="RDMA buffers"))
-        raw = self._live().data_tensor()
+            if self.destroyed:
+                raise EpRtError("this Buffer has been destroyed")
+            if self._ll is None:
+                raise ValueError("use_rdma_buffer=True needs a Buffer with num_rdma_bytes > 0 (low_latency_mode=True)")
+            raw = self._ll.rdma_tensor()
+        else:
+            raw = self._live().data_tensor()
         if not 0 <= offset <= raw.numel():
             raise ValueError(f"offset {offset} is outside the {raw.numel()}-byte buffer")
         elem = torch.empty((), dtype=dtype).element_size()
@@ -386,7 +396,7 @@ class Buffer:
 
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
         m = self._shrink_mask()
-        if not 0 <= rank_to_mask < self.group_size:
+        if not isinstance(rank_to_mask, int) or isinstance(rank_to_mask, bool) or not 0 <= rank_to_mask < self.group_size:
             raise ValueError(f"rank_to_mask must be in [0, {self.group_size}), got {rank_to_mask}")
         m[rank_to_mask] = 1 if mask else 0
 

@@ -44,16 +44,24 @@ class Config:
         """Bytes of NVL buffer that hold a dispatch and combine of `num_max_tokens_per_rank` tokens per rank
         with `hidden_bytes` per token (FP8 scales and top-k up to 32 included). Unlike DeepEP's ring buffers,
         ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument)."""
-        if hidden_bytes <= 0 or hidden_bytes % 16:
+        _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks, num_max_tokens_per_rank=num_max_tokens_per_rank)
+        if hidden_bytes % 16:
             raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
-        if not 1 <= num_ranks <= nvl_layout.MAX_NVL_RANKS:
+        if num_ranks > nvl_layout.MAX_NVL_RANKS:
             raise ValueError(f"intranode buffers serve 1..{nvl_layout.MAX_NVL_RANKS} ranks, got {num_ranks}")
         return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
+        _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks)
         if num_ranks <= nvl_layout.MAX_NVL_RANKS:
             return 0
         raise NotImplementedError("ep_rt has no internode high-throughput kernels yet (more than 8 ranks)")
+
+
+def _positive_ints(**values) -> None:
+    for name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
 def table_config(kind: str, num_ranks: int, num_sms: int) -> Config:

@@ -45,6 +45,9 @@ class StreamScope:
 
     def __init__(self, comm_stream: torch.cuda.Stream, previous_event: Optional[EventOverlap], async_finish: bool,
                  allocate_on_comm_stream: bool):
+        if previous_event is not None and not isinstance(previous_event, EventOverlap):
+            raise TypeError(f"previous_event must be an EventOverlap (e.g. Buffer.capture()), got "
+                            f"{type(previous_event).__name__}")
         if allocate_on_comm_stream and not (previous_event is not None and async_finish):
             raise ValueError("allocate_on_comm_stream=True requires previous_event and async_finish=True")
         if previous_event is not None and previous_event.event is None:

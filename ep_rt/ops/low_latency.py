@@ -258,6 +258,13 @@ class LowLatencyOp:
         return out, self._receive_launcher(send, recv, max(1, min(items, 2 * self.num_sms)))
 
     # ---- buffers --------------------------------------------------------------------------------
+    def rdma_tensor(self) -> torch.Tensor:
+        """The caller's num_rdma_bytes of the symmetric buffer as uint8 (no copy)."""
+        iface = {"shape": (self.num_rdma_bytes,), "typestr": "|u1", "data": (self.sym, False), "version": 3,
+                 "strides": None}
+        holder = type("SymView", (), {"__cuda_array_interface__": iface})()
+        return torch.as_tensor(holder, device=self.device)
+
     def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:
         """bf16 view [L, R*T, hidden] of the staging area the next LL call (a combine) reads with zero_copy."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)

@@ -21,6 +21,7 @@ import time
 import torch
 
 from .. import reference
+from . import memory
 
 HIDDENS = (1024, 2048, 2560, 4096, 7168)
 EXPERTS = (32, 64, 288)
@@ -171,7 +172,7 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
     graph = _capture_graph(buf, rank, num_ranks, seed, device) if "graph" in features else None
     rng = random.Random(seed)
     counts = {"graph": 0, "hook": 0, "async": 0, "sync": 0, "zero_tokens": 0, "logfmt": 0, "fp8": 0}
-    settings = []
+    settings, samples = [], []
     first_bad = None
     t0 = time.monotonic()
     for rnd in range(rounds):
@@ -188,6 +189,8 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
             counts["zero_tokens"] += s["tokens"][rank] == 0
             counts["logfmt"] += s["use_logfmt"]
             counts["fp8"] += s["use_fp8"]
+        if rnd % 100 == 0 or rnd + 1 == rounds:
+            samples.append(memory.sample(rnd))
         if (rnd + 1) % check_every == 0 or rnd + 1 == rounds:
             bad = tally.bad.tolist()  # the one sync of this batch of rounds
             buf.raise_if_failed()
@@ -201,7 +204,8 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
     elapsed = time.monotonic() - t0
     buf.destroy()
     return {"rounds": rnd + 1, "checks": tally.checks, "bad": tally.bad.tolist(), "first_bad": first_bad,
-            "counts": counts, "seconds": elapsed}
+            "counts": counts, "seconds": elapsed, "leaks": memory.leaks(samples),
+            "samples": [vars(x) for x in samples[::max(1, len(samples) // 8)]]}
 
 
 def _eager_round(buf, s, rs, rank, R, device, tally) -> None:

@@ -28,17 +28,21 @@ def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
         torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                              world_size=num_ranks)
         result = fn(rank, num_ranks, *args)
-        queue.put((rank, "ok", result))
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
     except BaseException as e:  # report, then let spawn see the failure too
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
         raise
+    queue.put((rank, "ok", result))
+    try:  # the result is in; a peer that is gone (a fault test) only makes this fail
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    except Exception:
+        pass
 
 
 def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend: str | None = None,
-              timeout_s: float = 600.0, env: dict | None = None) -> list:
-    """Call fn(rank, num_ranks, *args) on every rank; return the ranks' results in rank order."""
+              timeout_s: float = 600.0, env: dict | None = None, may_exit: tuple = ()) -> list:
+    """Call fn(rank, num_ranks, *args) on every rank; return the ranks' results in rank order. Ranks in `may_exit`
+    may end without a result (fault tests kill them); their result is None."""
     num_gpus = num_gpus or torch.cuda.device_count()
     if num_gpus == 0:
         raise RuntimeError("no CUDA GPU visible")
@@ -51,33 +55,41 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
                                nprocs=num_ranks, join=False, start_method="spawn")
     deadline = time.monotonic() + timeout_s
     results, errors = {}, {}
+
+    def drain():
+        while not queue.empty():
+            rank, status, payload = queue.get()
+            (results if status == "ok" else errors)[rank] = payload
+
+    def gone():  # ranks allowed to exit that did, without a word
+        return {r for r in may_exit if not procs.processes[r].is_alive() and r not in results and r not in errors}
+
     try:
-        while len(results) + len(errors) < num_ranks:
-            while not queue.empty():
-                rank, status, payload = queue.get()
-                (results if status == "ok" else errors)[rank] = payload
+        while True:
+            drain()
             if errors:  # give the other ranks a moment to report theirs too (often the cause)
                 grace = time.monotonic() + 5.0
                 while len(results) + len(errors) < num_ranks and time.monotonic() < grace:
-                    while not queue.empty():
-                        rank, status, payload = queue.get()
-                        (results if status == "ok" else errors)[rank] = payload
+                    drain()
                     time.sleep(0.05)
+                break
+            if len(results) + len(gone()) >= num_ranks:
                 break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"ranks did not finish within {timeout_s:.0f} s (done: {sorted(results)})")
-            if all(not p.is_alive() for p in procs.processes) and queue.empty():
+            if all(not p.is_alive() for p in procs.processes):
+                drain()
                 break
             time.sleep(0.05)
         if not errors:
-            procs.join(timeout=max(deadline - time.monotonic(), 1))
+            procs.join(timeout=5 if may_exit else max(deadline - time.monotonic(), 1))
     finally:
         for p in procs.processes:
             if p.is_alive():
                 p.terminate()
     if errors:
         raise RuntimeError("\n".join(f"--- rank {r} ---\n{msg}" for r, msg in sorted(errors.items())))
-    missing = [r for r in range(num_ranks) if r not in results]
+    missing = [r for r in range(num_ranks) if r not in results and r not in may_exit]
     if missing:
         raise RuntimeError(f"ranks {missing} exited without a result")
-    return [results[r] for r in range(num_ranks)]
+    return [results.get(r) for r in range(num_ranks)]

@@ -22,6 +22,7 @@ def test_ll_soak_every_mode_and_zero_token_ranks(num_ranks):
         assert res["first_bad"] is None, f"rank {rank} (seed {seed}): {res}"
         assert res["rounds"] == rounds and res["checks"] >= 2 * rounds, res
         assert res["bad"] == [0, 0, 0], res
+        assert not res["leaks"], res  # torch, device, NVML and host memory flat after the warm-up
         c = res["counts"]
         # The mix really happened (the settings come from the shared seed, so every rank saw the same mix).
         assert c["graph"] > 0 and c["hook"] > 0 and c["async"] > 0 and c["sync"] > 0, c

@@ -1,0 +1,71 @@
+"""Reliability suite (issue 15) on GPUs, ranks sharing one GPU where there is only one: the bad-input catalogue,
+fault tests (late, skipping and killed peers, with and without shrink mode) and, marked `soak`, 3,000 HT and
+3,000 LL rounds (test_ll_soak_gpu.py) with memory sampled."""
+import os
+
+import pytest
+
+from ep_rt.testing import bad_inputs, faults, soak_ht
+from ep_rt.testing.spawn import run_ranks
+
+from .conftest import gpus
+
+TIMEOUT = 4.0  # seconds a kernel waits for a peer in the fault tests
+
+
+def _seed():
+    return int.from_bytes(os.urandom(4), "little")
+
+
+@gpus(1)
+def test_bad_input_catalogue():
+    results = run_ranks(bad_inputs.run_catalogue, 2, args=(_seed(),), timeout_s=900)
+    for rank, res in enumerate(results):
+        assert res["num_cases"] >= 100
+        bad = [f"{name}: {detail}" for name, ok, detail in res["outcomes"] if not ok]
+        assert not bad, f"rank {rank}:\n" + "\n".join(bad)
+        assert len(res["rounds"]) >= res["num_cases"] // 25
+        for i, checks, failures in res["rounds"]:
+            assert checks > 0 and not failures, (rank, i, failures[:5])
+
+
+@gpus(1)
+@pytest.mark.parametrize("kind", ["ht", "ll"])
+@pytest.mark.parametrize("fault", ["late", "skip"])
+def test_late_or_skipping_peer(kind, fault):
+    results = run_ranks(faults.late_or_skipping_peer, 2, args=(kind, fault, TIMEOUT, _seed()), timeout_s=600)
+    for rank, res in enumerate(results):
+        call = res.get("call")
+        if not res["faulty"]:  # the survivor: a clear timeout within the deadline
+            assert call["error"] and call["timeout"], res
+            assert f"rank {rank}" in call["error"] and "waiting for" in call["error"], call
+            assert call["seconds"] < 3 * TIMEOUT + 10, call
+        assert res["destroy"]["seconds"] < 3 * TIMEOUT + 10, res  # teardown completes (with or without an error)
+        assert res["fresh"]["checks"] > 0 and not res["fresh"]["failures"], res
+
+
+@gpus(1)
+@pytest.mark.parametrize("kind,shrink", [("ht", False), ("ll", False), ("ll", True)])
+def test_killed_peer(kind, shrink):
+    results = run_ranks(faults.killed_peer, 2, args=(kind, shrink, TIMEOUT, _seed()), timeout_s=600, may_exit=(1,))
+    res = results[0]
+    assert results[1] is None
+    if shrink:
+        assert res["mask"] == [0, 1] and res["count_ok"] and res["combine_ok"], res
+        assert res["seconds"] < 3 * TIMEOUT + 10, res
+    else:
+        assert res["call"]["error"] and res["call"]["timeout"], res
+        assert res["call"]["seconds"] < 3 * TIMEOUT + 10, res
+    assert res["destroy"]["seconds"] < 3 * TIMEOUT + 10, res
+
+
+@pytest.mark.soak
+@gpus(1)
+def test_ht_soak_3000_rounds_without_growth():
+    rounds = int(os.environ.get("EP_RT_SOAK_ROUNDS", "3000"))
+    results = run_ranks(soak_ht.ht_soak, 2, args=(rounds, _seed()), timeout_s=1800)
+    for rank, res in enumerate(results):
+        assert res["rounds"] == rounds and res["bad"] == [0, 0, 0], res
+        assert not res["full_failures"] and res["counts"]["full"] > 0, res
+        assert res["counts"]["cached"] > 0 and res["counts"]["num_worst"] > 0 and res["counts"]["fp8"] > 0, res
+        assert not res["leaks"], res
