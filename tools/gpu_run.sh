@@ -44,7 +44,10 @@ for step in $STEPS; do
     # The same soak on another checkout (BASE, e.g. the commit before a fix, with ep_rt/soak_ll.py copied in).
     soak_base) run soak_base 300 env PYTHONPATH="$BASE" EP_RT_TIMEOUT_S=10 python3 tools/ll_soak.py --ranks 2 \
              --rounds "${SOAK_ROUNDS:-3000}" --timeout 240 ;;
+    soak_emul) run soak_emul 300 env EP_RT_RANKS_PER_NODE=1 python3 tools/ll_soak.py --ranks 2 \
+             --rounds "${SOAK_ROUNDS_EMUL:-1000}" --timeout 240 ;;   # the LL put path (emulated nodes)
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
+    soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$OUT/bench.json" ;;
   esac

@@ -57,7 +57,15 @@ class LowLatencyOp:
         self.control = ll_layout.control_offsets(num_rdma_bytes, self.num_ranks)
         self.sym_bytes = self.control["end"]
         self.sym = sym.ptr
-        self.peer_bases, self.nvlink_peers = sym.peer_bases, sym.nvlink_peers
+        self.peer_bases = sym.peer_bases.clone()
+        if topology.emulated:
+            # Emulated nodes (EP_RT_RANKS_PER_NODE): peers on other nodes take the NVSHMEM put path, as they would
+            # on a real cluster, although NVSHMEM could map them here. (On a real cluster nvshmem_ptr is already 0
+            # for them, unless MNNVL maps them, and then NVLink stores are what DeepEP uses too.)
+            for r in range(self.num_ranks):
+                if topology.node_of(r) != topology.node:
+                    self.peer_bases[r] = 0
+        self.nvlink_peers = int((self.peer_bases != 0).sum())
         # Per buffer: a receive hook handed out and not yet called. The next call on that buffer would wait for a
         # receive that cannot run before it, so it is refused on the host instead.
         self.pending_recv = [False, False]

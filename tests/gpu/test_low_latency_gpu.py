@@ -1,5 +1,7 @@
 """Low-latency mode on 2 GPUs against ep_rt.reference_ll: every option, both buffers, hooks, zero-copy,
 LogFMT combine, CUDA-graph replays, and shrink mode with a rank that stops answering."""
+import pytest
+
 from ep_rt.testing.spawn import run_ranks
 
 from . import workers
@@ -26,3 +28,22 @@ def test_shrink_mode_masks_a_silent_rank():
     assert res["count_ok"] and res["range_ok"] and res["combine_ok"], res
     assert res["dispatch_s"] < 30, res
     assert res["after_clean"] == [0, 0] and res["after_update"] == [0, 1], res
+
+
+@gpus(1)
+@pytest.mark.parametrize("num_ranks,ranks_per_node", [(2, 1), (4, 2)])
+def test_low_latency_put_path_on_emulated_nodes(num_ranks, ranks_per_node):
+    """EP_RT_RANKS_PER_NODE makes the ranks several nodes: peers on other nodes get NVSHMEM puts (staging, quiet,
+    fence, NVSHMEM stores of the signals) instead of NVLink stores, and the whole LL suite must still match."""
+    # (NVSHMEM_QP_DEPTH: DeepEP's rule for queue pairs, >= (T + 1) * 2, applies once peers are remote; T=1024 here)
+    env = {"EP_RT_RANKS_PER_NODE": str(ranks_per_node), "NVSHMEM_QP_DEPTH": "4096"}
+    results = run_ranks(workers.ll_suite, num_ranks, env=env,
+                        timeout_s=900)
+    problems = []
+    for rank, res in enumerate(results):
+        assert res["remote_peers"] == num_ranks - ranks_per_node, res["remote_peers"]
+        assert len(res["cases"]) >= 20
+        for name, checks, failures in res["cases"]:
+            assert checks > 0, name
+            problems += [f"rank {rank} {name}: {f}" for f in failures]
+    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"

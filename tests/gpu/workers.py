@@ -182,8 +182,9 @@ def ll_suite(rank, num_ranks):
     buf.clean_low_latency_buffer(128, 1024, 32)
     chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed + 200)
     out.append(("after clean", chk.checks, chk.failures))
+    remote_peers = buf.group_size - buf._ll.nvlink_peers
     buf.destroy()
-    return {"seed": seed, "cases": out, "variant": "ll"}
+    return {"seed": seed, "cases": out, "variant": "ll", "remote_peers": remote_peers}
 
 
 def ll_shrink(rank, num_ranks):
