@@ -126,8 +126,12 @@ class Buffer:
         self._ll = self._ht = self._layout = self._nvl = None
         errors = []
         nvshmem_collective = collective
-        if collective:
+        try:  # our own kernels first (every wait they make has a deadline, so this returns)
             torch.cuda.synchronize(self.device)
+        except Exception as e:  # a finalizer at interpreter exit: the driver may be gone
+            errors.append(e)
+            collective = nvshmem_collective = False
+        if collective:
             if ll is not None and ll.failed is None:
                 # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one
                 # (mask-aware) has seen every peer arrive, and never with a masked (gone) rank.

@@ -132,21 +132,31 @@ class NvlBuffer:
         return _tensor_at(ptr, self.num_nvl_bytes, self.device_index)
 
     def destroy(self, collective: bool, stream=None) -> None:
+        """collective: a node barrier (with a deadline) first, so no peer still writes into us, then close the peer
+        mappings and free. Otherwise (a failed call, a finalizer) peers may still write into this buffer, and
+        freeing memory another process maps is undefined behaviour for that process: the mappings of the peers are
+        closed, but this buffer stays allocated until the process exits (a fresh Buffer allocates its own)."""
+        freed = False
         try:
             if collective and self.failed is None and self.local_ptr:
-                torch.cuda.synchronize(self.device_index)
                 self.barrier(stream if stream is not None else torch.cuda.current_stream(self.device_index))
+                freed = True
         finally:
             for ptr in self._opened:
                 driver.ipc_close_handle(ptr)
             self._opened = []
-            if self.local_ptr:
+            if self.local_ptr and freed:
                 driver.mem_free(self.local_ptr)
-                self.local_ptr = 0
+            elif self.local_ptr:
+                _abandoned.append(self.local_ptr)
+            self.local_ptr = 0
             if self.host_ptr:
                 self.counters = None
                 driver.host_free(self.host_ptr)
                 self.host_ptr = 0
+
+
+_abandoned: list[int] = []  # NVL buffers left to process exit (see NvlBuffer.destroy)
 
 
 class _CudaArray:
