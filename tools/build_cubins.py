@@ -351,13 +351,14 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None):
     manifest_path = out / "manifest.json"
     described = {fl: chain.describe() for fl, chain in chains.items()}
     partial = len(families) < len(all_families) or len(flavours) < len(FLAVOURS)
-    if partial and manifest_path.is_file():
+    if partial and manifest_path.is_file():  # keep the rest, except families whose source is gone
         rebuilt = {(f.name, fl) for f in families for fl in flavours}
+        existing = {f.name for f in all_families}
         old = manifest_lib.load_manifest(manifest_path)
-        entries += [e for e in old["cubins"] if (e["family"], e["flavour"]) not in rebuilt]
+        entries += [e for e in old["cubins"]
+                    if (e["family"], e["flavour"]) not in rebuilt and e["family"] in existing]
         described = {**old.get("toolchains", {}), **described}
-    else:
-        remove_stray_cubins(out, {e["path"] for e in entries})
+    remove_stray_cubins(out, {e["path"] for e in entries})
     manifest = {
         "schema": manifest_lib.SCHEMA,
         "toolchains": described,
