@@ -340,7 +340,7 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None):
 
     def build_one(target):
         cubin = chains[target.flavour].compile(target.family, target.variant, target.arch, src)
-        entry = manifest_entry(target, src, cubin, chains[target.flavour].compiler)
+        entry = manifest_entry(target, src, cubin, chains[target.flavour].compiler(target.family))
         write_atomic(out / entry["path"], cubin)
         print(f"built {entry['path']}: {len(cubin)} bytes, {len(entry['kernels'])} kernels", flush=True)
         return entry

@@ -201,22 +201,25 @@ class Toolchain:
             self.version = nvcc_version(self.nvcc)
             if self.version.split(".")[0] != NVCC_MAJOR["cu13"]:
                 raise BuildError(f"the cu13 flavour needs nvcc {NVCC_MAJOR['cu13']}.x; {self.nvcc} is "
-                                     f"{self.version} (set $NVCC)")
+                                 f"{self.version} (set $NVCC)")
             needed = [NVSHMEM_PACKAGE["cu13"]] if needs_nvshmem else []
-            self.compiler = f"nvcc {self.version}"
         else:
             needed = [n for n in SITE_PINS["cu12"] if needs_nvshmem or n not in
                       (NVSHMEM_PACKAGE["cu12"], "nvidia-nvjitlink-cu12")]
-            pins = SITE_PINS["cu12"]
-            self.compiler = (f"nvrtc {pins['nvidia-cuda-nvrtc-cu12']}"
-                             + (f" + nvjitlink {pins['nvidia-nvjitlink-cu12']}" if needs_nvshmem else ""))
         if needed:
             check_site(flavour, self.site, needed)
 
+    def compiler(self, family=None):
+        """What compiles (and links) `family`; without one, the whole toolchain."""
+        if self.flavour == "cu13":
+            return f"nvcc {self.version}"
+        pins = SITE_PINS["cu12"]
+        links = family is None or family.needs_nvshmem
+        return f"nvrtc {pins['nvidia-cuda-nvrtc-cu12']}" + (f" + nvjitlink {pins['nvidia-nvjitlink-cu12']}" if links else "")
+
     def describe(self):
         """The manifest's record of this toolchain."""
-        info = {"compiler": self.compiler, "packages": dict(sorted(SITE_PINS[self.flavour].items()))}
-        return info
+        return {"compiler": self.compiler(), "packages": dict(sorted(SITE_PINS[self.flavour].items()))}
 
     def compile(self, family, variant, arch, src):
         """The cubin bytes of one (family, variant, arch), built in a scratch staging folder."""
