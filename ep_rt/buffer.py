@@ -65,6 +65,10 @@ class Buffer:
         self.device_index = torch.cuda.current_device()
         self.device = torch.device("cuda", self.device_index)
         driver.ensure_context(self.device_index)
+        if low_latency_mode:  # before anything is allocated: an sm_80 GPU has no LL kernels
+            from .ops.low_latency import LowLatencyOp
+
+            LowLatencyOp.require_arch(driver.compute_capability(self.device_index))
         self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
         timeout = env.timeout_s() if timeout_s is None else float(timeout_s)
         if timeout <= 0:
@@ -92,10 +96,10 @@ class Buffer:
     def _low_latency_op(self, group, topo, num_rdma_bytes, num_qps_per_rank, allow_nvlink, allow_mnnvl, timeout,
                         enable_shrink):
         from .ops.low_latency import LowLatencyOp
-        from .transport.nvshmem import NvshmemSession
+        from .transport.nvshmem import NvshmemSession, host_flavour
         from .transport.symmetric import SymmetricBuffer
 
-        entry = LowLatencyOp.cubin_entry(self.device_index)
+        entry = LowLatencyOp.cubin_entry(self.device_index, host_flavour())
         session = self._own(NvshmemSession(group, entry["nvshmem"], num_qps_per_rank, allow_nvlink, allow_mnnvl,
                                            topo.single_host))
         session.error_slot = "low_latency"

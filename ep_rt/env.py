@@ -17,6 +17,20 @@ def cubin_dir() -> str | None:
     return os.environ.get("EP_RT_CUBIN_DIR") or None
 
 
+CUBIN_FLAVOURS = ("cu12", "cu13")
+
+
+def cubin_flavour() -> str | None:
+    """EP_RT_CUBIN_FLAVOUR=cu12|cu13: load the cubins built with CUDA 12 (NVRTC 12.9) or CUDA 13 (nvcc 13) instead
+    of choosing from the driver version and the NVSHMEM host library. Unset or empty: choose."""
+    value = os.environ.get("EP_RT_CUBIN_FLAVOUR", "").strip().lower()
+    if not value:
+        return None
+    if value not in CUBIN_FLAVOURS:
+        raise ValueError(f"EP_RT_CUBIN_FLAVOUR must be one of {', '.join(CUBIN_FLAVOURS)} (or unset), got {value!r}")
+    return value
+
+
 def aggressive_ptx() -> bool:
     """EP_RT_AGGRESSIVE_PTX=1: use the cubin variant with non-coherent loads of peer-written memory."""
     return _flag("EP_RT_AGGRESSIVE_PTX", False)

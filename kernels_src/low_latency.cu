@@ -1,4 +1,4 @@
-// ep_rt-build: nvshmem
+// ep_rt-build: nvshmem min_arch=sm_90
 //
 // Low-latency (decode) dispatch and combine over a symmetric NVSHMEM buffer.
 //

@@ -1,7 +1,9 @@
-"""tools/build_cubins.py and ep_rt/runtime/manifest.py: builds of throwaway kernel families, the manifest they
-produce, and --check catching stale, missing, tampered and unlisted cubins. CPU only; builds need nvcc."""
+"""tools/build_cubins.py and ep_rt/runtime/manifest.py: builds of throwaway kernel families in both flavours, the
+manifest they produce, and --check catching stale, missing, tampered and unlisted cubins; the repo's own cubin set.
+CPU only. Builds need nvcc 13 (cu13) and the cu12 site (NVRTC/nvJitLink wheels, `python tools/build_cubins.py
+--install-sites` makes it at build/cu12-site; $EP_RT_TEST_CU12_SITE points elsewhere): without the site, the
+builds here are cu13-only and the cu12-specific tests skip."""
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -71,7 +73,7 @@ extern "C" __global__ void beta_fill(int *out, int v) { out[threadIdx.x] = v + E
 """
 
 SHMEM_CU = """\
-// ep_rt-build: nvshmem
+// ep_rt-build: nvshmem min_arch=sm_90
 #include <nvshmem.h>
 #include <nvshmemx.h>
 extern "C" __global__ void shmem_put(int *sym, int peer, int v) {
@@ -89,17 +91,36 @@ def _load_tool():
 
 
 build_cubins = _load_tool()
+toolchains = build_cubins.toolchains
+SITES = {"cu12": Path(os.environ.get("EP_RT_TEST_CU12_SITE", REPO / "build" / "cu12-site")),
+         "cu13": Path(os.environ.get("EP_RT_TEST_CU13_SITE", REPO / "build" / "cu13-site"))}
+PLAIN = {"cu12": ["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12"], "cu13": []}
+
+
+def site_ready(flavour, nvshmem=False):
+    needed = list(toolchains.SITE_PINS[flavour]) if nvshmem else PLAIN[flavour]
+    try:
+        toolchains.check_site(flavour, SITES[flavour], needed)
+        return True
+    except build_cubins.BuildError:
+        return False
+
+
+# The flavours the throwaway families are built in here: cu13 always (nvcc), cu12 where its site is installed.
+BUILT = tuple(f for f in build_cubins.FLAVOURS if f == "cu13" or site_ready(f))
+FLAVOUR_ARGS = [] if len(BUILT) == 2 else [a for f in BUILT for a in ("--flavour", f)]
 
 
 def run_tool(*args, env=None):
     return subprocess.run([sys.executable, str(TOOL), *map(str, args)], capture_output=True, text=True, env=env)
 
 
-def run_check(root):
+def run_check(root, *extra):
     """--check in an environment with no nvcc to be found: it must need none."""
     env = {k: v for k, v in os.environ.items() if k not in ("NVCC", "CUDA_HOME", "CUDA_PATH")}
     env["PATH"] = "/nonexistent"
-    return run_tool("--check", "--src", root / "kernels_src", "--out", root / "cubins", env=env)
+    return run_tool("--check", "--src", root / "kernels_src", "--out", root / "cubins", *FLAVOUR_ARGS, *extra,
+                    env=env)
 
 
 def write_sources(root, families):
@@ -113,7 +134,8 @@ def write_sources(root, families):
 
 
 def build_or_fail(root, *extra):
-    result = run_tool("--src", root / "kernels_src", "--out", root / "cubins", *extra)
+    sites = [a for f in build_cubins.FLAVOURS for a in (f"--{f}-site", SITES[f])]
+    result = run_tool("--src", root / "kernels_src", "--out", root / "cubins", *sites, *extra)
     assert result.returncode == 0, result.stdout + result.stderr
     return load_manifest(root / "cubins" / "manifest.json")
 
@@ -131,7 +153,7 @@ def built(tmp_path_factory):
     require_nvcc()
     root = tmp_path_factory.mktemp("built")
     write_sources(root, {"alpha": ALPHA_CU, "beta": BETA_CU})
-    build_or_fail(root)
+    build_or_fail(root, *FLAVOUR_ARGS)
     return root
 
 
@@ -144,26 +166,46 @@ def tree(built, tmp_path):
 
 # ---------------------------------------------------------------- what a build writes
 
+# (family, arch, variant) of the test families: every arch, the aggressive variant only on sm_90.
+TEST_TARGETS = [("alpha", "sm_80", "safe"), ("alpha", "sm_90", "safe"), ("alpha", "sm_90", "aggressive"),
+                ("alpha", "sm_100", "safe"), ("beta", "sm_80", "default"), ("beta", "sm_90", "default"),
+                ("beta", "sm_100", "default")]
+DEFINES = {"safe": ["-DEP_RT_AGGRESSIVE_PTX=0"], "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"], "default": []}
+
+
+def expected_flags(flavour, arch, variant):
+    if flavour == "cu13":
+        return [f"-arch={arch}", "-cubin", "-O3", "-std=c++17", "-Ikernels_src/include", "--expt-relaxed-constexpr",
+                *DEFINES[variant]]
+    return [f"--gpu-architecture={arch}", "-std=c++17", "-Ikernels_src/include", "-Icu12/nvidia/cuda_cccl/include",
+            "-Icu12/nvidia/cuda_runtime/include", "-Irtc_shim", *DEFINES[variant]]
+
+
 def test_manifest_entries(built):
     manifest = load_manifest(built / "cubins" / "manifest.json")
-    assert manifest["schema"] == 1
-    assert manifest["nvcc_version"].count(".") == 2
-    assert [e["path"] for e in manifest["cubins"]] == [
-        "sm_90/aggressive/alpha.cubin", "sm_90/default/beta.cubin", "sm_90/safe/alpha.cubin"]
-    defines = {"safe": ["-DEP_RT_AGGRESSIVE_PTX=0"], "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"], "default": []}
+    assert manifest["schema"] == 2
+    assert sorted(manifest["toolchains"]) == sorted(BUILT)
+    assert manifest["toolchains"]["cu13"]["compiler"].startswith("nvcc 13.")
+    assert sorted(e["path"] for e in manifest["cubins"]) == sorted(
+        f"{fl}/{arch}/{variant}/{family}.cubin" for fl in BUILT for family, arch, variant in TEST_TARGETS)
     for entry in manifest["cubins"]:
+        flavour, arch = entry["flavour"], entry["arch"]
         cubin = (built / "cubins" / entry["path"]).read_bytes()
         assert entry["sha256"] == hashlib.sha256(cubin).hexdigest()
-        assert entry["path"] == f"{entry['arch']}/{entry['variant']}/{entry['family']}.cubin"
-        assert entry["arch"] == "sm_90" and entry["nvcc"] == manifest["nvcc_version"]
+        assert entry["compiler"] == {"cu13": manifest["toolchains"]["cu13"]["compiler"], "cu12": "nvrtc 12.9.86"}[flavour]
         assert entry["needs_nvshmem"] is False and entry["nvshmem"] is None
+        assert entry["min_driver"] == {"cu13": 13000, "cu12": 12080 if arch == "sm_100" else 12000}[flavour]
+        assert entry["ran_on_hardware"] is (flavour == "cu13" and arch == "sm_90")
         assert entry["sources"] == sorted([f"kernels_src/{entry['family']}.cu", "kernels_src/include/ep_rt/params.h",
                                            "kernels_src/include/ep_rt/ptx.cuh"])
-        assert entry["flags"] == ["-arch=sm_90", "-cubin", "-O3", "-std=c++17", "-Ikernels_src/include",
-                                  "--expt-relaxed-constexpr", *defines[entry["variant"]]]
-    assert find_cubin_entries(manifest, "alpha", "sm_90", "safe")[0]["kernels"] == ["alpha_copy", "alpha_outer"]
-    assert find_cubin_entries(manifest, "beta", "sm_90", "default")[0]["kernels"] == ["beta_fill"]
-    assert len(find_cubin_entries(manifest, "alpha")) == 2
+        assert entry["flags"] == expected_flags(flavour, arch, entry["variant"])
+        # NVRTC 12 writes the ELF ABI that r525+ drivers load (sm_100 has only the newer one); nvcc 13 cannot.
+        assert (cubin[7], cubin[8]) == ((0x33, 7) if flavour == "cu12" and arch != "sm_100" else (0x41, 8)), entry
+    for flavour in BUILT:
+        assert find_cubin_entries(manifest, "alpha", "sm_90", "safe", flavour)[0]["kernels"] == [
+            "alpha_copy", "alpha_outer"]
+        assert find_cubin_entries(manifest, "beta", "sm_100", "default", flavour)[0]["kernels"] == ["beta_fill"]
+    assert len(find_cubin_entries(manifest, "alpha", flavour="cu13")) == 4
 
 
 def test_manifest_text_is_stable(built):
@@ -182,10 +224,17 @@ def test_struct_layouts_and_constants(built):
 
 def test_source_digest_is_recomputable(built):
     manifest = load_manifest(built / "cubins" / "manifest.json")
-    entry = find_cubin_entries(manifest, "beta", "sm_90", "default")[0]
-    digest = source_digest(built, "kernels_src/beta.cu",
-                           [built / p for p in entry["sources"] if "/include/" in p], entry["flags"], "sm_90")
-    assert digest == entry["source_sha256"]
+    for entry in find_cubin_entries(manifest, "beta", "sm_90", "default"):
+        digest = source_digest(built, "kernels_src/beta.cu", [built / p for p in entry["sources"] if "/include/" in p],
+                               entry["flags"], "sm_90", entry["toolchain"])
+        assert digest == entry["source_sha256"]
+
+
+def test_build_is_reproducible_in_another_folder(built, tmp_path):
+    root = tmp_path / "elsewhere" / "deeper"
+    write_sources(root, {"alpha": ALPHA_CU, "beta": BETA_CU})
+    again = build_or_fail(root, *FLAVOUR_ARGS)
+    assert again == load_manifest(built / "cubins" / "manifest.json")
 
 
 # ---------------------------------------------------------------- --check
@@ -193,7 +242,15 @@ def test_source_digest_is_recomputable(built):
 def test_check_passes_in_another_folder_without_nvcc(tree):
     result = run_check(tree)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "cubins up to date: 3 cubins"
+    assert result.stdout.strip() == f"cubins up to date: {len(TEST_TARGETS) * len(BUILT)} cubins"
+
+
+def test_check_of_all_flavours_needs_both(tree):
+    result = run_tool("--check", "--src", tree / "kernels_src", "--out", tree / "cubins")
+    if len(BUILT) == 2:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode == 1 and "cu12/sm_90/safe/alpha.cubin: no manifest entry" in result.stderr
 
 
 def _edit(path, text):
@@ -202,23 +259,29 @@ def _edit(path, text):
 
 MUTATIONS = {
     "source edited": (lambda r: _edit(r / "kernels_src/alpha.cu", "// changed\n"),
-                      ["sm_90/safe/alpha.cubin: stale", "sm_90/aggressive/alpha.cubin: stale"]),
+                      ["cu13/sm_90/safe/alpha.cubin: stale", "cu13/sm_90/aggressive/alpha.cubin: stale",
+                       "cu13/sm_80/safe/alpha.cubin: stale"]),
     "include edited": (lambda r: _edit(r / "kernels_src/include/ep_rt/ptx.cuh", "// changed\n"),
-                       ["sm_90/safe/alpha.cubin: stale", "sm_90/aggressive/alpha.cubin: stale",
-                        "sm_90/default/beta.cubin: stale"]),
+                       ["cu13/sm_90/safe/alpha.cubin: stale", "cu13/sm_90/aggressive/alpha.cubin: stale",
+                        "cu13/sm_100/default/beta.cubin: stale"]),
     "include added": (lambda r: (r / "kernels_src/include/ep_rt/new.cuh").write_text("#pragma once\n"),
-                      ["sm_90/default/beta.cubin: stale"]),
-    "cubin deleted": (lambda r: (r / "cubins/sm_90/default/beta.cubin").unlink(),
-                      ["sm_90/default/beta.cubin: cubin file missing"]),
-    "cubin tampered": (lambda r: _edit_bytes(r / "cubins/sm_90/safe/alpha.cubin"),
-                       ["sm_90/safe/alpha.cubin: cubin sha256 differs"]),
-    "cubin unlisted": (lambda r: shutil.copy(r / "cubins/sm_90/default/beta.cubin", r / "cubins/sm_90/default/x.cubin"),
-                       ["sm_90/default/x.cubin: cubin file not in the manifest"]),
+                      ["cu13/sm_90/default/beta.cubin: stale"]),
+    "cubin deleted": (lambda r: (r / "cubins/cu13/sm_90/default/beta.cubin").unlink(),
+                      ["cu13/sm_90/default/beta.cubin: cubin file missing"]),
+    "cubin tampered": (lambda r: _edit_bytes(r / "cubins/cu13/sm_90/safe/alpha.cubin"),
+                       ["cu13/sm_90/safe/alpha.cubin: cubin sha256 differs"]),
+    "cubin unlisted": (lambda r: shutil.copy(r / "cubins/cu13/sm_90/default/beta.cubin",
+                                             r / "cubins/cu13/sm_90/default/x.cubin"),
+                       ["cu13/sm_90/default/x.cubin: cubin file not in the manifest"]),
     "family added": (lambda r: (r / "kernels_src/gamma.cu").write_text(BETA_CU),
-                     ["gamma sm_90/default: no manifest entry"]),
+                     ["cu13/sm_90/default/gamma.cubin: no manifest entry"]),
+    "min_arch raised": (lambda r: (r / "kernels_src/beta.cu").write_text("// ep_rt-build: min_arch=sm_90\n" + BETA_CU),
+                        ["cu13/sm_80/default/beta.cubin: no such family/flavour/arch/variant",
+                         "cu13/sm_90/default/beta.cubin: stale"]),
     "variants changed": (lambda r: (r / "kernels_src/beta.cu").write_text(
                              "// ep_rt-build: variants=safe,aggressive\n" + ALPHA_CU),
-                         ["beta sm_90/safe: no manifest entry", "sm_90/default/beta.cubin: no such family/variant"]),
+                         ["cu13/sm_90/safe/beta.cubin: no manifest entry",
+                          "cu13/sm_90/default/beta.cubin: no such family/flavour/arch/variant"]),
     "struct field renamed": (lambda r: (r / "kernels_src/include/ep_rt/params.h").write_text(
                                  PARAMS_H.replace("int32_t n, m;", "int32_t n, count;")),
                              ["params.h struct Outer fields differ from the manifest (added ['count'], removed ['m'])"]),
@@ -245,52 +308,92 @@ def test_check_fails(tree, mutation):
         assert not any("beta" in line for line in lines), lines
 
 
+def test_check_sees_a_changed_pin_or_hardware_mark(tree, monkeypatch):
+    src, out = tree / "kernels_src", tree / "cubins"
+    assert build_cubins.check(src, out, BUILT) == ([], len(TEST_TARGETS) * len(BUILT))
+    monkeypatch.setitem(toolchains.SITE_PINS, "cu12", {**toolchains.SITE_PINS["cu12"],
+                                                        "nvidia-cuda-nvrtc-cu12": "12.9.99"})
+    problems, _ = build_cubins.check(src, out, BUILT)
+    stale = sorted(p.split(":")[0] for p in problems)
+    assert stale == sorted(f"cu12/{a}/{v}/{f}.cubin" for f, a, v in TEST_TARGETS if "cu12" in BUILT)
+    monkeypatch.undo()
+    monkeypatch.setattr(build_cubins, "RAN_ON_HARDWARE", {})
+    problems, _ = build_cubins.check(src, out, BUILT)
+    assert problems and all("ran_on_hardware" in p for p in problems)
+    assert {p.split(":")[0] for p in problems} == {"cu13/sm_90/safe/alpha.cubin", "cu13/sm_90/aggressive/alpha.cubin",
+                                                  "cu13/sm_90/default/beta.cubin"}
+
+
 # ---------------------------------------------------------------- partial and full rebuilds
 
 def test_family_rebuild_keeps_other_entries(tree):
     before = load_manifest(tree / "cubins" / "manifest.json")
     _edit(tree / "kernels_src/beta.cu", "// changed\n")
-    after = build_or_fail(tree, "--family", "beta")
+    after = build_or_fail(tree, "--family", "beta", *FLAVOUR_ARGS)
     assert find_cubin_entries(after, "alpha") == find_cubin_entries(before, "alpha")
     assert (find_cubin_entries(after, "beta")[0]["source_sha256"]
             != find_cubin_entries(before, "beta")[0]["source_sha256"])
     assert run_check(tree).returncode == 0
 
 
+def test_flavour_rebuild_keeps_the_other_flavour(tree):
+    before = load_manifest(tree / "cubins" / "manifest.json")
+    after = build_or_fail(tree, "--flavour", "cu13")
+    assert after == before
+
+
 def test_full_rebuild_removes_cubins_of_deleted_families(tree):
     (tree / "kernels_src/alpha.cu").unlink()
-    manifest = build_or_fail(tree)
-    assert [e["path"] for e in manifest["cubins"]] == ["sm_90/default/beta.cubin"]
-    assert sorted(p.name for p in (tree / "cubins").rglob("*.cubin")) == ["beta.cubin"]
+    manifest = build_or_fail(tree, *FLAVOUR_ARGS)
+    assert sorted(e["path"] for e in manifest["cubins"]) == sorted(
+        f"{fl}/{a}/default/beta.cubin" for fl in BUILT for a in ("sm_80", "sm_90", "sm_100"))
+    assert sorted(p.name for p in (tree / "cubins").rglob("*.cubin")) == ["beta.cubin"] * 3 * len(BUILT)
     assert run_check(tree).returncode == 0
 
 
-def test_unknown_family_is_an_error(tree):
+def test_unknown_family_or_flavour_is_an_error(tree):
     result = run_tool("--src", tree / "kernels_src", "--out", tree / "cubins", "--family", "nope")
     assert result.returncode == 1
     assert "unknown family nope" in result.stderr and "alpha, beta" in result.stderr
+    result = run_tool("--check", "--src", tree / "kernels_src", "--out", tree / "cubins", "--flavour", "cu11")
+    assert result.returncode == 2 and "invalid choice: 'cu11'" in result.stderr
 
 
-# ---------------------------------------------------------------- NVSHMEM two-step build
+def test_missing_site_names_the_install_command(tree, tmp_path):
+    result = run_tool("--src", tree / "kernels_src", "--out", tree / "cubins", "--flavour", "cu12",
+                      "--cu12-site", tmp_path / "no-site")
+    assert result.returncode == 1
+    assert "--install-sites" in result.stderr and "nvidia-cuda-nvrtc-cu12==12.9.86" in result.stderr
 
-def test_nvshmem_family(tmp_path):
+
+# ---------------------------------------------------------------- NVSHMEM families
+
+@pytest.mark.parametrize("flavour", build_cubins.FLAVOURS)
+def test_nvshmem_family(tmp_path, flavour):
     require_nvcc()
-    try:
-        build_cubins.find_nvshmem()
-    except build_cubins.BuildError:
-        pytest.skip("the nvidia-nvshmem-cu13 package is not installed: cannot build an NVSHMEM family")
+    if not site_ready(flavour, nvshmem=True):
+        pytest.skip(f"no {flavour} site with NVSHMEM at {SITES[flavour]} (python tools/build_cubins.py "
+                    f"--install-sites)")
     write_sources(tmp_path, {"shmem": SHMEM_CU})
-    manifest = build_or_fail(tmp_path)
-    (entry,) = manifest["cubins"]
-    version = importlib.metadata.version("nvidia-nvshmem-cu13")
-    assert entry["needs_nvshmem"] is True
-    assert entry["nvshmem"] == manifest["nvshmem_version"] == version
-    assert entry["kernels"] == ["shmem_put"]  # not the linked-in nvshmemi_* device functions
-    assert "-rdc=true" in entry["flags"] and "-dlink" in entry["flags"] and "-lnvshmem_device" in entry["flags"]
-    assert not any(os.sep + "site-packages" in f or str(tmp_path) in f for f in entry["flags"])
-    cubin = (tmp_path / "cubins" / entry["path"]).read_bytes()
-    assert b"nvshmemi_device_lib_version_d" in cubin, "cubin not device-linked against libnvshmem_device"
-    assert run_check(tmp_path).returncode == 0
+    manifest = build_or_fail(tmp_path, "--flavour", flavour)
+    entries = manifest["cubins"]
+    assert [(e["arch"], e["variant"]) for e in entries] == [("sm_100", "default"), ("sm_90", "default")]
+    package = toolchains.NVSHMEM_PACKAGE[flavour]
+    for entry in entries:
+        assert entry["needs_nvshmem"] is True
+        assert entry["nvshmem"] == toolchains.SITE_PINS[flavour][package]
+        assert f"{package}=={entry['nvshmem']}" in entry["toolchain"]
+        assert entry["kernels"] == ["shmem_put"]  # not the linked-in nvshmemi_* device functions
+        assert not any(os.sep + "site-packages" in f or str(tmp_path) in f or str(REPO) in f for f in entry["flags"])
+        cubin = (tmp_path / "cubins" / entry["path"]).read_bytes()
+        assert b"nvshmemi_device_lib_version_d" in cubin, "cubin not device-linked against libnvshmem_device"
+    flags = {e["arch"]: e["flags"] for e in entries}
+    if flavour == "cu13":
+        assert "-rdc=true" in flags["sm_90"] and "-dlink" in flags["sm_90"] and "-lnvshmem_device" in flags["sm_90"]
+    else:
+        assert "--relocatable-device-code=true" in flags["sm_90"] and "-maxrregcount=80" not in flags["sm_90"]
+        assert "-maxrregcount=80" in flags["sm_100"]  # nvshmem-cu12 has no sm_100 SASS (cubin_toolchains)
+    assert run_check(tmp_path, "--flavour", flavour).returncode == 0
 
 
 # ---------------------------------------------------------------- the repo's own cubins
@@ -298,23 +401,54 @@ def test_nvshmem_family(tmp_path):
 def test_repo_cubins_are_current():
     if not (REPO / "cubins" / "manifest.json").is_file():
         pytest.skip("cubins/manifest.json does not exist yet (run python tools/build_cubins.py)")
-    result = run_check(REPO)
+    result = run_tool("--check")  # every flavour
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("cubins up to date:")
 
 
-# ---------------------------------------------------------------- pieces that need no nvcc
+def test_repo_cubin_set():
+    """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive only on sm_90; NVSHMEM
+    linked against the lower bound of the matching extra; the hardware mark only on cu13/sm_90."""
+    manifest = load_manifest(REPO / "cubins" / "manifest.json")
+    have = {(e["family"], e["flavour"], e["arch"], e["variant"]) for e in manifest["cubins"]}
+    want = set()
+    for fl in ("cu12", "cu13"):
+        for arch in ("sm_80", "sm_90", "sm_100"):
+            want |= {("layout", fl, arch, "default"), ("intranode", fl, arch, "safe")}
+            if arch != "sm_80":
+                want.add(("low_latency", fl, arch, "default"))
+        want.add(("intranode", fl, "sm_90", "aggressive"))
+    assert have == want
+    from ep_rt.transport.nvshmem_dist import EXTRAS
+    for e in manifest["cubins"]:
+        assert e["ran_on_hardware"] is (e["flavour"] == "cu13" and e["arch"] == "sm_90")
+        if e["needs_nvshmem"]:
+            assert EXTRAS[e["flavour"]].startswith(f"nvidia-nvshmem-{e['flavour']}>={e['nvshmem']},"), e["path"]
+        assert set(e["kernels"]) >= {"layout": {"ep_rt_get_dispatch_layout"},
+                                     "intranode": {"ep_rt_intranode_dispatch", "ep_rt_intranode_combine"},
+                                     "low_latency": {"ep_rt_ll_dispatch_send", "ep_rt_ll_combine_recv"}}[e["family"]]
+
+
+# ---------------------------------------------------------------- pieces that need no compiler
 
 def test_directives(tmp_path):
     cu = tmp_path / "f.cu"
-    cu.write_text("// ep_rt-build: variants=safe, aggressive\n// ep_rt-build: nvshmem\n")
-    assert build_cubins.read_directives(cu) == (("safe", "aggressive"), True)
+    cu.write_text("// ep_rt-build: variants=safe, aggressive\n// ep_rt-build: nvshmem min_arch=sm_90\n")
+    assert build_cubins.read_directives(cu) == (("safe", "aggressive"), True, "sm_90")
     cu.write_text("extern \"C\" __global__ void k() {}\n")
-    assert build_cubins.read_directives(cu) == (("default",), False)
-    for bad in ("// ep_rt-build: variants=fast\n", "// ep_rt-build: lto\n"):
+    assert build_cubins.read_directives(cu) == (("default",), False, "sm_80")
+    for bad in ("// ep_rt-build: variants=fast\n", "// ep_rt-build: lto\n", "// ep_rt-build: min_arch=sm_89\n"):
         cu.write_text(bad)
         with pytest.raises(build_cubins.BuildError, match="f.cu:1"):
             build_cubins.read_directives(cu)
+
+
+def test_targets_follow_min_arch_and_keep_aggressive_on_sm90(tmp_path):
+    fam = build_cubins.Family("f", tmp_path / "f.cu", ("safe", "aggressive"), True, "sm_90")
+    keys = [t.key for t in build_cubins.targets([fam])]
+    assert keys == [("f", fl, a, v) for fl in ("cu12", "cu13") for a, v in
+                    (("sm_90", "safe"), ("sm_90", "aggressive"), ("sm_100", "safe"))]
+    assert build_cubins.targets([fam], ["cu13"])[0].path == "cu13/sm_90/safe/f.cubin"
 
 
 def test_header_parsing():
@@ -322,16 +456,17 @@ def test_header_parsing():
     assert build_cubins.parse_constants(PARAMS_H) == ["EP_RT_TEST_RANKS", "EP_RT_TEST_WORDS"]
 
 
-def test_source_digest_ignores_checkout_folder_but_not_flags(tmp_path):
+def test_source_digest_ignores_checkout_folder_but_not_flags_arch_or_toolchain(tmp_path):
     digests = []
     for folder in ("a", "b/c"):
         root = tmp_path / folder
         src = write_sources(root, {"beta": BETA_CU})
         includes = sorted((src / "include").rglob("*.h*"))
-        digests.append(source_digest(root, src / "beta.cu", includes, ["-O3"], "sm_90"))
+        digests.append(source_digest(root, src / "beta.cu", includes, ["-O3"], "sm_90", ["nvcc 13.x"]))
     assert digests[0] == digests[1]
-    assert source_digest(root, src / "beta.cu", includes, ["-O2"], "sm_90") != digests[0]
-    assert source_digest(root, src / "beta.cu", includes, ["-O3"], "sm_100") != digests[0]
+    assert source_digest(root, src / "beta.cu", includes, ["-O2"], "sm_90", ["nvcc 13.x"]) != digests[0]
+    assert source_digest(root, src / "beta.cu", includes, ["-O3"], "sm_100", ["nvcc 13.x"]) != digests[0]
+    assert source_digest(root, src / "beta.cu", includes, ["-O3"], "sm_90", ["nvcc 12.x"]) != digests[0]
 
 
 def _fake_cubin(symbols):

@@ -1,5 +1,5 @@
-"""The wheel is pure Python (py3-none-any), carries every cubin and the manifest, and an installed copy finds
-its cubins in its own package data (not in the checkout)."""
+"""The wheel is pure Python (py3-none-any), carries every cubin of both flavours and the manifest, stays small, and
+an installed copy finds its cubins in its own package data (not in the checkout)."""
 import json
 import os
 import subprocess
@@ -37,6 +37,21 @@ def test_wheel_is_pure_python_and_carries_every_cubin(wheel):
     assert {n for n in names if n.endswith(".py")} == sources
     for wing in ("runtime", "transport", "ops", "reference", "testing", "cli"):
         assert f"ep_rt/{wing}/__init__.py" in names, wing
+
+
+# Measured with pip wheel --no-deps: 335,280 B with the sm_90 cu13 set alone; 1,141,325 B with both flavours for
+# sm_80/90/100 (18 cubins, 4.7 MB, 1.0 MB compressed). The bound catches a stray folder or an uncompressed blow-up.
+MAX_WHEEL_BYTES = 2_500_000
+
+
+def test_wheel_carries_both_flavours_and_stays_small(wheel):
+    zf = zipfile.ZipFile(wheel)
+    cubins = {i.filename[len("ep_rt/cubins/"):]: i for i in zf.infolist() if i.filename.endswith(".cubin")}
+    on_disk = {p.relative_to(ROOT / "cubins").as_posix(): p.stat().st_size for p in (ROOT / "cubins").rglob("*.cubin")}
+    assert {name: i.file_size for name, i in cubins.items()} == on_disk
+    assert {name.split("/")[0] for name in cubins} == {"cu12", "cu13"}
+    assert {name.split("/")[1] for name in cubins} == {"sm_80", "sm_90", "sm_100"}
+    assert wheel.stat().st_size < MAX_WHEEL_BYTES, wheel.stat().st_size
 
 
 def test_installed_wheel_uses_its_own_cubins(wheel, tmp_path):

@@ -1,24 +1,38 @@
 #!/usr/bin/env python3
-"""Compile kernels_src/*.cu into cubins/<arch>/<variant>/<family>.cubin and write cubins/manifest.json.
+"""Compile kernels_src/*.cu into cubins/<flavour>/<arch>/<variant>/<family>.cubin and write cubins/manifest.json.
 
-    python tools/build_cubins.py                  build every family (needs nvcc, a host C++ compiler)
+Two flavours of every cubin (tools/cubin_toolchains.py): cu13 (nvcc 13, needs a CUDA 13 driver) and cu12
+(NVRTC + nvJitLink 12.9 from pip wheels, loads from driver r525 on). The cu12 compilers and both flavours'
+NVSHMEM device libraries come from pip "sites" (folders made with pip install --target), at pinned versions:
+
+    python tools/build_cubins.py --install-sites  pip-install the pinned packages into build/cu12-site and
+                                                  build/cu13-site (once; needs PyPI), then build everything
+    python tools/build_cubins.py                  build every family, flavour, arch and variant (needs nvcc 13,
+                                                  a host C++ compiler and the two sites)
     python tools/build_cubins.py --family NAME    rebuild only NAME (repeatable); other entries are kept
-    python tools/build_cubins.py --check          CI: is cubins/ current with kernels_src/? (stdlib only)
+    python tools/build_cubins.py --flavour cu12   rebuild only one flavour (repeatable); other entries are kept
+    python tools/build_cubins.py --check          CI: is cubins/ current with kernels_src/? (stdlib only, no
+                                                  compiler, no site)
+    --cu12-site DIR / --cu13-site DIR             use other site folders (default: build/cu12-site, build/cu13-site)
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
     // ep_rt-build: variants=safe,aggressive      (default: one variant named "default")
-    // ep_rt-build: nvshmem                       (device-links libnvshmem_device, two nvcc steps)
+    // ep_rt-build: nvshmem                       (device-links libnvshmem_device)
+    // ep_rt-build: min_arch=sm_90                (not built for older archs: ARCHS below)
 
-Reproducible output: nvcc runs in a scratch staging folder that holds two symlinks, <src name> -> the
-source folder and nvshmem -> the NVSHMEM wheel's nvidia/nvshmem folder, so every path on the nvcc
-command lines is relative and the same on every machine (the device linker writes its -L paths into
-the cubin). The recorded flags are exactly those command lines without input and output names.
+Archs: every family for sm_80 (A100), sm_90 (Hopper) and sm_100 (Blackwell; plain sm_100, which B300 (10.3) also
+runs, unlike sm_100a) from its min_arch on. The aggressive variant only for sm_90, the one arch on which its
+non-coherent loads were validated (as DeepEP, which forces them off elsewhere).
+
+Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources and the sites,
+so every path on their command lines is relative and the same on every machine. The recorded flags are exactly
+those command lines without input and output names; the source digest covers the sources, the flags, the arch
+and the pinned packages (cubin_toolchains.identity), so --check sees a change in any of them.
 """
 import argparse
 import concurrent.futures
 import dataclasses
 import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -26,40 +40,38 @@ import re
 import shlex
 import shutil
 import struct
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-ARCHS = ("sm_90",)
-VARIANT_DEFINES = {
-    "default": [],
-    "safe": ["-DEP_RT_AGGRESSIVE_PTX=0"],
-    "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"],
+ARCHS = ("sm_80", "sm_90", "sm_100")
+AGGRESSIVE_ARCHS = ("sm_90",)
+# (flavour, arch) pairs whose cubins have run on a GPU; every other pair is only built. After a GPU run of a new
+# pair, add it here and rebuild: the manifest records it per cubin and --check compares.
+RAN_ON_HARDWARE = {
+    ("cu13", "sm_90"): "H200 (nvidia-h200-x2): GPU suite bit-exact with ep_rt.reference, benchmarks",
 }
-COMMON_FLAGS = ["-O3", "-std=c++17"]
-EXTRA_FLAGS = ["--expt-relaxed-constexpr"]
-NVSHMEM_PACKAGE = "nvidia-nvshmem-cu13"
-NVSHMEM_LINK = "nvshmem"
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"
 
 
-def _load_manifest_lib():
+def _load(name, path):
     # Loaded by file path so that --check never runs ep_rt/__init__.py (which may import torch).
-    spec = importlib.util.spec_from_file_location("_ep_rt_manifest", REPO / "ep_rt" / "runtime" / "manifest.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-manifest_lib = _load_manifest_lib()
-
-
-class BuildError(Exception):
-    """A build or configuration problem, reported as one message without a traceback."""
+manifest_lib = _load("_ep_rt_manifest", REPO / "ep_rt" / "runtime" / "manifest.py")
+toolchains = _load("_ep_rt_cubin_toolchains", Path(__file__).resolve().parent / "cubin_toolchains.py")
+BuildError = toolchains.BuildError
+FLAVOURS = toolchains.FLAVOURS
+VARIANT_DEFINES = toolchains.VARIANT_DEFINES
+find_nvcc = toolchains.find_nvcc
+run_tool = toolchains.run_tool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +80,38 @@ class Family:
     source: Path
     variants: tuple
     needs_nvshmem: bool
+    min_arch: str = ARCHS[0]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    family: Family
+    flavour: str
+    arch: str
+    variant: str
+
+    @property
+    def key(self):
+        return (self.family.name, self.flavour, self.arch, self.variant)
+
+    @property
+    def path(self):
+        return f"{self.flavour}/{self.arch}/{self.variant}/{self.family.name}.cubin"
 
 
 # ---------------------------------------------------------------- families and sources
 
+def arch_number(arch):
+    """sm_100 -> 100; raises on anything that is not a plain sm_XY."""
+    match = re.fullmatch(r"sm_(\d+)", arch)
+    if match is None:
+        raise BuildError(f"not a plain arch name: {arch!r} (expected sm_XY, e.g. sm_90)")
+    return int(match.group(1))
+
+
 def read_directives(path):
-    """(variants, needs_nvshmem) from the `// ep_rt-build:` lines of a .cu file."""
-    variants, needs_nvshmem = None, False
+    """(variants, needs_nvshmem, min_arch) from the `// ep_rt-build:` lines of a .cu file."""
+    variants, needs_nvshmem, min_arch = None, False, ARCHS[0]
     for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         line = line.strip()
         if not line.startswith(DIRECTIVE):
@@ -88,10 +125,14 @@ def read_directives(path):
                 if unknown or not variants:
                     raise BuildError(f"{path.name}:{lineno}: unknown variant(s) {unknown or option!r}; "
                                      f"known: {', '.join(VARIANT_DEFINES)}")
+            elif option.startswith("min_arch="):
+                min_arch = option[len("min_arch="):]
+                if min_arch not in ARCHS:
+                    raise BuildError(f"{path.name}:{lineno}: min_arch {min_arch!r} is not one of {', '.join(ARCHS)}")
             else:
                 raise BuildError(f"{path.name}:{lineno}: unknown ep_rt-build option {option!r} "
-                                 "(known: variants=a,b and nvshmem)")
-    return variants or ("default",), needs_nvshmem
+                                 "(known: variants=a,b, nvshmem and min_arch=sm_XY)")
+    return variants or ("default",), needs_nvshmem, min_arch
 
 
 def discover_families(src):
@@ -99,6 +140,19 @@ def discover_families(src):
     if not src.is_dir():
         raise BuildError(f"no kernel source folder {src}")
     return [Family(p.stem, p, *read_directives(p)) for p in sorted(src.glob("*.cu"))]
+
+
+def targets(families, flavours=FLAVOURS):
+    """Every cubin to build: each family for each flavour, arch from its min_arch, and variant."""
+    out = []
+    for family in families:
+        for flavour in flavours:
+            for arch in ARCHS:
+                if arch_number(arch) < arch_number(family.min_arch):
+                    continue
+                out += [Target(family, flavour, arch, v) for v in family.variants
+                        if v != "aggressive" or arch in AGGRESSIVE_ARCHS]
+    return out
 
 
 def include_files(src):
@@ -111,72 +165,14 @@ def relative_sources(src, family):
                   for p in [family.source, *include_files(src)])
 
 
-def nvcc_commands(family, variant, arch, src_name):
-    """nvcc argument lists (without the nvcc path) run in the staging folder; the cubin's name."""
-    source, obj, cubin = f"{src_name}/{family.name}.cu", f"{family.name}.o", f"{family.name}.cubin"
-    head = [*COMMON_FLAGS, f"-I{src_name}/include"]
-    tail = [*EXTRA_FLAGS, *VARIANT_DEFINES[variant]]
-    if not family.needs_nvshmem:
-        return [[f"-arch={arch}", "-cubin", *head, *tail, source, "-o", cubin]], cubin
-    # One step would silently give an unlinked cubin: compile relocatable, then device-link.
-    return [
-        [f"-arch={arch}", "-rdc=true", *head, f"-I{NVSHMEM_LINK}/include", *tail, "-c", source, "-o", obj],
-        [f"-arch={arch}", "-dlink", "-cubin", obj, f"-L{NVSHMEM_LINK}/lib", "-lnvshmem_device", "-o", cubin],
-    ], cubin
+def recorded_flags(target, src_name):
+    return toolchains.recorded_flags(target.flavour, target.family, target.variant, target.arch, src_name)
 
 
-def recorded_flags(family, variant, arch, src_name):
-    """The nvcc flags of every step, without input and output names; identical on every machine."""
-    commands, _ = nvcc_commands(family, variant, arch, src_name)
-    return [arg for cmd in commands for arg in cmd if arg.startswith("-") and arg != "-o"]
-
-
-def family_digest(src, family, variant, arch):
-    flags = recorded_flags(family, variant, arch, src.name)
-    return manifest_lib.source_digest(src.parent, family.source, include_files(src), flags, arch)
-
-
-# ---------------------------------------------------------------- tools and versions
-
-def find_nvcc():
-    candidates = [os.environ.get("NVCC"), shutil.which("nvcc")]
-    candidates += [os.path.join(os.environ[v], "bin", "nvcc") for v in ("CUDA_HOME", "CUDA_PATH") if v in os.environ]
-    candidates.append("/usr/local/cuda/bin/nvcc")
-    for c in candidates:
-        if c and os.path.isfile(c) and os.access(c, os.X_OK):
-            return c
-    raise BuildError("nvcc not found (looked at $NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
-
-
-def nvcc_version(nvcc):
-    """'13.0.88' from nvcc --version ("... release 13.0, V13.0.88")."""
-    text = run_tool([nvcc, "--version"], "nvcc --version")
-    match = re.search(r"release [\d.]+, V([\d.]+)", text)
-    if match is None:
-        raise BuildError(f"cannot read the version from `{nvcc} --version`:\n{text}")
-    return match.group(1)
-
-
-def installed_nvshmem_version():
-    try:
-        return importlib.metadata.version(NVSHMEM_PACKAGE)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def find_nvshmem():
-    """The nvidia/nvshmem folder of the installed nvidia-nvshmem-cu13 wheel."""
-    try:
-        spec = importlib.util.find_spec("nvidia.nvshmem")
-    except ModuleNotFoundError:
-        spec = None
-    for location in (spec.submodule_search_locations or []) if spec else []:
-        folder = Path(location)
-        if (folder / "include" / "nvshmem.h").is_file() and (folder / "lib" / "libnvshmem_device.a").is_file():
-            return folder
-    raise BuildError(f"NVSHMEM families need the {NVSHMEM_PACKAGE} package (nvidia/nvshmem with include/ and "
-                     f"lib/libnvshmem_device.a), not found for {sys.executable}: "
-                     f"pip install {NVSHMEM_PACKAGE}==<the version torch pins>")
+def target_digest(src, target):
+    return manifest_lib.source_digest(src.parent, target.family.source, include_files(src),
+                                      recorded_flags(target, src.name), target.arch,
+                                      toolchains.identity(target.flavour, target.family))
 
 
 def find_host_compiler():
@@ -284,50 +280,35 @@ def measure_params(src):
 
 # ---------------------------------------------------------------- building
 
-def run_tool(cmd, what, cwd=None):
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise BuildError(f"{what} failed:\n  $ {shlex.join(cmd)}\n{result.stdout}{result.stderr}")
-    return result.stdout
-
-
-def compile_cubin(family, variant, arch, src, nvcc, nvshmem_dir):
-    """The cubin bytes of one (family, variant, arch), built in a scratch staging folder."""
-    commands, cubin = nvcc_commands(family, variant, arch, src.name)
-    with tempfile.TemporaryDirectory(prefix="ep_rt_build_") as stage:
-        os.symlink(src, os.path.join(stage, src.name))
-        if family.needs_nvshmem:
-            os.symlink(nvshmem_dir, os.path.join(stage, NVSHMEM_LINK))
-        for args in commands:
-            run_tool([nvcc, *args], f"nvcc for {family.name} {arch}/{variant}", cwd=stage)
-        return Path(stage, cubin).read_bytes()
-
-
-def manifest_entry(family, variant, arch, src, cubin, nvcc_ver, nvshmem_ver):
+def manifest_entry(target, src, cubin, compiler):
+    family, hardware = target.family, RAN_ON_HARDWARE.get((target.flavour, target.arch))
     return {
-        "path": f"{arch}/{variant}/{family.name}.cubin",
+        "path": target.path,
         "family": family.name,
-        "arch": arch,
-        "variant": variant,
+        "flavour": target.flavour,
+        "arch": target.arch,
+        "variant": target.variant,
         "sha256": hashlib.sha256(cubin).hexdigest(),
-        "source_sha256": family_digest(src, family, variant, arch),
+        "source_sha256": target_digest(src, target),
         "sources": relative_sources(src, family),
-        "nvcc": nvcc_ver,
-        "nvshmem": nvshmem_ver if family.needs_nvshmem else None,
-        "flags": recorded_flags(family, variant, arch, src.name),
+        "compiler": compiler,
+        "toolchain": toolchains.identity(target.flavour, family),
+        "min_driver": toolchains.min_driver(target.flavour, target.arch),
+        "nvshmem": toolchains.nvshmem_version(target.flavour, family),
+        "flags": recorded_flags(target, src.name),
         "kernels": kernel_symbols(cubin),
         "needs_nvshmem": family.needs_nvshmem,
+        "ran_on_hardware": hardware is not None,
     }
 
 
-def select_families(families, names):
+def select(items, names, what, known_names):
     if not names:
-        return families
-    known = {f.name for f in families}
-    unknown = sorted(set(names) - known)
+        return items
+    unknown = sorted(set(names) - set(known_names))
     if unknown:
-        raise BuildError(f"unknown family {', '.join(unknown)}; families in sources: {', '.join(sorted(known))}")
-    return [f for f in families if f.name in names]
+        raise BuildError(f"unknown {what} {', '.join(unknown)}; known: {', '.join(sorted(known_names))}")
+    return [i for i in items if (i.name if isinstance(i, Family) else i) in names]
 
 
 def write_atomic(path, data):
@@ -347,36 +328,41 @@ def remove_stray_cubins(out, keep):
             folder.rmdir()
 
 
-def build(src, out, names=(), jobs=None):
-    families = select_families(discover_families(src), names)
-    nvcc = find_nvcc()
-    nvcc_ver, nvshmem_ver = nvcc_version(nvcc), installed_nvshmem_version()
-    nvshmem_dir = find_nvshmem() if any(f.needs_nvshmem for f in families) else None
+def build(src, out, names=(), flavours=(), sites=None, jobs=None):
+    all_families = discover_families(src)
+    families = select(all_families, names, "family", [f.name for f in all_families])
+    flavours = select(list(FLAVOURS), flavours, "flavour", FLAVOURS)
+    sites = sites or {}
+    chains = {fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families)
+              for fl in flavours}
     structs, constants = measure_params(src)
-    work = [(f, v, a) for f in families for v in f.variants for a in ARCHS]
+    work = targets(families, flavours)
 
-    def build_one(item):
-        family, variant, arch = item
-        cubin = compile_cubin(family, variant, arch, src, nvcc, nvshmem_dir)
-        entry = manifest_entry(family, variant, arch, src, cubin, nvcc_ver, nvshmem_ver)
+    def build_one(target):
+        cubin = chains[target.flavour].compile(target.family, target.variant, target.arch, src)
+        entry = manifest_entry(target, src, cubin, chains[target.flavour].compiler(target.family))
         write_atomic(out / entry["path"], cubin)
-        print(f"built {entry['path']}: {len(entry['kernels'])} kernels", flush=True)
+        print(f"built {entry['path']}: {len(cubin)} bytes, {len(entry['kernels'])} kernels", flush=True)
         return entry
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs or os.cpu_count() or 1) as pool:
         entries = list(pool.map(build_one, work))
 
     manifest_path = out / "manifest.json"
-    if names and manifest_path.is_file():
-        rebuilt = {f.name for f in families}
-        old = manifest_lib.load_manifest(manifest_path)["cubins"]
-        entries += [e for e in old if e["family"] not in rebuilt]
-    else:
-        remove_stray_cubins(out, {e["path"] for e in entries})
+    described = {fl: chain.describe() for fl, chain in chains.items()}
+    partial = len(families) < len(all_families) or len(flavours) < len(FLAVOURS)
+    if partial and manifest_path.is_file():  # keep the rest, except families whose source is gone
+        rebuilt = {(f.name, fl) for f in families for fl in flavours}
+        existing = {f.name for f in all_families}
+        old = manifest_lib.load_manifest(manifest_path)
+        entries += [e for e in old["cubins"]
+                    if (e["family"], e["flavour"]) not in rebuilt and e["family"] in existing]
+        described = {**old.get("toolchains", {}), **described}
+    remove_stray_cubins(out, {e["path"] for e in entries})
     manifest = {
         "schema": manifest_lib.SCHEMA,
-        "nvcc_version": nvcc_ver,
-        "nvshmem_version": nvshmem_ver,
+        "toolchains": described,
+        "hardware_runs": {f"{fl}/{arch}": text for (fl, arch), text in sorted(RAN_ON_HARDWARE.items())},
         "structs": structs,
         "constants": constants,
         "cubins": sorted(entries, key=lambda e: e["path"]),
@@ -387,13 +373,20 @@ def build(src, out, names=(), jobs=None):
 
 # ---------------------------------------------------------------- --check
 
-def check_entry(src, out, families, entry):
-    family = families.get(entry["family"])
-    if family is None or entry["variant"] not in family.variants or entry["arch"] not in ARCHS:
-        return [f"{entry['path']}: no such family/variant/arch in {src.name}/: {REBUILD_HINT}"]
+def check_entry(src, out, expected, entry):
+    key = (entry["family"], entry.get("flavour"), entry["arch"], entry["variant"])
+    target = expected.get(key)
+    if target is None:
+        return [f"{entry['path']}: no such family/flavour/arch/variant in {src.name}/: {REBUILD_HINT}"]
     problems = []
-    if family_digest(src, family, entry["variant"], entry["arch"]) != entry["source_sha256"]:
-        problems.append(f"{entry['path']}: stale, its sources or flags changed since it was built: {REBUILD_HINT}")
+    if entry["path"] != target.path:
+        problems.append(f"{entry['path']}: should be at {target.path}: {REBUILD_HINT}")
+    if target_digest(src, target) != entry["source_sha256"]:
+        problems.append(f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was "
+                        f"built: {REBUILD_HINT}")
+    if entry.get("ran_on_hardware") != ((target.flavour, target.arch) in RAN_ON_HARDWARE):
+        problems.append(f"{entry['path']}: ran_on_hardware differs from build_cubins.RAN_ON_HARDWARE: "
+                        f"{REBUILD_HINT}")
     cubin = out / entry["path"]
     if not cubin.is_file():
         problems.append(f"{entry['path']}: cubin file missing: {REBUILD_HINT}")
@@ -419,25 +412,25 @@ def check_structs(src, manifest):
     return problems
 
 
-def check(src, out):
-    """(problems, number of cubins) comparing out/ with src/; needs neither nvcc nor a GPU."""
+def check(src, out, flavours=()):
+    """(problems, number of cubins) comparing out/ with src/; needs neither a compiler nor a GPU. Every
+    target of the `flavours` asked for (default: all) must be in the manifest; every entry must be current."""
     try:
         manifest = manifest_lib.load_manifest(out / "manifest.json")
     except manifest_lib.ManifestError as e:
         return [str(e)], 0
-    families = {f.name: f for f in discover_families(src)}
+    families = discover_families(src)
+    expected = {t.key: t for t in targets(families)}
+    required = {t.key for t in targets(families, select(list(FLAVOURS), flavours, "flavour", FLAVOURS))}
     problems, entries = [], {}
     for entry in manifest["cubins"]:
-        key = (entry["family"], entry["arch"], entry["variant"])
+        key = (entry["family"], entry.get("flavour"), entry["arch"], entry["variant"])
         if key in entries:
             problems.append(f"{entry['path']}: duplicate manifest entry")
         entries[key] = entry
-    for family in families.values():
-        for variant in family.variants:
-            problems += [f"{family.name} {arch}/{variant}: no manifest entry: {REBUILD_HINT}"
-                         for arch in ARCHS if (family.name, arch, variant) not in entries]
+    problems += [f"{expected[k].path}: no manifest entry: {REBUILD_HINT}" for k in sorted(required - entries.keys())]
     for key in sorted(entries):
-        problems += check_entry(src, out, families, entries[key])
+        problems += check_entry(src, out, expected, entries[key])
     listed = {e["path"] for e in entries.values()}
     problems += [f"{p.relative_to(out).as_posix()}: cubin file not in the manifest: {REBUILD_HINT}"
                  for p in sorted(out.rglob("*.cubin")) if p.relative_to(out).as_posix() not in listed]
@@ -453,24 +446,35 @@ def parse_args(argv):
     parser.add_argument("--out", default=str(REPO / "cubins"), help="cubins and manifest (default: %(default)s)")
     parser.add_argument("--family", action="append", default=[], metavar="NAME",
                         help="build only this family (repeatable); other manifest entries are kept")
+    parser.add_argument("--flavour", action="append", default=[], choices=FLAVOURS,
+                        help="build (or with --check, require) only this flavour (repeatable)")
+    for fl in FLAVOURS:
+        parser.add_argument(f"--{fl}-site", default=str(REPO / "build" / f"{fl}-site"), metavar="DIR",
+                            help=f"the {fl} pip site (default: %(default)s)")
+    parser.add_argument("--install-sites", action="store_true",
+                        help="pip-install the pinned packages into the sites first (needs PyPI)")
     parser.add_argument("--check", action="store_true", help="verify out/ against src/ without building")
-    parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel nvcc runs (default: CPU count)")
+    parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiler runs (default: CPU count)")
     return parser.parse_args(argv)
 
 
 def main(argv=None):
     args = parse_args(argv)
     src, out = Path(os.path.abspath(args.src)), Path(os.path.abspath(args.out))
+    sites = {fl: Path(os.path.abspath(getattr(args, f"{fl}_site"))) for fl in FLAVOURS}
     try:
         if args.check:
-            problems, count = check(src, out)
+            problems, count = check(src, out, args.flavour)
             for problem in problems:
                 print(problem, file=sys.stderr)
             if problems:
                 return 1
             print(f"cubins up to date: {count} cubins")
             return 0
-        build(src, out, args.family, args.jobs)
+        if args.install_sites:
+            for fl in args.flavour or FLAVOURS:
+                toolchains.install_site(fl, sites[fl])
+        build(src, out, args.family, args.flavour, sites, args.jobs)
         return 0
     except BuildError as e:
         print(f"build_cubins: {e}", file=sys.stderr)

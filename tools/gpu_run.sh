@@ -16,7 +16,7 @@ export EP_RT_TIMEOUT_S=${EP_RT_TIMEOUT_S:-30}
   echo "date: $(date -u +%FT%TZ)"; echo "commit: ${1:-unknown}"
   nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
   nvidia-smi topo -m
-  python3 -c "import torch, cuda.bindings, importlib.metadata as m; print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| nvshmem', m.version('nvidia-nvshmem-cu13'), '| pytest-benchmark', m.version('pytest-benchmark'))"
+  python3 -c "import torch, cuda.bindings, importlib.metadata as m; from ep_rt.runtime import driver; from ep_rt.transport import nvshmem; v = lambda n: next((d.version for d in m.distributions() if d.metadata['Name'] == n), 'none'); print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| driver', driver.driver_version(), '| nvshmem-cu12', v('nvidia-nvshmem-cu12'), '| nvshmem-cu13', v('nvidia-nvshmem-cu13'), '| host library flavour', nvshmem.host_flavour(), '| EP_RT_CUBIN_FLAVOUR', __import__('os').environ.get('EP_RT_CUBIN_FLAVOUR', 'unset'), '| pytest-benchmark', m.version('pytest-benchmark'))"
   python3 tools/build_cubins.py --check
 } > "$OUT/env.txt" 2>&1
 run() {  # name, limit_s, command...

@@ -25,6 +25,7 @@ _MAX_EXPERTS = abi.EP_RT_LL_MAX_SIGNALS
 _SEND_BLOCK, _RECV_BLOCK = 512, 256
 _FP8 = torch.float8_e4m3fn
 SLOT = "low_latency"  # this op's slot in the ErrorRecords
+MIN_CC = (9, 0)  # kernels_src/low_latency.cu's min_arch
 
 
 class LowLatencyOp:
@@ -32,8 +33,18 @@ class LowLatencyOp:
     records are transports the Buffer made (and tears down); the workspace and mask are torch tensors."""
 
     @staticmethod
-    def cubin_entry(device_index: int) -> dict:
-        return modules.choose_entry(modules.manifest(), "low_latency", modules.arch_of(device_index), False)
+    def require_arch(cc: tuple[int, int]) -> None:
+        """The LL kernels use programmatic dependent launch (griddepcontrol), which needs sm_90 or newer."""
+        if cc < MIN_CC:
+            raise EpRtError(f"low-latency mode needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]} or newer "
+                            f"(its kernels use programmatic dependent launch, an sm_90 feature); this GPU is "
+                            f"{cc[0]}.{cc[1]} (sm_{cc[0]}{cc[1]}). The high-throughput intranode mode runs on it: "
+                            f"Buffer(group, num_nvl_bytes) without low_latency_mode.")
+
+    @staticmethod
+    def cubin_entry(device_index: int, nvshmem_flavour: str | None) -> dict:
+        """The LL cubin for this device and driver, of the NVSHMEM host library's flavour (cu12 / cu13)."""
+        return modules.choose_entry(modules.manifest(), "low_latency", device_index, False, nvshmem_flavour)
 
     @staticmethod
     def symmetric_bytes(num_rdma_bytes: int, num_ranks: int) -> int:

@@ -9,6 +9,7 @@ import ctypes
 import functools
 
 from ..errors import CudaDriverError
+from . import choice
 
 
 @functools.lru_cache(maxsize=None)
@@ -33,8 +34,21 @@ def check(result, call: str):
     return values[0] if len(values) == 1 else tuple(values)
 
 
+def driver_version() -> int:
+    """cuDriverGetVersion: the newest CUDA the installed driver supports, as 1000 * major + 10 * minor."""
+    return int(check(_cu().cuDriverGetVersion(), "cuDriverGetVersion"))
+
+
+def bindings_version() -> str:
+    from cuda import bindings
+
+    return str(bindings.__version__)
+
+
 @functools.lru_cache(maxsize=None)
 def _initialised() -> bool:
+    # Before cuInit: a too-old driver or cuda-bindings too new for it should say so, not fail in some later call.
+    choice.check_bindings(bindings_version(), driver_version())
     check(_cu().cuInit(0), "cuInit")
     return True
 

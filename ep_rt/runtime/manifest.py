@@ -3,12 +3,15 @@
 Shared by tools/build_cubins.py (which writes the manifest and checks it in CI) and the
 runtime (which finds cubins through it). Standard library only, so the build tool can load
 this file without the rest of ep_rt and without torch.
+
+Schema 2: every entry has a `flavour` (cu12: NVRTC/nvJitLink 12.9 build, cu13: nvcc 13 build) and the
+`min_driver` (cuDriverGetVersion) it needs; paths are <flavour>/<arch>/<variant>/<family>.cubin.
 """
 import hashlib
 import json
 import os
 
-SCHEMA = 1
+SCHEMA = 2
 
 
 class ManifestError(Exception):
@@ -41,13 +44,14 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def source_digest(src_root, family_file, include_files, flags, arch):
+def source_digest(src_root, family_file, include_files, flags, arch, toolchain):
     """Hex sha256 identifying what one cubin was built from.
 
     Covers, for each file in sorted order, its path relative to `src_root` (the repo root,
-    so paths read like ``kernels_src/intranode.cu``), a NUL and its bytes; then the nvcc
-    flags and the arch. Paths are hashed relative and with ``/`` separators, so the digest
-    is the same on every machine and in every checkout folder.
+    so paths read like ``kernels_src/intranode.cu``), a NUL and its bytes; then the compiler
+    flags, the arch and the toolchain (the pinned compiler and NVSHMEM packages, as strings).
+    Paths are hashed relative and with ``/`` separators, so the digest is the same on every
+    machine and in every checkout folder.
     """
     rel_paths = sorted(_relative(src_root, p) for p in [family_file, *include_files])
     h = hashlib.sha256()
@@ -57,16 +61,18 @@ def source_digest(src_root, family_file, include_files, flags, arch):
             h.update(f.read())
     h.update(b"\0flags\0" + "\0".join(flags).encode())
     h.update(b"\0arch\0" + arch.encode())
+    h.update(b"\0toolchain\0" + "\0".join(toolchain).encode())
     return h.hexdigest()
 
 
-def find_cubin_entries(manifest, family, arch=None, variant=None):
-    """Manifest entries of `family`, narrowed to `arch` / `variant` when given, sorted by path."""
+def find_cubin_entries(manifest, family, arch=None, variant=None, flavour=None):
+    """Manifest entries of `family`, narrowed to `arch` / `variant` / `flavour` when given, sorted by path."""
     return sorted(
         (e for e in manifest.get("cubins", [])
          if e["family"] == family
          and (arch is None or e["arch"] == arch)
-         and (variant is None or e["variant"] == variant)),
+         and (variant is None or e["variant"] == variant)
+         and (flavour is None or e["flavour"] == flavour)),
         key=lambda e: e["path"])
 
 

@@ -1,9 +1,10 @@
 """Finding, verifying and loading the ahead-of-time compiled cubins.
 
 The manifest (cubins/manifest.json, written by tools/build_cubins.py) is the contract: a kernel
-family is found by (family, arch, variant), its sha256 is verified before loading, and a missing
-entry is an error that lists what exists. Lookup order: $EP_RT_CUBIN_DIR, the installed wheel's
-package data (ep_rt/cubins), then the source checkout's cubins/.
+family is found by (family, flavour, arch, variant) as runtime/choice.py decides from the GPU, the
+driver and EP_RT_CUBIN_FLAVOUR; its sha256 is verified before loading, and a missing entry is an
+error that lists what exists. Lookup order: $EP_RT_CUBIN_DIR, the installed wheel's package data
+(ep_rt/cubins), then the source checkout's cubins/.
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from .. import env
 from ..errors import CubinNotFoundError
-from . import driver
+from . import choice, driver
 from .manifest import ManifestError, load_manifest
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ep_rt/
@@ -50,23 +51,12 @@ def manifest() -> dict:
     return _read_manifest(str(cubin_root() / "manifest.json"))
 
 
-def choose_entry(manifest: dict, family: str, arch: str, aggressive: bool) -> dict:
-    """The manifest entry for a family on an arch: the only variant, or safe / aggressive as asked."""
-    entries = [e for e in manifest["cubins"] if e["family"] == family]
-    if not entries:
-        known = sorted({e["family"] for e in manifest["cubins"]})
-        raise CubinNotFoundError(f"no kernel family {family!r} in the manifest; families: {known}")
-    on_arch = [e for e in entries if e["arch"] == arch]
-    if not on_arch:
-        archs = sorted({e["arch"] for e in entries})
-        raise CubinNotFoundError(
-            f"ep_rt ships no {family!r} cubin for this GPU's architecture {arch}; it has cubins for {archs}. "
-            f"Use a GPU of one of those architectures, or rebuild with tools/build_cubins.py for {arch}.")
-    by_variant = {e["variant"]: e for e in on_arch}
-    for variant in ("default", "aggressive" if aggressive else "safe"):
-        if variant in by_variant:
-            return by_variant[variant]
-    raise CubinNotFoundError(f"family {family!r} on {arch} has variants {sorted(by_variant)}, none usable")
+def choose_entry(manifest: dict, family: str, device_index: int, aggressive: bool,
+                 nvshmem_flavour: str | None = None) -> dict:
+    """The manifest entry of `family` for this device, this driver and EP_RT_CUBIN_FLAVOUR (runtime/choice.py);
+    `nvshmem_flavour` (cu12 / cu13) is the NVSHMEM host library's, for NVSHMEM-linked families."""
+    return choice.choose_entry(manifest, family, driver.compute_capability(device_index), aggressive,
+                               driver.driver_version(), env.cubin_flavour(), nvshmem_flavour)
 
 
 def read_verified(root: Path, entry: dict) -> bytes:
@@ -101,8 +91,8 @@ _modules: dict[tuple[int, str, bool], LoadedModule] = {}
 
 
 def arch_of(device_index: int) -> str:
-    major, minor = driver.compute_capability(device_index)
-    return f"sm_{major}{minor}"
+    """The device's own arch name (sm_90, sm_103); the cubin chosen may be for a lower minor (choice.py)."""
+    return choice.arch_name(driver.compute_capability(device_index))
 
 
 def load_family(device_index: int, family: str, aggressive: bool | None = None) -> LoadedModule:
@@ -114,7 +104,7 @@ def load_family(device_index: int, family: str, aggressive: bool | None = None) 
         if key not in _modules:
             driver.ensure_context(device_index)
             root = cubin_root()
-            entry = choose_entry(manifest(), family, arch_of(device_index), aggressive)
+            entry = choose_entry(manifest(), family, device_index, aggressive)
             if entry.get("needs_nvshmem"):
                 raise CubinNotFoundError(f"{family!r} is NVSHMEM-linked: load it once per NVSHMEM session with "
                                          f"load_entry and register it with NVSHMEM")

@@ -1,10 +1,11 @@
-"""NVSHMEM from pure Python: ctypes on the host library torch already loads (nvidia-nvshmem-cu13).
+"""NVSHMEM from pure Python: ctypes on the host library torch already loads (nvidia-nvshmem-cu12 or -cu13).
 
 `nvshmem_init*` are inline header functions, so initialisation goes through the exported pieces:
 rank 0 makes a unique id, the group broadcasts it, every rank fills an init-attribute struct with
 `nvshmemx_set_attr_uniqueid_args`, sets the struct versions the inline helpers would set, and calls
 `nvshmemx_hostlib_init_attr`. NVSHMEM-linked cubins must be registered with `nvshmemx_cumodule_init`
-before their first launch. One initialisation per process, reference-counted across Buffers.
+before their first launch. One initialisation per process, reference-counted across Buffers. Whether the host
+library can run a cubin's device code is NVSHMEM's version rule (nvshmem_dist.compatibility_problem).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..errors import EpRtError
+from . import nvshmem_dist
 
 _UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
 _INIT_WITH_UNIQUEID = 1 << 3
@@ -26,12 +28,24 @@ _state = {"lib": None, "users": 0}
 
 
 def library_path() -> Path:
-    import nvidia.nvshmem as pkg
-
-    base = Path(pkg.__path__[0]) / "lib" / "libnvshmem_host.so.3"
+    """The host library already in the process (torch's), else the one of the installed nvidia.nvshmem package."""
+    loaded = nvshmem_dist.loaded_library()
+    if loaded is not None:
+        return loaded
+    hint = nvshmem_dist.install_hint(nvshmem_dist.torch_flavour())
+    try:
+        import nvidia.nvshmem as pkg
+    except ImportError:
+        raise EpRtError(f"no NVSHMEM host library (the nvidia.nvshmem package is not installed): {hint}") from None
+    base = Path(list(pkg.__path__)[0]) / "lib" / nvshmem_dist.HOST_LIBRARY
     if not base.is_file():
-        raise EpRtError(f"NVSHMEM host library not found at {base}; install nvidia-nvshmem-cu13==3.4.5")
+        raise EpRtError(f"NVSHMEM host library not found at {base}: {hint}")
     return base
+
+
+def host_flavour() -> str | None:
+    """cu12 / cu13: the distribution that installed the host library (None if none can be told)."""
+    return nvshmem_dist.library_flavour(library_path())
 
 
 def _lib():
@@ -72,16 +86,28 @@ def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool
     return qp_depth
 
 
-def init(group, expected_version: str) -> None:
+def check_compatible(device_version: str, ibgda: bool) -> None:
+    """Raise unless the host library can run device code linked against NVSHMEM `device_version`."""
+    version = host_version()
+    problem = nvshmem_dist.compatibility_problem(version, device_version, ibgda)
+    if problem is None:
+        return
+    path = library_path()
+    flavour = nvshmem_dist.library_flavour(path)
+    package = nvshmem_dist.PACKAGES.get(flavour, "nvidia-nvshmem-cu12/-cu13")
+    raise EpRtError(f"NVSHMEM host library {version} ({package}, {path}) cannot run the low-latency cubin, which is "
+                    f"linked against NVSHMEM device library {device_version}: {problem}. Install "
+                    f"'{package}{nvshmem_dist.host_range(device_version, ibgda)}' (the extras: "
+                    f"{nvshmem_dist.install_hint(flavour)}).")
+
+
+def init(group, device_version: str, ibgda: bool) -> None:
     """Initialise NVSHMEM over the process group (PE = group rank); no-op if this process already did."""
     if _state["users"] > 0:
         _state["users"] += 1
         return
     lib = _lib()
-    version = host_version()
-    if version != expected_version:
-        raise EpRtError(f"NVSHMEM host library {version} differs from the device library {expected_version} the "
-                        f"cubins were linked against; install nvidia-nvshmem-cu13=={expected_version}")
+    check_compatible(device_version, ibgda)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
     uid = ctypes.create_string_buffer(_UNIQUEID_BYTES)
     if rank == 0:
@@ -147,10 +173,11 @@ class NvshmemSession:
     destroy(collective) unregisters them and finalizes; without `collective` (a failed or abandoned Buffer, whose
     peers may never come) nothing collective runs and the world is left to process exit."""
 
-    def __init__(self, group, expected_device_version: str, num_qps_per_rank: int, allow_nvlink: bool,
+    def __init__(self, group, device_version: str, num_qps_per_rank: int, allow_nvlink: bool,
                  allow_mnnvl: bool, single_host: bool):
         self.qp_depth = set_environment(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host)
-        init(group, expected_device_version)
+        # IBGDA carries every peer NVLink does not (set_environment: no remote transport only on one host with P2P).
+        init(group, device_version, ibgda=not (single_host and allow_nvlink))
         self.modules: list = []
         self.live = True
 

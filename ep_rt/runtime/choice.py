@@ -1,0 +1,136 @@
+"""Which shipped cubin fits this machine: pure functions of the manifest, the GPU's compute capability, the
+driver version, the NVSHMEM flavour loaded and EP_RT_CUBIN_FLAVOUR (the callers read those; tests fake them).
+
+Flavour: cu13 cubins (nvcc 13) need a CUDA 13 driver; cu12 ones (NVRTC 12.9) load from r525 on. Where both may
+run, cu13 is taken: it is the flavour that has run on hardware. A family linked against NVSHMEM must be of the
+flavour of the NVSHMEM host library in the process. Arch: a cubin for sm_XY runs on compute capability X.Z with
+Z >= Y (an `a` target, sm_XYa, only on X.Y itself); the closest minor wins.
+"""
+from __future__ import annotations
+
+import re
+
+from ..errors import CubinNotFoundError, CudaDriverError
+
+FLAVOURS = ("cu13", "cu12")  # preference order
+FLAVOUR_CUDA = {"cu12": 12, "cu13": 13}
+MIN_CUDA_DRIVER = 12000
+
+
+def describe_driver(version: int) -> str:
+    """cuDriverGetVersion's 12080 -> 'CUDA 12.8'."""
+    return f"CUDA {version // 1000}.{version % 1000 // 10}"
+
+
+def parse_arch(arch: str) -> tuple[int, int, str]:
+    """'sm_90' -> (9, 0, ''), 'sm_100a' -> (10, 0, 'a'), 'sm_103f' -> (10, 3, 'f')."""
+    match = re.fullmatch(r"sm_(\d+)(\d)([af]?)", arch)
+    if match is None:
+        raise CubinNotFoundError(f"unreadable arch {arch!r} in the cubin manifest (expected sm_XY, sm_XYa, sm_XYf)")
+    return int(match.group(1)), int(match.group(2)), match.group(3)
+
+
+def arch_name(cc: tuple[int, int]) -> str:
+    return f"sm_{cc[0]}{cc[1]}"
+
+
+def arch_distance(arch: str, cc: tuple[int, int]) -> int | None:
+    """How many minor versions below the GPU a cubin for `arch` is, or None if it cannot run there."""
+    major, minor, suffix = parse_arch(arch)
+    if major != cc[0] or minor > cc[1] or (suffix == "a" and minor != cc[1]):
+        return None
+    return cc[1] - minor
+
+
+def require_cuda12_driver(driver_version: int) -> None:
+    if driver_version < MIN_CUDA_DRIVER:
+        raise CudaDriverError(f"this CUDA driver supports {describe_driver(driver_version)}; ep_rt needs a driver "
+                              f"for CUDA 12.0 or newer (r525+)")
+
+
+def check_bindings(bindings_version: str, driver_version: int) -> None:
+    """cuda-bindings 13.x needs a CUDA 13 driver (r580+); 12.9.x works from r525 on (cuda-python's docs)."""
+    require_cuda12_driver(driver_version)
+    major = int(bindings_version.split(".")[0])
+    if major * 1000 > driver_version:
+        raise CudaDriverError(
+            f"cuda-bindings {bindings_version} needs a driver for CUDA {major}; this driver supports "
+            f"{describe_driver(driver_version)}: pip install 'cuda-bindings>=12.9,<13' (or ep-rt[cu12]), or update "
+            f"the driver")
+
+
+def runnable_flavours(driver_version: int, forced: str | None) -> list[str]:
+    """The flavours this driver can load, in preference order, or just the forced one."""
+    require_cuda12_driver(driver_version)
+    flavours = [f for f in FLAVOURS if FLAVOUR_CUDA[f] * 1000 <= driver_version]
+    if forced is None:
+        return flavours
+    if forced not in flavours:
+        raise CubinNotFoundError(f"EP_RT_CUBIN_FLAVOUR={forced} needs a driver for CUDA {FLAVOUR_CUDA[forced]} "
+                                 f"(r580+); this one supports {describe_driver(driver_version)}: unset it or use "
+                                 f"EP_RT_CUBIN_FLAVOUR=cu12")
+    return [forced]
+
+
+def nvshmem_flavours(flavours: list[str], nvshmem_flavour: str | None, forced: str | None) -> list[str]:
+    """Narrow `flavours` to the NVSHMEM host library's flavour (an NVSHMEM-linked cubin must match it)."""
+    if nvshmem_flavour is None:
+        if forced is None:
+            raise CubinNotFoundError("cannot tell whether the NVSHMEM host library is nvidia-nvshmem-cu12 or -cu13 "
+                                     "(no installed distribution owns it): set EP_RT_CUBIN_FLAVOUR=cu12 or cu13 to "
+                                     "say which")
+        return flavours
+    if forced is not None and forced != nvshmem_flavour:
+        raise CubinNotFoundError(
+            f"EP_RT_CUBIN_FLAVOUR={forced}, but the NVSHMEM host library in this process is "
+            f"nvidia-nvshmem-{nvshmem_flavour}; NVSHMEM-linked cubins must match it: install "
+            f"nvidia-nvshmem-{forced} (pip install 'ep-rt[{forced}]') or unset EP_RT_CUBIN_FLAVOUR")
+    if nvshmem_flavour not in flavours:
+        raise CubinNotFoundError(
+            f"the NVSHMEM host library is nvidia-nvshmem-{nvshmem_flavour} (CUDA {FLAVOUR_CUDA[nvshmem_flavour]}), "
+            f"but this driver runs only {', '.join(flavours)} cubins: install nvidia-nvshmem-cu12 (pip install "
+            f"'ep-rt[cu12]', or a torch built for CUDA 12), or update the driver")
+    return [nvshmem_flavour]
+
+
+def _inventory(entries: list[dict]) -> str:
+    by_flavour: dict[str, set] = {}
+    for e in entries:
+        by_flavour.setdefault(e["flavour"], set()).add(e["arch"])
+    return "; ".join(f"{fl}: {', '.join(sorted(archs, key=parse_arch))}" for fl, archs in sorted(by_flavour.items()))
+
+
+def _variant(on_arch: list[dict], family: str, aggressive: bool) -> dict:
+    by_variant = {e["variant"]: e for e in on_arch}
+    for variant in ("default", "aggressive" if aggressive else "safe"):
+        if variant in by_variant:
+            return by_variant[variant]
+    where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
+    if aggressive and "safe" in by_variant:
+        raise CubinNotFoundError(f"EP_RT_AGGRESSIVE_PTX=1, but {family!r} has no aggressive variant for {where} (its "
+                                 f"non-coherent loads are validated on sm_90 only): unset EP_RT_AGGRESSIVE_PTX")
+    raise CubinNotFoundError(f"family {family!r} on {where} has variants {sorted(by_variant)}, none usable")
+
+
+def choose_entry(manifest: dict, family: str, cc: tuple[int, int], aggressive: bool, driver_version: int,
+                 forced: str | None = None, nvshmem_flavour: str | None = None) -> dict:
+    """The manifest entry to load for `family` on a GPU of compute capability `cc` (see the module doc)."""
+    entries = [e for e in manifest["cubins"] if e["family"] == family]
+    if not entries:
+        known = sorted({e["family"] for e in manifest["cubins"]})
+        raise CubinNotFoundError(f"no kernel family {family!r} in the manifest; families: {known}")
+    flavours = runnable_flavours(driver_version, forced)
+    if any(e["needs_nvshmem"] for e in entries):
+        flavours = nvshmem_flavours(flavours, nvshmem_flavour, forced)
+    for flavour in flavours:
+        fits = [(arch_distance(e["arch"], cc), e) for e in entries
+                if e["flavour"] == flavour and e["min_driver"] <= driver_version]
+        fits = [(d, e) for d, e in fits if d is not None]
+        if fits:
+            best = min(d for d, _ in fits)
+            return _variant([e for d, e in fits if d == best], family, aggressive)
+    raise CubinNotFoundError(
+        f"ep_rt ships no {family!r} cubin for this GPU (compute capability {cc[0]}.{cc[1]}, {arch_name(cc)}) in the "
+        f"flavour(s) this process can use ({', '.join(flavours)}, driver {describe_driver(driver_version)}); it has "
+        f"{_inventory(entries)}. A cubin for sm_XY runs on X.Z for Z >= Y: use such a GPU, or rebuild with "
+        f"tools/build_cubins.py for {arch_name(cc)}.")

@@ -1,0 +1,249 @@
+"""The two cubin flavours and how each is compiled (used by tools/build_cubins.py).
+
+    cu13   nvcc 13 (a CUDA 13 toolkit on the machine); NVSHMEM families link libnvshmem_device of
+           nvidia-nvshmem-cu13 from the cu13 site. Cubins need a CUDA 13 driver (r580+).
+    cu12   NVRTC 12.9 + nvJitLink 12.9 from pip wheels in the cu12 site (no CUDA 12 toolkit installed);
+           NVSHMEM families link nvidia-nvshmem-cu12's device library. Cubins load from driver r525 on
+           (Blackwell ones from r570, where CUDA 12.8 added sm_100).
+
+A site is a folder made by `pip install --no-deps --target SITE <SITE_PINS[flavour]>` (build_cubins.py
+--install-sites does exactly that). Its package versions are checked against the pins, which are part of every
+cubin's source digest, so a changed pin makes --check report the cubins stale.
+
+Every path a compiler sees is relative to a scratch staging folder holding symlinks (<src name> -> the kernel
+sources, `cu12` / `nvshmem` -> the site's folders), so the command lines, and the cubins, are the same on every
+machine. The functions that make command lines are pure: --check recomputes them without any compiler.
+"""
+import hashlib
+import importlib.metadata
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+TOOLS = Path(__file__).resolve().parent
+FLAVOURS = ("cu12", "cu13")
+# The NVSHMEM device library each flavour links: the oldest one a supported torch pins (torch 2.9: cu12 3.3.20,
+# cu13 3.3.24), so that every newer host library of the same major accepts the cubin (NVSHMEM's ABI rule).
+SITE_PINS = {
+    "cu12": {
+        "nvidia-cuda-nvrtc-cu12": "12.9.86",
+        "nvidia-nvjitlink-cu12": "12.9.86",
+        "nvidia-cuda-runtime-cu12": "12.9.79",   # cuda_runtime.h, cooperative_groups (NVSHMEM includes them)
+        "nvidia-cuda-cccl-cu12": "12.9.27",      # libcu++, for the shims below
+        "nvidia-nvshmem-cu12": "3.3.20",
+    },
+    "cu13": {"nvidia-nvshmem-cu13": "3.3.24"},
+}
+NVSHMEM_PACKAGE = {"cu12": "nvidia-nvshmem-cu12", "cu13": "nvidia-nvshmem-cu13"}
+NVCC_MAJOR = {"cu13": "13"}
+# cuDriverGetVersion() a cubin needs: the toolkit's major; sm_100 came with CUDA 12.8 (driver r570).
+MIN_DRIVER = {"cu12": 12000, "cu13": 13000}
+ARCH_MIN_DRIVER = {("cu12", "sm_100"): 12080}
+VARIANT_DEFINES = {
+    "default": [],
+    "safe": ["-DEP_RT_AGGRESSIVE_PTX=0"],
+    "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"],
+}
+NVCC_COMMON = ["-O3", "-std=c++17"]
+NVCC_EXTRA = ["--expt-relaxed-constexpr"]   # NVRTC rejects it (and -O3); the sources need neither there
+NVSHMEM_LINK, CU12_LINK, SHIM_DIR = "nvshmem", "cu12", "rtc_shim"
+# NVRTC has no C library headers, and NVSHMEM 3.x's reduce.cuh uses std:: traits without an NVRTC guard.
+SHIMS = {
+    "stdint.h": "#pragma once\n#include <cuda/std/cstdint>\n",
+    "rtc_shim.h": ("#pragma once\n#include <cuda/std/type_traits>\n"
+                   "namespace std { using cuda::std::is_integral; using cuda::std::is_unsigned; "
+                   "using cuda::std::is_signed; }\n"),
+}
+# nvidia-nvshmem-cu12 has no sm_100 SASS: nvJitLink JIT-compiles its compute_90 PTX without the callers'
+# __launch_bounds__ register cap, and the link fails ("max regcount of 80 calls ... regcount of 126").
+NVJITLINK_EXTRA = {("cu12", "sm_100"): ["-maxrregcount=80"]}
+
+
+class BuildError(Exception):
+    """A build or configuration problem (a missing compiler or site, a failed step), reported as one message."""
+
+
+# ---------------------------------------------------------------- command lines (pure)
+
+def nvcc_commands(family, variant, arch, src_name):
+    """cu13: nvcc argument lists (without the nvcc path) run in the staging folder; the cubin's name."""
+    source, obj, cubin = f"{src_name}/{family.name}.cu", f"{family.name}.o", f"{family.name}.cubin"
+    head = [*NVCC_COMMON, f"-I{src_name}/include"]
+    tail = [*NVCC_EXTRA, *VARIANT_DEFINES[variant]]
+    if not family.needs_nvshmem:
+        return [[f"-arch={arch}", "-cubin", *head, *tail, source, "-o", cubin]], cubin
+    # One step would silently give an unlinked cubin: compile relocatable, then device-link.
+    return [
+        [f"-arch={arch}", "-rdc=true", *head, f"-I{NVSHMEM_LINK}/include", *tail, "-c", source, "-o", obj],
+        [f"-arch={arch}", "-dlink", "-cubin", obj, f"-L{NVSHMEM_LINK}/lib", "-lnvshmem_device", "-o", cubin],
+    ], cubin
+
+
+def nvrtc_job(family, variant, arch, src_name):
+    """cu12: the nvrtc_build.py job (paths relative to the staging folder)."""
+    site = f"{CU12_LINK}/nvidia"
+    options = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{src_name}/include", f"-I{site}/cuda_cccl/include",
+               f"-I{site}/cuda_runtime/include", f"-I{SHIM_DIR}"]
+    job = {"nvrtc": f"{site}/cuda_nvrtc/lib/libnvrtc.so.12", "source": f"{src_name}/{family.name}.cu",
+           "output": f"{family.name}.cubin", "nvjitlink": None, "link_options": None, "libraries": []}
+    if family.needs_nvshmem:
+        # -default-device: NVSHMEM's nvshmem_tensor.h has constructors without __device__.
+        options += ["--relocatable-device-code=true", f"-I{site}/nvshmem/include", "-default-device",
+                    "--pre-include=rtc_shim.h"]
+        job.update(nvjitlink=f"{site}/nvjitlink/lib/libnvJitLink.so.12",
+                   link_options=[f"-arch={arch}", *NVJITLINK_EXTRA.get(("cu12", arch), [])],
+                   libraries=[f"{site}/nvshmem/lib/libnvshmem_device.a"])
+    job["nvrtc_options"] = options + VARIANT_DEFINES[variant]
+    return job
+
+
+def recorded_flags(flavour, family, variant, arch, src_name):
+    """The compiler flags of every step, without input and output names; identical on every machine."""
+    if flavour == "cu13":
+        commands, _ = nvcc_commands(family, variant, arch, src_name)
+        return [arg for cmd in commands for arg in cmd if arg.startswith("-") and arg != "-o"]
+    job = nvrtc_job(family, variant, arch, src_name)
+    link = [] if job["link_options"] is None else ["nvJitLink:", *job["link_options"], *job["libraries"]]
+    return [*job["nvrtc_options"], *link]
+
+
+def identity(flavour, family):
+    """What besides sources and flags decides the cubin: the pinned packages it was built from (and the shims)."""
+    pins = SITE_PINS[flavour]
+    names = [n for n in sorted(pins) if family.needs_nvshmem or n != NVSHMEM_PACKAGE[flavour]]
+    if flavour == "cu12" and not family.needs_nvshmem:
+        names.remove("nvidia-nvjitlink-cu12")
+    parts = [f"{n}=={pins[n]}" for n in names]
+    if flavour == "cu13":
+        parts.insert(0, f"nvcc {NVCC_MAJOR['cu13']}.x")
+    else:
+        shims = hashlib.sha256(json.dumps(SHIMS, sort_keys=True).encode()).hexdigest()[:16]
+        parts.append(f"nvrtc shims {shims}")
+    return parts
+
+
+def min_driver(flavour, arch):
+    return ARCH_MIN_DRIVER.get((flavour, arch), MIN_DRIVER[flavour])
+
+
+def nvshmem_version(flavour, family):
+    return SITE_PINS[flavour][NVSHMEM_PACKAGE[flavour]] if family.needs_nvshmem else None
+
+
+# ---------------------------------------------------------------- sites
+
+def install_command(flavour, site):
+    pins = [f"{n}=={v}" for n, v in sorted(SITE_PINS[flavour].items())]
+    return [sys.executable, "-m", "pip", "install", "--no-deps", "--upgrade", "--target", str(site), *pins]
+
+
+def install_site(flavour, site):
+    cmd = install_command(flavour, site)
+    print(f"installing the {flavour} site: {shlex.join(cmd)}", flush=True)
+    result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"installing the {flavour} site failed:\n{result.stdout}{result.stderr}")
+
+
+def check_site(flavour, site, needed):
+    """Raise unless `site` holds the pinned versions of the packages `needed`."""
+    found = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions(path=[str(site)])}
+    wrong = [f"{n}=={SITE_PINS[flavour][n]} (found {found.get(n, 'none')})" for n in needed
+             if found.get(n) != SITE_PINS[flavour][n]]
+    if wrong:
+        raise BuildError(
+            f"the {flavour} site {site} lacks {', '.join(wrong)}: run python tools/build_cubins.py --install-sites "
+            f"(that is: {shlex.join(install_command(flavour, site))})")
+
+
+# ---------------------------------------------------------------- compiling
+
+def run_tool(cmd, what, cwd=None):
+    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise BuildError(f"{what} failed:\n  $ {shlex.join(cmd)}\n{result.stdout}{result.stderr}")
+    return result.stdout
+
+
+def find_nvcc():
+    candidates = [os.environ.get("NVCC"), shutil.which("nvcc")]
+    candidates += [os.path.join(os.environ[v], "bin", "nvcc") for v in ("CUDA_HOME", "CUDA_PATH") if v in os.environ]
+    candidates.append("/usr/local/cuda/bin/nvcc")
+    for c in candidates:
+        if c and os.path.isfile(c) and os.access(c, os.X_OK):
+            return c
+    raise BuildError("nvcc not found (looked at $NVCC, PATH, $CUDA_HOME/bin, /usr/local/cuda/bin)")
+
+
+def nvcc_version(nvcc):
+    """'13.0.88' from nvcc --version ("... release 13.0, V13.0.88")."""
+    text = run_tool([nvcc, "--version"], "nvcc --version")
+    match = re.search(r"release [\d.]+, V([\d.]+)", text)
+    if match is None:
+        raise BuildError(f"cannot read the version from `{nvcc} --version`:\n{text}")
+    return match.group(1)
+
+
+class Toolchain:
+    """One flavour's compiler, ready to build: checked once (compiler found, site versions right)."""
+
+    def __init__(self, flavour, site, families):
+        self.flavour, self.site = flavour, Path(site)
+        needs_nvshmem = any(f.needs_nvshmem for f in families)
+        if flavour == "cu13":
+            self.nvcc = find_nvcc()
+            self.version = nvcc_version(self.nvcc)
+            if self.version.split(".")[0] != NVCC_MAJOR["cu13"]:
+                raise BuildError(f"the cu13 flavour needs nvcc {NVCC_MAJOR['cu13']}.x; {self.nvcc} is "
+                                 f"{self.version} (set $NVCC)")
+            needed = [NVSHMEM_PACKAGE["cu13"]] if needs_nvshmem else []
+        else:
+            needed = [n for n in SITE_PINS["cu12"] if needs_nvshmem or n not in
+                      (NVSHMEM_PACKAGE["cu12"], "nvidia-nvjitlink-cu12")]
+        if needed:
+            check_site(flavour, self.site, needed)
+
+    def compiler(self, family=None):
+        """What compiles (and links) `family`; without one, the whole toolchain."""
+        if self.flavour == "cu13":
+            return f"nvcc {self.version}"
+        pins = SITE_PINS["cu12"]
+        links = family is None or family.needs_nvshmem
+        return f"nvrtc {pins['nvidia-cuda-nvrtc-cu12']}" + (f" + nvjitlink {pins['nvidia-nvjitlink-cu12']}" if links else "")
+
+    def describe(self):
+        """The manifest's record of this toolchain."""
+        return {"compiler": self.compiler(), "packages": dict(sorted(SITE_PINS[self.flavour].items()))}
+
+    def compile(self, family, variant, arch, src):
+        """The cubin bytes of one (family, variant, arch), built in a scratch staging folder."""
+        with tempfile.TemporaryDirectory(prefix="ep_rt_build_") as stage:
+            os.symlink(src, os.path.join(stage, src.name))
+            if self.flavour == "cu13":
+                return self._nvcc(family, variant, arch, src, stage)
+            return self._nvrtc(family, variant, arch, src, stage)
+
+    def _nvcc(self, family, variant, arch, src, stage):
+        if family.needs_nvshmem:
+            os.symlink(self.site / "nvidia" / "nvshmem", os.path.join(stage, NVSHMEM_LINK))
+        commands, cubin = nvcc_commands(family, variant, arch, src.name)
+        for args in commands:
+            run_tool([self.nvcc, *args], f"nvcc for {family.name} cu13/{arch}/{variant}", cwd=stage)
+        return Path(stage, cubin).read_bytes()
+
+    def _nvrtc(self, family, variant, arch, src, stage):
+        os.symlink(self.site.resolve(), os.path.join(stage, CU12_LINK))
+        os.mkdir(os.path.join(stage, SHIM_DIR))
+        for name, text in SHIMS.items():
+            Path(stage, SHIM_DIR, name).write_text(text)
+        job = nvrtc_job(family, variant, arch, src.name)
+        Path(stage, "job.json").write_text(json.dumps(job))
+        run_tool([sys.executable, str(TOOLS / "nvrtc_build.py"), "job.json"],
+                 f"NVRTC for {family.name} cu12/{arch}/{variant}", cwd=stage)
+        return Path(stage, job["output"]).read_bytes()
