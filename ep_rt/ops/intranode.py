@@ -107,7 +107,8 @@ class IntranodeOp:
                     f"rank {me}: this dispatch needs room for {max_dispatch} received rows (and {max_combine} rows "
                     f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {capacity} "
                     f"({combine_capacity}); create the Buffer with num_nvl_bytes >= {need}")
-            per_expert = [counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)] if K else []
+            # notify publishes them whenever num_tokens_per_expert is given (always: ht_args requires it).
+            per_expert = [counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)]
 
         with torch.cuda.stream(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)

@@ -98,7 +98,7 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     config = Config(case.num_sms, 6, 256, 6, 128)
     prev = buffer.capture() if case.previous_event else None
     kwargs = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                  num_tokens_per_expert=per_expert if has_topk else None,
+                  num_tokens_per_expert=per_expert,
                   topk_idx=topk_idx if has_topk else None, topk_weights=topk_w if has_topk else None,
                   expert_alignment=case.expert_alignment, num_worst_tokens=num_worst, config=config,
                   previous_event=prev, async_finish=case.async_finish,
@@ -106,10 +106,11 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     recv_x, recv_idx, recv_w, per_expert_list, handle, event = buffer.dispatch(x, **kwargs)
     if case.async_finish:
         event.current_stream_wait()
-    all_in_rank = [reference.dispatch_layout(i, case.num_experts, R)[3] for i in idxs]
+    all_layouts = [reference.dispatch_layout(i, case.num_experts, R) for i in idxs]
     ref = reference.intranode_dispatch(xs, idxs if has_topk else None, weights if has_topk else None,
                                        case.num_experts, case.num_sms, case.expert_alignment, num_worst,
-                                       is_token_in_ranks=all_in_rank)
+                                       is_token_in_ranks=[lay[3] for lay in all_layouts],
+                                       num_tokens_per_experts=[lay[2] for lay in all_layouts])
     mine = ref[me]
     n = mine["num_recv"]
     got_x, got_s = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
@@ -231,7 +232,7 @@ def standard_cases(num_ranks: int) -> list[Case]:
         Case("fp8 row scales", dtype="fp8", hidden=7168, num_experts=256),
         Case("fp8 column-major scales", dtype="fp8_colmajor", hidden=4096),
         Case("fp8 ue8m0 packed scales", dtype="fp8_ue8m0", hidden=2048),
-        Case("no top-k", num_topk=0),
+        Case("no top-k", num_topk=0, expert_alignment=4),
         Case("async + previous_event", async_finish=True, previous_event=True),
         Case("async only", async_finish=True),
         Case("previous_event only", previous_event=True),
