@@ -21,6 +21,10 @@ from .runtime import driver, modules
 from .transport.error_record import ErrorRecords
 from .transport.nvl import NvlBuffer
 from .transport.topology import Topology
+from .utils import check_nvlink_connections
+
+# What deep_ep/buffer.py's namespace offers the code that imports from it (`from deep_ep.buffer import Buffer`).
+__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "check_nvlink_connections"]
 
 _NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode high-throughput dispatch and "
             "combine on the ranks of one node, and the low-latency mode)")

@@ -6,6 +6,7 @@ import importlib
 
 COMMANDS = {
     "check": "every operation against ep_rt.reference on fresh inputs, then the benchmarks (the default)",
+    "alias": "the startup hook that gives unchanged DeepEP code (import deep_ep) ep_rt",
 }
 
 
