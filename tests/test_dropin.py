@@ -176,3 +176,33 @@ def test_megatron_call_sequence_layout_event_into_dispatch(compute_stream):
                        previous_event=event, config=Config(4))
     assert out[3] == [0, 0, 0, 0] and "args" in dispatched
     buf.destroyed = True  # keeps __del__ quiet
+
+
+# ---- deep_ep.utils.check_nvlink_connections ------------------------------------------------------------
+
+def test_check_nvlink_connections_as_deepep(monkeypatch):
+    import torch.distributed as dist
+
+    from ep_rt import utils
+    from ep_rt.errors import TopologyError
+    from ep_rt.transport.topology import Topology
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H200")
+    utils.check_nvlink_connections(object())  # SXM: nothing to check, no collective, no NVML
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 PCIe".upper())
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 3)
+    with pytest.raises(TopologyError, match="at most 2"):
+        utils.check_nvlink_connections(object())
+    # Two ranks: the pairs of this host's GPUs go to NVML; other hosts' GPUs are not this host's to check.
+    monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(utils.driver, "pci_bus_id", lambda i: "0000:01:00.0")
+    monkeypatch.setattr(Topology, "gather", classmethod(
+        lambda cls, group, bus: Topology.from_table(0, ["a", "a"], ["0000:01:00.0", "0000:02:00.0"])))
+    asked = []
+    monkeypatch.setattr(utils, "nvlink_problems", lambda ids: asked.append(ids) or ["0000:01:00.0 <-> 0000:02:00.0"])
+    with pytest.raises(TopologyError, match="not connected by NVLink"):
+        utils.check_nvlink_connections(object())
+    assert asked == [["0000:01:00.0", "0000:02:00.0"]]
+    monkeypatch.setattr(utils, "nvlink_problems", lambda ids: [])
+    utils.check_nvlink_connections(object())
