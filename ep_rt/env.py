@@ -53,3 +53,9 @@ def ranks_per_node() -> int | None:
     if g <= 0:
         raise ValueError(f"EP_RT_RANKS_PER_NODE must be a positive int, got {value!r}")
     return g
+
+
+def nvshmem_debug() -> bool:
+    """EP_RT_NVSHMEM_DEBUG=1: keep DeepEP's NVSHMEM transport settings on one host (IBGDA tried, so its "init
+    failed" messages show) and set NVSHMEM_DEBUG=WARN unless it is set."""
+    return _flag("EP_RT_NVSHMEM_DEBUG", False)
