@@ -30,6 +30,14 @@ _NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode 
             "combine on the ranks of one node, and the low-latency mode)")
 
 
+def _same_on_every_rank(group, what: str, value) -> None:
+    """Collective: every rank must have the same `value` (peers write into each other's buffers in that format)."""
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    if len(set(values)) > 1:
+        raise EpRtError(f"{what} differs between ranks ({values}); set it the same way for every rank")
+
+
 class Buffer:
     """Communication buffer for MoE dispatch and combine; the constructor is collective over `group`."""
 
@@ -75,6 +83,7 @@ class Buffer:
             raise ValueError(f"timeout_s must be positive, got {timeout}")
 
         self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
+        _same_on_every_rank(group, "EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)", str(validate.topk_idx_t))
         if topo.num_nodes > 1 and (num_nvl_bytes or not low_latency_mode):
             raise NotImplementedError(_NOT_YET.format(what=f"internode high-throughput mode ({topo.describe()})"))
         self._errors = self._own(ErrorRecords())

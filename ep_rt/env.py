@@ -55,6 +55,15 @@ def ranks_per_node() -> int | None:
     return g
 
 
+def topk_idx_bits() -> int:
+    """EP_RT_TOPK_IDX_BITS=32|64 (default 64): the width of ep_rt.topk_idx_t, the type of recv_topk_idx (DeepEP
+    picks it at build time, TOPK_IDX_BITS). Read once, when ep_rt is imported."""
+    value = (os.environ.get("EP_RT_TOPK_IDX_BITS") or "64").strip()
+    if value not in ("32", "64"):
+        raise ValueError(f"EP_RT_TOPK_IDX_BITS must be 32 or 64, got {value!r}")
+    return int(value)
+
+
 def nvshmem_debug() -> bool:
     """EP_RT_NVSHMEM_DEBUG=1: keep DeepEP's NVSHMEM transport settings on one host (IBGDA tried, so its "init
     failed" messages show) and set NVSHMEM_DEBUG=WARN unless it is set."""

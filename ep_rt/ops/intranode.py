@@ -15,6 +15,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .. import validate
 from ..errors import BufferTooSmallError
 from ..handles import IntranodeHandle
 from ..runtime import abi, modules
@@ -113,7 +114,7 @@ class IntranodeOp:
         with torch.cuda.stream(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=dev) if S else None
-            recv_topk_idx = torch.empty(num_rows, K, dtype=torch.int64, device=dev) if K else None
+            recv_topk_idx = torch.empty(num_rows, K, dtype=validate.topk_idx_t, device=dev) if K else None
             recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
             recv_src_idx = torch.empty(num_rows, dtype=torch.int32, device=dev)
 
@@ -159,7 +160,8 @@ class IntranodeOp:
             num_tokens=x.size(0), num_channels=num_channels, hidden_bytes=x.size(1) * x.element_size(),
             num_scales=x_scales.size(1) if x_scales is not None else 0,
             num_topk=topk_idx.size(1) if topk_idx is not None else 0, num_local_experts=num_local_experts,
-            num_out_rows=num_rows, fill_unused_rows=int(fill_unused), handshake=int(handshake))
+            num_out_rows=num_rows, fill_unused_rows=int(fill_unused), handshake=int(handshake),
+            topk_idx_bits=validate.bits(topk_idx), recv_topk_idx_bits=validate.bits(recv_topk_idx))
         self._run("dispatch", self.dispatch_kernel, num_channels, stream)
 
     # ---- combine --------------------------------------------------------------------------------

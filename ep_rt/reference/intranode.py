@@ -20,7 +20,7 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
     """Simulates a (non-cached) intranode dispatch on all R = len(xs) ranks.
 
     xs[r]: bf16 [N_r, H] or (fp8 e4m3 [N_r, H], scales f32/int32 [N_r, S]).
-    topk_idxs[r]: int64 [N_r, K] or None (then is_token_in_ranks[r] gives the routing).
+    topk_idxs[r]: int64 or int32 [N_r, K] or None (then is_token_in_ranks[r] gives the routing).
     topk_weights[r]: f32 [N_r, K] or None (only allowed without topk_idxs).
     is_token_in_ranks[r]: bool [N_r, R]; when given it is the routing (as in DeepEP, whose
     kernel routes by is_token_in_rank), otherwise the routing is derived from topk_idxs.

@@ -90,7 +90,7 @@ class LayoutParams(ctypes.Structure):
         ("num_experts", _i32),
         ("num_ranks", _i32),
         ("tokens_per_block", _i32),
-        ("pad", _i32),
+        ("topk_idx_bits", _i32),
     ]
 
 
@@ -191,6 +191,8 @@ class DispatchParams(ctypes.Structure):
         ("num_out_rows", _i32),
         ("fill_unused_rows", _i32),
         ("handshake", _i32),
+        ("topk_idx_bits", _i32),
+        ("recv_topk_idx_bits", _i32),
         ("pad", _i32),
     ]
 
@@ -267,4 +269,6 @@ class LowLatencyParams(ctypes.Structure):
         ("zero_copy", _i32),
         ("has_remote_peers", _i32),
         ("use_logfmt", _i32),
+        ("topk_idx_bits", _i32),
+        ("pad", _i32),
     ]
