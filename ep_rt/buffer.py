@@ -9,7 +9,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import config as config_mod, env, validate
+from . import config as config_mod, config_file, env, validate
 from .config import Config
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
@@ -214,11 +214,17 @@ class Buffer:
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        return config_mod.table_config("dispatch", num_ranks, Buffer.num_sms)
+        """The tuned Config for `num_ranks`: from EP_RT_CONFIG_FILE when it holds one (its num_sms wins over
+        Buffer.num_sms: the file says what was measured), else DeepEP's table with Buffer.num_sms."""
+        tuned = config_file.lookup("dispatch", num_ranks)
+        return tuned if tuned is not None else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        return config_mod.table_config("combine", num_ranks, Buffer.num_sms)
+        """As get_dispatch_config. ep_rt's combine runs on the channels of the dispatch that made its handle, so
+        this Config's num_sms does not change what the combine does."""
+        tuned = config_file.lookup("combine", num_ranks)
+        return tuned if tuned is not None else config_mod.table_config("combine", num_ranks, Buffer.num_sms)
 
     def get_comm_stream(self) -> torch.cuda.Stream:
         return self.comm_stream

@@ -22,6 +22,12 @@ def aggressive_ptx() -> bool:
     return _flag("EP_RT_AGGRESSIVE_PTX", False)
 
 
+def config_file() -> str | None:
+    """EP_RT_CONFIG_FILE: a JSON file of tuned Configs (python -m ep_rt tune) that Buffer.get_dispatch_config and
+    get_combine_config return for the rank counts it holds."""
+    return os.environ.get("EP_RT_CONFIG_FILE") or None
+
+
 def timeout_s() -> float:
     """EP_RT_TIMEOUT_S: how long kernels and host waits wait for a peer before failing (default 100 s)."""
     value = float(os.environ.get("EP_RT_TIMEOUT_S", "100"))
