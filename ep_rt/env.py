@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 
 
+# Every EP_RT_ variable ep_rt reads: this module's, and EP_RT_DEEP_EP_ALIAS, which the startup hook
+# (_ep_rt_deep_ep) reads itself. python -m ep_rt doctor flags EP_RT_ names that are not among them.
+KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CONFIG_FILE", "EP_RT_TIMEOUT_S", "EP_RT_CHECK_VALUES",
+         "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
+         "EP_RT_DEEP_EP_ALIAS")
+
+
 def _flag(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     if value is None or value == "":

@@ -39,6 +39,12 @@ def _initialised() -> bool:
     return True
 
 
+def driver_version() -> tuple[int, int]:
+    """The CUDA version the installed driver supports (cuDriverGetVersion), e.g. (13, 0); needs no GPU context."""
+    v = int(check(_cu().cuDriverGetVersion(), "cuDriverGetVersion"))
+    return v // 1000, (v % 1000) // 10
+
+
 def ensure_context(device_index: int) -> None:
     """Make the device's primary context (the one torch uses) current on this thread."""
     _initialised()
