@@ -14,7 +14,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(code, tmp_path, extra_path=(), env=None):
     environ = {k: v for k, v in os.environ.items() if k != "EP_RT_DEEP_EP_ALIAS"}
-    environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(ROOT)])
+    # The caller's PYTHONPATH stays (after ours): megatron-core may be installed in a folder of its own.
+    environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
     environ.update(env or {})
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
                           cwd=tmp_path, env=environ)
