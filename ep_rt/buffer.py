@@ -9,7 +9,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import config as config_mod, env, validate
+from . import config as config_mod, config_file, env, validate
 from .config import Config
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
@@ -21,9 +21,21 @@ from .runtime import driver, modules
 from .transport.error_record import ErrorRecords
 from .transport.nvl import NvlBuffer
 from .transport.topology import Topology
+from .utils import check_nvlink_connections
+
+# What deep_ep/buffer.py's namespace offers the code that imports from it (`from deep_ep.buffer import Buffer`).
+__all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "check_nvlink_connections"]
 
 _NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode high-throughput dispatch and "
             "combine on the ranks of one node, and the low-latency mode)")
+
+
+def _same_on_every_rank(group, what: str, value) -> None:
+    """Collective: every rank must have the same `value` (peers write into each other's buffers in that format)."""
+    values = [None] * dist.get_world_size(group)
+    dist.all_gather_object(values, value, group=group)
+    if len(set(values)) > 1:
+        raise EpRtError(f"{what} differs between ranks ({values}); set it the same way for every rank")
 
 
 class Buffer:
@@ -75,6 +87,7 @@ class Buffer:
             raise ValueError(f"timeout_s must be positive, got {timeout}")
 
         self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
+        _same_on_every_rank(group, "EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)", str(validate.topk_idx_t))
         if topo.num_nodes > 1 and (num_nvl_bytes or not low_latency_mode):
             raise NotImplementedError(_NOT_YET.format(what=f"internode high-throughput mode ({topo.describe()})"))
         self._errors = self._own(ErrorRecords())
@@ -221,11 +234,17 @@ class Buffer:
 
     @staticmethod
     def get_dispatch_config(num_ranks: int) -> Config:
-        return config_mod.table_config("dispatch", num_ranks, Buffer.num_sms)
+        """The tuned Config for `num_ranks`: from EP_RT_CONFIG_FILE when it holds one (its num_sms wins over
+        Buffer.num_sms: the file says what was measured), else DeepEP's table with Buffer.num_sms."""
+        tuned = config_file.lookup("dispatch", num_ranks)
+        return tuned if tuned is not None else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms)
 
     @staticmethod
     def get_combine_config(num_ranks: int) -> Config:
-        return config_mod.table_config("combine", num_ranks, Buffer.num_sms)
+        """As get_dispatch_config. ep_rt's combine runs on the channels of the dispatch that made its handle, so
+        this Config's num_sms does not change what the combine does."""
+        tuned = config_file.lookup("combine", num_ranks)
+        return tuned if tuned is not None else config_mod.table_config("combine", num_ranks, Buffer.num_sms)
 
     def get_comm_stream(self) -> torch.cuda.Stream:
         return self.comm_stream

@@ -5,6 +5,13 @@ from __future__ import annotations
 import os
 
 
+# Every EP_RT_ variable ep_rt reads: this module's, and EP_RT_DEEP_EP_ALIAS, which the startup hook
+# (_ep_rt_deep_ep) reads itself. python -m ep_rt doctor flags EP_RT_ names that are not among them.
+KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CONFIG_FILE", "EP_RT_TIMEOUT_S", "EP_RT_CHECK_VALUES",
+         "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
+         "EP_RT_DEEP_EP_ALIAS")
+
+
 def _flag(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     if value is None or value == "":
@@ -34,6 +41,12 @@ def cubin_flavour() -> str | None:
 def aggressive_ptx() -> bool:
     """EP_RT_AGGRESSIVE_PTX=1: use the cubin variant with non-coherent loads of peer-written memory."""
     return _flag("EP_RT_AGGRESSIVE_PTX", False)
+
+
+def config_file() -> str | None:
+    """EP_RT_CONFIG_FILE: a JSON file of tuned Configs (python -m ep_rt tune) that Buffer.get_dispatch_config and
+    get_combine_config return for the rank counts it holds."""
+    return os.environ.get("EP_RT_CONFIG_FILE") or None
 
 
 def timeout_s() -> float:
@@ -67,3 +80,18 @@ def ranks_per_node() -> int | None:
     if g <= 0:
         raise ValueError(f"EP_RT_RANKS_PER_NODE must be a positive int, got {value!r}")
     return g
+
+
+def topk_idx_bits() -> int:
+    """EP_RT_TOPK_IDX_BITS=32|64 (default 64): the width of ep_rt.topk_idx_t, the type of recv_topk_idx (DeepEP
+    picks it at build time, TOPK_IDX_BITS). Read once, when ep_rt is imported."""
+    value = (os.environ.get("EP_RT_TOPK_IDX_BITS") or "64").strip()
+    if value not in ("32", "64"):
+        raise ValueError(f"EP_RT_TOPK_IDX_BITS must be 32 or 64, got {value!r}")
+    return int(value)
+
+
+def nvshmem_debug() -> bool:
+    """EP_RT_NVSHMEM_DEBUG=1: keep DeepEP's NVSHMEM transport settings on one host (IBGDA tried, so its "init
+    failed" messages show) and set NVSHMEM_DEBUG=WARN unless it is set."""
+    return _flag("EP_RT_NVSHMEM_DEBUG", False)

@@ -26,6 +26,10 @@ class CommTimeoutError(EpRtError):
     """A peer rank did not arrive in time; the buffer is unusable afterwards."""
 
 
+class ConfigFileError(EpRtError):
+    """The config file EP_RT_CONFIG_FILE names is missing or invalid."""
+
+
 class KernelError(EpRtError):
     """A kernel reported a failure through the error record."""
 

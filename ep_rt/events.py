@@ -38,6 +38,21 @@ class EventOverlap:
             self.event.current_stream_wait()
 
 
+def event_of(previous_event) -> Optional[EventHandle]:
+    """The EventHandle a call's previous_event holds, or None. As in DeepEP, an EventOverlap without an event
+    (what a call without async_finish returns) means "no event": Megatron passes get_dispatch_layout's event on
+    to dispatch whatever it holds."""
+    if previous_event is None:
+        return None
+    if not isinstance(previous_event, EventOverlap):
+        raise TypeError(f"previous_event must be an EventOverlap (e.g. Buffer.capture()), got "
+                        f"{type(previous_event).__name__}")
+    event = previous_event.event
+    if event is not None and not isinstance(event, EventHandle):
+        raise TypeError(f"previous_event.event must be an EventHandle, got {type(event).__name__}")
+    return event
+
+
 class StreamScope:
     """One call's stream discipline: the comm stream waits `previous_event` (or the current stream),
     kernels run on the comm stream, then either an event is returned (async_finish, tensors recorded
@@ -45,19 +60,16 @@ class StreamScope:
 
     def __init__(self, comm_stream: torch.cuda.Stream, previous_event: Optional[EventOverlap], async_finish: bool,
                  allocate_on_comm_stream: bool):
-        if previous_event is not None and not isinstance(previous_event, EventOverlap):
-            raise TypeError(f"previous_event must be an EventOverlap (e.g. Buffer.capture()), got "
-                            f"{type(previous_event).__name__}")
+        previous_event = event_of(previous_event)
         if allocate_on_comm_stream and not (previous_event is not None and async_finish):
-            raise ValueError("allocate_on_comm_stream=True requires previous_event and async_finish=True")
-        if previous_event is not None and previous_event.event is None:
-            raise ValueError("previous_event holds no event")
+            raise ValueError("allocate_on_comm_stream=True requires previous_event (holding an event) and "
+                             "async_finish=True")
         self.comm = comm_stream
         self.compute = torch.cuda.current_stream()
         self.async_finish = async_finish
         self.allocate_on_comm = allocate_on_comm_stream
         if previous_event is not None:
-            self.comm.wait_event(previous_event.event.event)
+            self.comm.wait_event(previous_event.event)
         else:
             self.comm.wait_stream(self.compute)
 

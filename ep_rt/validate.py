@@ -6,7 +6,10 @@ import torch
 from . import env
 from .transport import nvl_layout
 
-topk_idx_t = torch.int64
+# DeepEP's topk_idx_t, chosen here at import (EP_RT_TOPK_IDX_BITS) instead of at build time: the type of the
+# top-k outputs (recv_topk_idx). Inputs may be int64 or int32 whatever it is; the kernels read both in place.
+topk_idx_t = torch.int32 if env.topk_idx_bits() == 32 else torch.int64
+TOPK_IDX_DTYPES = (torch.int64, torch.int32)
 FP8_DTYPE = torch.float8_e4m3fn
 
 
@@ -32,7 +35,7 @@ def topk_idx(t, device, num_experts: int, rows=None, may_sync: bool = True) -> N
     """Shape and dtype always; the value range too (one device sync) unless the caller must not sync
     (num_worst_tokens, or a CUDA-graph capture), or EP_RT_CHECK_VALUES=0. Unchecked out-of-range ids are
     treated as -1 by the kernels (never followed)."""
-    tensor("topk_idx", t, dtype=topk_idx_t, ndim=2, device=device, rows=rows)
+    tensor("topk_idx", t, dtypes=TOPK_IDX_DTYPES, ndim=2, device=device, rows=rows)
     if t.size(1) > nvl_layout.MAX_TOPK:
         raise ValueError(f"top-k is at most {nvl_layout.MAX_TOPK}, got {t.size(1)}")
     may_sync = may_sync and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
@@ -40,6 +43,11 @@ def topk_idx(t, device, num_experts: int, rows=None, may_sync: bool = True) -> N
         lo, hi = (int(v) for v in torch.aminmax(t))
         if lo < -1 or hi >= num_experts:
             raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), found range [{lo}, {hi}]")
+
+
+def bits(t) -> int:
+    """The width of a topk_idx tensor as the kernels' topk_idx_bits fields take it (64 for an absent one)."""
+    return 64 if t is None else t.element_size() * 8
 
 
 def experts(num_experts: int, num_ranks: int) -> int:

@@ -15,6 +15,7 @@
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/sync.cuh"
+#include "ep_rt/topk.cuh"
 
 using namespace ep_rt;
 
@@ -312,7 +313,7 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
     channel_range(p.num_tokens, C, c, begin, end);
     const int4* x = reinterpret_cast<const int4*>(p.x);
     const int32_t* x_scales = reinterpret_cast<const int32_t*>(p.x_scales);
-    const int64_t* topk_idx = reinterpret_cast<const int64_t*>(p.topk_idx);
+    const TopkIdx topk_idx(p.topk_idx, p.topk_idx_bits);
     const float* topk_weights = reinterpret_cast<const float*>(p.topk_weights);
     const int32_t* send_pos = reinterpret_cast<const int32_t*>(p.send_pos);
     const int hidden_int4 = int(hidden_bytes / 16);
@@ -353,7 +354,7 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
             }
         }
         // Top-k re-based to each destination's local experts.
-        if (topk_idx != nullptr) {
+        if (topk_idx.present()) {
             for (int k = lane; k < K; k += kWarpSize) {
                 const int64_t e = topk_idx[int64_t(t) * K + k];
                 const float w = topk_weights != nullptr ? topk_weights[int64_t(t) * K + k] : 0.0f;
@@ -361,7 +362,8 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
                 for (int j = 0; j < EP_RT_MAX_NVL_RANKS; ++j) {
                     if (row[j] < 0) continue;
                     const bool mine = e >= int64_t(j) * L && e < int64_t(j + 1) * L;
-                    reinterpret_cast<int64_t*>(idx_base[j])[int64_t(row[j]) * K + k] = mine ? e - int64_t(j) * L : -1;
+                    store_topk_idx(idx_base[j], p.recv_topk_idx_bits, int64_t(row[j]) * K + k,
+                                   mine ? e - int64_t(j) * L : -1);
                     if (topk_weights != nullptr)
                         reinterpret_cast<float*>(w_base[j])[int64_t(row[j]) * K + k] = mine ? w : 0.0f;
                 }
@@ -394,9 +396,11 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
         if (p.recv_x_scales)
             block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_x_scales) + int64_t(row_begin) * S,
                               at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
-        if (p.recv_topk_idx)
-            block_copy<Src::kPeerWritten>(reinterpret_cast<int64_t*>(p.recv_topk_idx) + int64_t(row_begin) * K,
-                              at<int64_t>(data, p.region.topk_idx) + int64_t(row_begin) * K, n * K * 8);
+        if (p.recv_topk_idx) {
+            const int64_t w = topk_idx_bytes(p.recv_topk_idx_bits);
+            block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_topk_idx) + int64_t(row_begin) * K * w,
+                              at<uint8_t>(data, p.region.topk_idx) + int64_t(row_begin) * K * w, n * K * w);
+        }
         if (p.recv_topk_weights)
             block_copy<Src::kPeerWritten>(reinterpret_cast<float*>(p.recv_topk_weights) + int64_t(row_begin) * K,
                               at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
@@ -407,10 +411,9 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
     // num_worst_tokens: rows past the real count carry no expert.
     if (p.fill_unused_rows && p.recv_topk_idx) {
         const int num_recv = rpm[(R - 1) * R + me];
-        int64_t* idx = reinterpret_cast<int64_t*>(p.recv_topk_idx);
         for (int64_t i = int64_t(num_recv) * K + int64_t(c) * blockDim.x + threadIdx.x; i < int64_t(p.num_out_rows) * K;
              i += int64_t(C) * blockDim.x)
-            idx[i] = -1;
+            store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, i, -1);
     }
 }
 

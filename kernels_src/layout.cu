@@ -1,13 +1,16 @@
 // get_dispatch_layout: per-rank, per-node and per-expert token counts and the token-to-rank table.
 // Each block histograms its slice of tokens in shared memory, then adds into the (zeroed) outputs.
 #include "ep_rt/params.h"
+#include "ep_rt/topk.cuh"
+
+using ep_rt::TopkIdx;
 
 namespace {
 
-__device__ __forceinline__ bool seen_before(const int64_t* row, int k, int64_t group, int64_t group_size,
-                                            int64_t num_experts) {
+__device__ __forceinline__ bool seen_before(const TopkIdx& topk, int64_t row, int k, int64_t group,
+                                            int64_t group_size, int64_t num_experts) {
     for (int j = 0; j < k; ++j) {
-        int64_t e = row[j];
+        int64_t e = topk[row + j];
         if (e >= 0 && e < num_experts && e / group_size == group) return true;
     }
     return false;
@@ -25,28 +28,28 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_get_dispatch_layout(cons
     for (int i = threadIdx.x; i < num_counters; i += blockDim.x) counters[i] = 0;
     __syncthreads();
 
-    const int64_t* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
+    const TopkIdx topk(p.topk_idx, p.topk_idx_bits);
     bool* in_rank = reinterpret_cast<bool*>(p.is_token_in_rank);
     const int64_t experts_per_rank = p.num_experts / p.num_ranks;
     const int64_t experts_per_node = experts_per_rank * 8;
     const int begin = blockIdx.x * p.tokens_per_block;
     const int end = min(begin + p.tokens_per_block, p.num_tokens);
     for (int t = begin + threadIdx.x; t < end; t += blockDim.x) {
-        const int64_t* row = topk + int64_t(t) * p.num_topk;
+        const int64_t row = int64_t(t) * p.num_topk;
         bool* flags = in_rank + int64_t(t) * p.num_ranks;
         for (int r = 0; r < p.num_ranks; ++r) flags[r] = false;
         for (int k = 0; k < p.num_topk; ++k) {
-            const int64_t e = row[k];
+            const int64_t e = topk[row + k];
             if (e < 0 || e >= p.num_experts) continue;  // -1 = no expert; out-of-range is rejected on the host
             atomicAdd(&expert_count[e], 1);
             const int64_t r = e / experts_per_rank;
-            if (!seen_before(row, k, r, experts_per_rank, p.num_experts)) {
+            if (!seen_before(topk, row, k, r, experts_per_rank, p.num_experts)) {
                 flags[r] = true;
                 atomicAdd(&rank_count[r], 1);
             }
             if (num_nodes > 0) {
                 const int64_t n = e / experts_per_node;
-                if (!seen_before(row, k, n, experts_per_node, p.num_experts)) atomicAdd(&node_count[n], 1);
+                if (!seen_before(topk, row, k, n, experts_per_node, p.num_experts)) atomicAdd(&node_count[n], 1);
             }
         }
     }

@@ -19,6 +19,7 @@
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/share.cuh"
 #include "ep_rt/sync.cuh"
+#include "ep_rt/topk.cuh"
 
 using namespace ep_rt;
 
@@ -295,7 +296,7 @@ __device__ void build_message(const LL& ll, int t, uint8_t* msg) {
 
 // before[k] += how many of the first n top-k entries (token-major, all tokens before this one) chose expert[k].
 // One pass of the whole block with its loads in flight together, counted with shared-memory atomics.
-__device__ void count_earlier_choices(const int64_t* topk, int n, const int64_t* expert, int* before, int K) {
+__device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t* expert, int* before, int K) {
     constexpr int kUnroll = 4;
     for (int j0 = threadIdx.x; j0 < n; j0 += blockDim.x * kUnroll) {
         int64_t v[kUnroll];
@@ -331,7 +332,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     // Bytes of the slot a message really uses (an FP8 message is about half the slot).
     const int64_t used_bytes = p.use_fp8 ? (16 + p.hidden + 4 * ll.S + 15) / 16 * 16 : 16 + 2 * int64_t(p.hidden);
     const int used_int4 = int(used_bytes / 16);
-    const int64_t* topk = reinterpret_cast<const int64_t*>(p.topk_idx);
+    const TopkIdx topk(p.topk_idx, p.topk_idx_bits);
     __shared__ int64_t expert[EP_RT_LL_MAX_TOPK];  // token t's choices
     __shared__ int before[EP_RT_LL_MAX_TOPK];      // choices of the same expert by earlier tokens
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
@@ -691,7 +692,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
             const int k = threadIdx.x;
             int64_t off = -1;
             if (k < K) {
-                const int64_t e = reinterpret_cast<const int64_t*>(p.topk_idx)[int64_t(t) * K + k];
+                const int64_t e = TopkIdx(p.topk_idx, p.topk_idx_bits)[int64_t(t) * K + k];
                 if (e >= 0 && e < p.num_experts && !ll.masked(int(e / ll.L))) {
                     int64_t value;
                     int64_t cycles = 0;

@@ -7,7 +7,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "ep_rt"
 
-API = {"ep_rt.config", "ep_rt.config_tables", "ep_rt.handles", "ep_rt.events", "ep_rt.validate", "ep_rt.utils"}
+API = {"ep_rt.config", "ep_rt.config_tables", "ep_rt.config_file", "ep_rt.handles", "ep_rt.events", "ep_rt.validate",
+       "ep_rt.utils"}
 # What each wing may import, downward only. cli is the top: it may use anything.
 ALLOWED = {
     "base": {"base"},

@@ -34,7 +34,7 @@ def idx(n=4, k=2):
     ((x(), idx(), 1025, E), ValueError, "num_max_dispatch_tokens_per_rank"),
     ((x(n=9), idx(n=9), T, E), ValueError, "more than"),
     ((x(), idx(), T, 7), ValueError, "multiple of 2"),
-    ((x(), idx().int(), T, E), TypeError, "int64"),
+    ((x(), idx().short(), T, E), TypeError, "dtypes"),
     ((x(), idx(n=3), T, E), ValueError, "rows"),
     ((x(), idx(k=17), T, E), ValueError, "at most 16"),
 ])

@@ -395,7 +395,7 @@ def test_layout_errors():
     with pytest.raises(ValueError, match=r"\[-1, 4\)"):
         ref.dispatch_layout(T([[-2, 0]], i64), 4, 2)
     with pytest.raises(TypeError, match="dtype"):
-        ref.dispatch_layout(IDX[0].int(), 4, 2)
+        ref.dispatch_layout(IDX[0].short(), 4, 2)
     with pytest.raises(ValueError, match="2-D"):
         ref.dispatch_layout(IDX[0].flatten(), 4, 2)
     with pytest.raises(ValueError, match="multiple of 8"):

@@ -46,7 +46,7 @@ def test_good_arguments_pass():
     (dict(x=(torch.randn(N, H).to(torch.bfloat16), torch.rand(N, 2))), TypeError, "dtype"),
     (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn), torch.rand(N + 1, 2))), ValueError, "rows"),
     (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn), torch.rand(N, 2).double())), TypeError, "dtypes"),
-    (dict(topk_idx=torch.randint(0, E, (N, K)).int()), TypeError, "int64"),
+    (dict(topk_idx=torch.randint(0, E, (N, K)).short()), TypeError, "dtypes"),
     (dict(topk_idx=torch.randint(0, E, (N + 1, K))), ValueError, "rows"),
     (dict(topk_idx=torch.full((N, K), E)), ValueError, r"\[-1, 8\)"),
     (dict(topk_idx=torch.full((N, K), -2)), ValueError, "range"),

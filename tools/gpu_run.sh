@@ -2,6 +2,8 @@
 # The whole GPU job for one device-tool call, from the repository root of a checkout (no install: the
 # checkout on PYTHONPATH). Steps run in order of importance, each under its own time limit, logs in $OUT.
 # Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets;
+#        issue 12: doctor, cli (tune/doctor/topk_idx_t GPU tests), bench_cli, megatron (needs the wheels in
+#        MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder);
 #        soak / soak4 / soak_base (BASE=<checkout>) run the LL soak;
 #        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main")
 set -uo pipefail
@@ -48,6 +50,15 @@ for step in $STEPS; do
              --rounds "${SOAK_ROUNDS_EMUL:-1000}" --timeout 240 ;;   # the LL put path (emulated nodes)
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
+    doctor) run doctor 300 python3 -m ep_rt doctor ;;
+    cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
+    bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$OUT/bench_cli.json" ;;
+    # megatron-core from carried wheels into a folder of its own (no network there), then its client test.
+    megatron) MC_SITE=/tmp/ep_rt_megatron_site
+             python3 -m pip install -q --no-deps --no-index --target "$MC_SITE" \
+               "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl > "$OUT/megatron_install.log" 2>&1
+             run megatron 900 env PYTHONPATH="$MC_SITE:$PWD" python3 -m pytest -q -rs tests/gpu/test_megatron_gpu.py \
+               tests/test_megatron_expectation.py tests/test_deep_ep_alias.py ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$OUT/bench.json" ;;
   esac

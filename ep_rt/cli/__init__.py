@@ -6,6 +6,11 @@ import importlib
 
 COMMANDS = {
     "check": "every operation against ep_rt.reference on fresh inputs, then the benchmarks (the default)",
+    "doctor": "what is wrong here: GPU, driver, cubins, NVLink, NVSHMEM, transports, settings, a smoke round",
+    "bench": "the HT and LL benchmarks alone (DeepEP's formulas), text or --json, optional --plot",
+    "tune": "sweep SM counts for your shapes, write a config file for EP_RT_CONFIG_FILE",
+    "alias": "the startup hook that gives unchanged DeepEP code (import deep_ep) ep_rt",
+    "model": "predicted internode HT times on a real cluster, next to DeepEP's published numbers",
 }
 
 

@@ -70,17 +70,18 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
         raise ValueError(f"config.num_sms is at most {nvl_layout.MAX_CHANNELS}")
     if (topk_idx is None) != (topk_weights is None):
         raise ValueError("pass topk_idx and topk_weights together, or neither")
-    if topk_idx is None:
-        if num_worst_tokens:
-            raise ValueError("num_worst_tokens needs topk_idx")
-        if num_tokens_per_expert is not None:
-            validate.tensor("num_tokens_per_expert", num_tokens_per_expert, dtype=torch.int32, ndim=1, device=dev)
-        return DispatchArgs(data, scales)
+    # As DeepEP: every dispatch that is not cached takes the per-expert counts (with or without top-k); they
+    # give num_recv_tokens_per_expert_list and the number of experts.
     if num_tokens_per_expert is None:
-        raise ValueError("dispatch with topk_idx needs num_tokens_per_expert (from get_dispatch_layout)")
+        raise ValueError("dispatch needs num_tokens_per_expert (from get_dispatch_layout), with or without "
+                         "topk_idx, as DeepEP does; or a handle (cached dispatch)")
     validate.tensor("num_tokens_per_expert", num_tokens_per_expert, dtype=torch.int32, ndim=1, device=dev)
     num_experts = num_tokens_per_expert.numel()
     validate.experts(num_experts, R)
+    if topk_idx is None:
+        if num_worst_tokens:
+            raise ValueError("num_worst_tokens needs topk_idx")
+        return DispatchArgs(data, scales)
     validate.topk_idx(topk_idx, dev, num_experts, rows=N, may_sync=num_worst_tokens == 0)
     validate.tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=dev, rows=N)
     if topk_weights.size(1) != topk_idx.size(1):

@@ -15,6 +15,7 @@ from typing import NamedTuple, Optional
 
 import torch
 
+from .. import validate
 from ..errors import BufferTooSmallError
 from ..handles import HandleFacts, IntranodeHandle, next_serial, with_facts
 from ..runtime import abi, modules
@@ -109,12 +110,13 @@ class IntranodeOp:
                     f"rank {me}: this dispatch needs room for {max_dispatch} received rows (and {max_combine} rows "
                     f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {capacity} "
                     f"({combine_capacity}); create the Buffer with num_nvl_bytes >= {need}")
-            per_expert = [counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)] if K else []
+            # notify publishes them whenever num_tokens_per_expert is given (always: ht_args requires it).
+            per_expert = [counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)]
 
         with torch.cuda.stream(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=dev) if S else None
-            recv_topk_idx = torch.empty(num_rows, K, dtype=torch.int64, device=dev) if K else None
+            recv_topk_idx = torch.empty(num_rows, K, dtype=validate.topk_idx_t, device=dev) if K else None
             recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
             recv_src_idx = torch.empty(num_rows, dtype=torch.int32, device=dev)
 
@@ -185,7 +187,8 @@ class IntranodeOp:
             num_tokens=x.size(0), num_channels=num_channels, hidden_bytes=x.size(1) * x.element_size(),
             num_scales=x_scales.size(1) if x_scales is not None else 0,
             num_topk=topk_idx.size(1) if topk_idx is not None else 0, num_local_experts=num_local_experts,
-            num_out_rows=num_rows, fill_unused_rows=int(fill_unused), handshake=int(handshake))
+            num_out_rows=num_rows, fill_unused_rows=int(fill_unused), handshake=int(handshake),
+            topk_idx_bits=validate.bits(topk_idx), recv_topk_idx_bits=validate.bits(recv_topk_idx))
         self._run("dispatch", self.dispatch_kernel, num_channels, stream)
 
     # ---- combine --------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class LayoutOp:
                             num_tokens_per_rdma_rank=per_node.data_ptr() if per_node is not None else 0,
                             num_tokens_per_expert=per_expert.data_ptr(),
                             is_token_in_rank=is_token_in_rank.data_ptr(), num_tokens=num_tokens, num_topk=num_topk,
-                            num_experts=num_experts, num_ranks=num_ranks, tokens_per_block=per_block)
+                            num_experts=num_experts, num_ranks=num_ranks, tokens_per_block=per_block,
+                            topk_idx_bits=topk_idx.element_size() * 8)
             self.kernel(blocks, comm_stream, smem=smem)
         return per_rank, per_node, per_expert, is_token_in_rank, counts

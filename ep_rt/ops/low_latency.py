@@ -166,7 +166,7 @@ class LowLatencyOp:
             raise ValueError(f"x has {N} tokens, more than num_max_dispatch_tokens_per_rank={T}")
         # No host check of the values (it would sync every decode step and break graph capture): the send
         # kernel reports an expert id >= num_experts through the error record, raised at the next call.
-        validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device, rows=N)
+        validate.tensor("topk_idx", topk_idx, dtypes=validate.TOPK_IDX_DTYPES, ndim=2, device=self.device, rows=N)
         if topk_idx.size(1) > abi.EP_RT_LL_MAX_TOPK:
             raise ValueError(f"low-latency top-k is at most {abi.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
         return N, H
@@ -226,7 +226,7 @@ class LowLatencyOp:
                  recv_x_scales=ptr(scales), recv_src_info=src_info.data_ptr(), recv_layout_range=layout_range.data_ptr(),
                  recv_count=count.data_ptr(), cumulative_stats=ptr(cumulative_stats), wait_stats=ptr(wait_stats),
                  num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
-                 use_ue8m0=int(use_ue8m0), zero_copy=0, use_logfmt=0)
+                 use_ue8m0=int(use_ue8m0), zero_copy=0, use_logfmt=0, topk_idx_bits=validate.bits(topk_idx))
         send(max(1, min(N, self.num_sms)), stream_for_send)
         return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv,
                                                                                       self.dispatch_recv_grid)
@@ -243,7 +243,7 @@ class LowLatencyOp:
         if tuple(x.shape) != (L, R * T, hidden):
             raise ValueError(f"x must be [{L}, {R * T}, {hidden}] (local experts, ranks x max tokens, hidden), "
                              f"got {tuple(x.shape)}")
-        validate.tensor("topk_idx", topk_idx, dtype=validate.topk_idx_t, ndim=2, device=self.device)
+        validate.tensor("topk_idx", topk_idx, dtypes=validate.TOPK_IDX_DTYPES, ndim=2, device=self.device)
         N = topk_idx.size(0)
         if N > T or topk_idx.size(1) > abi.EP_RT_LL_MAX_TOPK:
             raise ValueError(f"topk_idx must have at most {T} rows and {abi.EP_RT_LL_MAX_TOPK} columns")
@@ -270,7 +270,7 @@ class LowLatencyOp:
                  recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
                  wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
                  num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy),
-                 use_logfmt=int(use_logfmt))
+                 use_logfmt=int(use_logfmt), topk_idx_bits=validate.bits(topk_idx))
         send(self.combine_send_grid, stream_for_send)  # even shares of the rows
         # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * _RECV_BLOCK))

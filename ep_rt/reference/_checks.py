@@ -14,7 +14,7 @@ def _check_tensor(t, name, dtype=None, ndim=None):
 
 
 def _check_topk_idx(topk_idx, num_experts, name="topk_idx"):
-    _check_tensor(topk_idx, name, torch.int64, 2)
+    _check_tensor(topk_idx, name, (torch.int64, torch.int32), 2)
     if topk_idx.numel() > 0 and (topk_idx.min() < -1 or topk_idx.max() >= num_experts):
         raise ValueError(f"{name} values must lie in [-1, {num_experts}), got range "
                          f"[{int(topk_idx.min())}, {int(topk_idx.max())}]")

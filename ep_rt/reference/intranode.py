@@ -16,14 +16,17 @@ def _send_pos(is_token_in_rank):
 
 
 def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, expert_alignment=1,
-                       num_worst_tokens=0, is_token_in_ranks=None):
+                       num_worst_tokens=0, is_token_in_ranks=None, num_tokens_per_experts=None):
     """Simulates a (non-cached) intranode dispatch on all R = len(xs) ranks.
 
     xs[r]: bf16 [N_r, H] or (fp8 e4m3 [N_r, H], scales f32/int32 [N_r, S]).
-    topk_idxs[r]: int64 [N_r, K] or None (then is_token_in_ranks[r] gives the routing).
+    topk_idxs[r]: int64 or int32 [N_r, K] or None (then is_token_in_ranks[r] gives the routing).
     topk_weights[r]: f32 [N_r, K] or None (only allowed without topk_idxs).
     is_token_in_ranks[r]: bool [N_r, R]; when given it is the routing (as in DeepEP, whose
     kernel routes by is_token_in_rank), otherwise the routing is derived from topk_idxs.
+    num_tokens_per_experts[r]: int32 [E], the counts rank r passes to dispatch; when given they make
+    num_recv_tokens_per_expert_list (as in DeepEP, with or without top-k), otherwise the counts come from
+    topk_idxs, and without either the list is empty (DeepEP's dispatch always takes the counts).
     Returns one dict per rank (see module docs / DeepEP handle semantics).
     """
     R = len(xs)
@@ -37,7 +40,7 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
     if num_worst_tokens < 0:
         raise ValueError(f"num_worst_tokens must be >= 0, got {num_worst_tokens}")
     for name, lst in (("topk_idxs", topk_idxs), ("topk_weights", topk_weights),
-                      ("is_token_in_ranks", is_token_in_ranks)):
+                      ("is_token_in_ranks", is_token_in_ranks), ("num_tokens_per_experts", num_tokens_per_experts)):
         if lst is not None and len(lst) != R:
             raise ValueError(f"{name} must have one entry per rank ({R}), got {len(lst)}")
     topk_idxs = list(topk_idxs) if topk_idxs is not None else [None] * R
@@ -83,6 +86,13 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
             if itr.shape != (n, R):
                 raise ValueError(f"is_token_in_ranks[{r}] shape {tuple(itr.shape)} != {(n, R)}")
         routes.append(itr)
+    if num_tokens_per_experts is not None:
+        tokens_per_expert = []
+        for r, counts in enumerate(num_tokens_per_experts):
+            _check_tensor(counts, f"num_tokens_per_experts[{r}]", torch.int32, 1)
+            if counts.shape != (num_experts,):
+                raise ValueError(f"num_tokens_per_experts[{r}] shape {tuple(counts.shape)} != {(num_experts,)}")
+            tokens_per_expert.append(counts)
 
     dev = datas[0].device
     # rank_prefix_matrix[i][j] = tokens sent by ranks 0..i to rank j.
@@ -123,10 +133,10 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
             res["recv_topk_idx"] = torch.where(local, idx - me * L, torch.full_like(idx, -1))
             w = gather(topk_weights)
             res["recv_topk_weights"] = torch.where(local, w, torch.zeros_like(w))
-            if num_worst_tokens == 0:
-                counts = torch.stack([tpe[me * L:(me + 1) * L] for tpe in tokens_per_expert]).sum(0)
-                a = expert_alignment
-                res["num_recv_tokens_per_expert_list"] = [(int(c) + a - 1) // a * a for c in counts]
+        if num_worst_tokens == 0 and tokens_per_expert:
+            counts = torch.stack([tpe[me * L:(me + 1) * L].cpu() for tpe in tokens_per_expert]).sum(0)
+            a = expert_alignment
+            res["num_recv_tokens_per_expert_list"] = [(int(c) + a - 1) // a * a for c in counts]
         recv_cpm = torch.zeros(R, num_channels, dtype=torch.int32, device=dev)
         for src in range(R):
             recv_cpm[src, 1:] = cpms[src][me, :-1]

@@ -37,7 +37,7 @@ def low_latency_dispatch(xs, topk_idxs, num_max_dispatch_tokens_per_rank, num_ex
                          round_scale=False, use_ue8m0=False, masked_ranks=()):
     """Simulates an LL dispatch on all R = len(xs) ranks.
 
-    xs[r]: bf16 [N_r, H]; topk_idxs[r]: int64 [N_r, K] with values in [-1, E) (-1 = no selection).
+    xs[r]: bf16 [N_r, H]; topk_idxs[r]: int64 or int32 [N_r, K] with values in [-1, E) (-1 = no selection).
     Every selection (s, t, k) with e = topk_idxs[s][t, k] >= 0 of a source rank s not in
     masked_ranks sends token t of rank s to rank e // L, local expert l = e % L (a token that
     selects the same expert twice is sent twice). On the receiver, block (l, s) holds rank s's rows
@@ -171,7 +171,7 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
     """Simulates an LL combine on all R = len(expert_outs) ranks (weighted sum, unlike HT combine).
 
     expert_outs[r]: bf16 [L, R*T, H] in rank r's packed receive layout (dispatch_results[r]).
-    topk_idxs[r] int64 / topk_weights[r] float32 [N_r, K]: the ORIGINAL routing of rank r's tokens.
+    topk_idxs[r] int64 or int32 / topk_weights[r] float32 [N_r, K]: the ORIGINAL routing of rank r's tokens.
     For rank me and token t, in float32 and exactly this order:
         acc = 0
         for k = 0 .. K-1:

@@ -91,7 +91,7 @@ class LayoutParams(ctypes.Structure):
         ("num_experts", _i32),
         ("num_ranks", _i32),
         ("tokens_per_block", _i32),
-        ("pad", _i32),
+        ("topk_idx_bits", _i32),
     ]
 
 
@@ -192,6 +192,8 @@ class DispatchParams(ctypes.Structure):
         ("num_out_rows", _i32),
         ("fill_unused_rows", _i32),
         ("handshake", _i32),
+        ("topk_idx_bits", _i32),
+        ("recv_topk_idx_bits", _i32),
         ("pad", _i32),
     ]
 
@@ -270,5 +272,5 @@ class LowLatencyParams(ctypes.Structure):
         ("has_remote_peers", _i32),
         ("use_logfmt", _i32),
         ("shape_digest", _i32),
-        ("pad", _i32),
+        ("topk_idx_bits", _i32),
     ]

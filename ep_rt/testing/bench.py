@@ -62,10 +62,17 @@ def ht_inputs(num_tokens, hidden, num_topk, num_experts, device, copies=2, seed=
     return sets
 
 
-def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=5, iters=30):
-    """Dispatch BF16, dispatch FP8 and combine on the HT reference workload; one row each. Kernel times come from
-    events around each kernel, after an L2 flush and a device barrier that starts both ranks together; host time
-    from calls without that line-up."""
+HT_WORKLOADS = ("dispatch BF16", "dispatch FP8", "combine BF16")
+
+
+def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=5, iters=30,
+             workloads=HT_WORKLOADS):
+    """Dispatch BF16, dispatch FP8 and combine (of a BF16 dispatch's rows) on the HT reference workload, or those of
+    `workloads`; one row each. Kernel times come from events around each kernel, after an L2 flush and a device
+    barrier that starts both ranks together; host time from calls without that line-up."""
+    unknown = [w for w in workloads if w not in HT_WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown HT workloads {unknown}; known: {list(HT_WORKLOADS)}")
     dev = buffer.device
     config = Config(num_sms, 6, 256, 6, 128)
     sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev)
@@ -107,7 +114,7 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
         op.timer = None
         return timer.collect(), start.elapsed_time(end) * 1000.0, (t1 - t0) * 1e6, recv.size(0)
 
-    for name in ("dispatch BF16", "dispatch FP8", "combine BF16"):
+    for name in workloads:
         samples, calls, num_recv = {}, [], 0
         for it in range(warmup + iters):
             got, call_us, _, num_recv = one_call(name, it, lined_up=True)

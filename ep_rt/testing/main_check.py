@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from . import bench as bench_mod, selfcheck_ll
+from . import bench as bench_mod, bench_main, selfcheck_ll
 from .checker import shared_seed
 from .selfcheck_ht import run_case, run_graph_case, standard_cases
 
@@ -26,7 +26,7 @@ def main_rank(rank, num_ranks, quick, bench, num_sms):
         rows.append((case.name, chk.checks, chk.failures))
     chk = run_graph_case(buffer, seed + 500)
     rows.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
-    bench_rows = bench_mod.bench_ht(buffer, num_sms=num_sms) if bench else []
+    bench_rows = bench_main.ht_round(buffer, num_sms) if bench else []
     buffer.destroy()
     ll_rows, ll_bench = low_latency_round(num_ranks, seed, quick, bench)
     return {"seed": seed, "rows": rows + ll_rows,
@@ -49,7 +49,6 @@ def low_latency_round(num_ranks, seed, quick, bench):
         rows.append(("LL " + case.name, chk.checks, chk.failures))
     chk = selfcheck_ll.run_ll_graph(buffer, seed + 2000)
     rows.append(("LL cuda graph replays", chk.checks, chk.failures))
-    # The LL reference workload at 288 experts, and at 256 (the other count peers publish).
-    ll_bench = bench_mod.bench_ll(buffer) + bench_mod.bench_ll(buffer, num_experts=256) if bench else []
+    ll_bench = bench_main.ll_round(buffer) if bench else []
     buffer.destroy()
     return rows, ll_bench

@@ -9,8 +9,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .. import reference
+from .. import reference, topk_idx_t
 from .checker import Checker
+
+
+def as_topk_idx_t(t):
+    """The reference's recv_topk_idx (in its input's type) in ep_rt.topk_idx_t, the type ep_rt returns."""
+    return None if t is None else t.to(topk_idx_t)
+
 
 @dataclass(frozen=True)
 class Case:
@@ -28,6 +34,7 @@ class Case:
     num_sms: int = 20
     expert_alignment: int = 1
     tokens_by_rank: tuple = field(default=())  # overrides num_tokens per rank when given
+    topk_idx_dtype: str = "int64"  # what topk_idx is passed as (int32 is read in place); outputs are topk_idx_t
 
 
 def make_inputs(case: Case, seed: int, num_ranks: int, device):
@@ -49,7 +56,7 @@ def make_inputs(case: Case, seed: int, num_ranks: int, device):
             idx = torch.where(torch.rand(idx.shape, generator=g) < 0.2, torch.full_like(idx, -1), idx)
         w = torch.rand(n, K, generator=g)
         xs.append(_as_dispatch_x(x.to(device), case.dtype))
-        idxs.append(idx.to(device))
+        idxs.append(idx.to(getattr(torch, case.topk_idx_dtype)).to(device))
         weights.append(w.to(device))
     return xs, idxs, weights
 
@@ -98,7 +105,7 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     config = Config(case.num_sms, 6, 256, 6, 128)
     prev = buffer.capture() if case.previous_event else None
     kwargs = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                  num_tokens_per_expert=per_expert if has_topk else None,
+                  num_tokens_per_expert=per_expert,
                   topk_idx=topk_idx if has_topk else None, topk_weights=topk_w if has_topk else None,
                   expert_alignment=case.expert_alignment, num_worst_tokens=num_worst, config=config,
                   previous_event=prev, async_finish=case.async_finish,
@@ -106,16 +113,19 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     recv_x, recv_idx, recv_w, per_expert_list, handle, event = buffer.dispatch(x, **kwargs)
     if case.async_finish:
         event.current_stream_wait()
-    all_in_rank = [reference.dispatch_layout(i, case.num_experts, R)[3] for i in idxs]
+    all_layouts = [reference.dispatch_layout(i, case.num_experts, R) for i in idxs]
     ref = reference.intranode_dispatch(xs, idxs if has_topk else None, weights if has_topk else None,
                                        case.num_experts, case.num_sms, case.expert_alignment, num_worst,
-                                       is_token_in_ranks=all_in_rank)
+                                       is_token_in_ranks=[lay[3] for lay in all_layouts],
+                                       num_tokens_per_experts=[lay[2] for lay in all_layouts])
     mine = ref[me]
     n = mine["num_recv"]
     got_x, got_s = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
     chk.equal("dispatch.recv_x", got_x, mine["recv_x"], rows=n)
     chk.equal("dispatch.recv_x_scales", got_s, mine["recv_x_scales"], rows=n)
-    chk.equal("dispatch.recv_topk_idx", recv_idx, mine["recv_topk_idx"])
+    chk.equal("dispatch.recv_topk_idx", recv_idx, as_topk_idx_t(mine["recv_topk_idx"]))
+    if recv_idx is not None:
+        chk.equal("dispatch.recv_topk_idx dtype is ep_rt.topk_idx_t", [str(recv_idx.dtype)], [str(topk_idx_t)])
     chk.equal("dispatch.recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
     chk.equal("dispatch.num_recv_tokens_per_expert_list", per_expert_list, mine["num_recv_tokens_per_expert_list"])
     for i, key in enumerate(("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix",
@@ -204,7 +214,7 @@ def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
         torch.cuda.synchronize()
         mine, n = ref[me], ref[me]["num_recv"]
         chk.equal(f"replay {rep} recv_x", recv_x, mine["recv_x"], rows=n)
-        chk.equal(f"replay {rep} recv_topk_idx", recv_idx, mine["recv_topk_idx"])
+        chk.equal(f"replay {rep} recv_topk_idx", recv_idx, as_topk_idx_t(mine["recv_topk_idx"]))
         chk.equal(f"replay {rep} recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
         for i, key in enumerate(("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix",
                                  "recv_src_idx", "is_token_in_rank", "send_pos")):
@@ -231,7 +241,9 @@ def standard_cases(num_ranks: int) -> list[Case]:
         Case("fp8 row scales", dtype="fp8", hidden=7168, num_experts=256),
         Case("fp8 column-major scales", dtype="fp8_colmajor", hidden=4096),
         Case("fp8 ue8m0 packed scales", dtype="fp8_ue8m0", hidden=2048),
-        Case("no top-k", num_topk=0),
+        Case("no top-k", num_topk=0, expert_alignment=4),
+        Case("int32 topk_idx", topk_idx_dtype="int32", routing="holes"),
+        Case("int32 topk_idx, num_worst_tokens", topk_idx_dtype="int32", num_worst_tokens=True),
         Case("async + previous_event", async_finish=True, previous_event=True),
         Case("async only", async_finish=True),
         Case("previous_event only", previous_event=True),

@@ -35,12 +35,15 @@ class LLCase:
     zero_rank0: bool = False
     rounds: int = 1             # consecutive dispatch+combine pairs (both buffers in turn)
     use_logfmt: bool = False    # LogFMT combine of logfmt_expert_outputs (every division kind in every row)
+    topk_idx_dtype: str = "int64"  # what topk_idx is passed as (int32 is read in place)
 
 
 def ll_cases(num_ranks: int) -> list[LLCase]:
     return [
         LLCase("bf16", use_fp8=False),
         LLCase("fp8", rounds=3),
+        LLCase("int32 topk_idx", topk_idx_dtype="int32", rounds=2),
+        LLCase("int32 topk_idx, hooks, bf16", topk_idx_dtype="int32", hook=True, use_fp8=False),
         LLCase("fp8 round_scale", round_scale=True),
         LLCase("fp8 ue8m0", round_scale=True, use_ue8m0=True, hidden=2048),
         LLCase("hooks", hook=True, rounds=2),
@@ -78,7 +81,7 @@ def ll_inputs(case: LLCase, seed: int, num_ranks: int, device):
             idx = torch.where(torch.rand(idx.shape, generator=g) < 0.15, torch.full_like(idx, -1), idx)
         w = torch.rand(n, case.num_topk, generator=g)
         xs.append(x.to(device))
-        idxs.append(idx.to(device))
+        idxs.append(idx.to(getattr(torch, case.topk_idx_dtype)).to(device))
         ws.append(w.to(device))
     return xs, idxs, ws
 

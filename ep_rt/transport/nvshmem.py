@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .. import env
 from ..errors import EpRtError
 from . import nvshmem_dist
 
@@ -69,9 +70,16 @@ def host_version() -> str:
 
 
 def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool) -> int:
-    """DeepEP's NVSHMEM settings; returns the QP depth. On one host, no remote transport is needed."""
+    """DeepEP's NVSHMEM settings; returns the QP depth. When every rank is on one host and NVLink is allowed, no
+    remote transport is needed: none is asked for, IBGDA included (NVSHMEM would try it anyway and print "init
+    failed for transport: IBGDA" on machines without InfiniBand). EP_RT_NVSHMEM_DEBUG=1 keeps DeepEP's
+    settings there too, so those messages show again, and turns on NVSHMEM's warnings."""
+    local_only = single_host and allow_nvlink
+    debug = env.nvshmem_debug()
     os.environ["NVSHMEM_DISABLE_P2P"] = "0" if allow_nvlink else "1"
-    os.environ["NVSHMEM_IB_ENABLE_IBGDA"] = "1"
+    os.environ["NVSHMEM_IB_ENABLE_IBGDA"] = "0" if local_only and not debug else "1"
+    if debug:
+        os.environ.setdefault("NVSHMEM_DEBUG", "WARN")
     os.environ["NVSHMEM_IBGDA_NUM_RC_PER_PE"] = str(num_qps_per_rank)
     qp_depth = int(os.environ.get("NVSHMEM_QP_DEPTH", "1024"))
     os.environ["NVSHMEM_QP_DEPTH"] = str(qp_depth)
@@ -80,7 +88,7 @@ def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool
     os.environ["NVSHMEM_CUMEM_GRANULARITY"] = str(2 ** 29)
     if not allow_mnnvl:
         os.environ["NVSHMEM_DISABLE_MNNVL"] = "1"
-    if single_host and allow_nvlink:
+    if local_only:
         os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
         os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
     return qp_depth

@@ -230,3 +230,24 @@ def ll_shrink(rank, num_ranks):
     dist.barrier()
     buf.destroy()
     return result
+
+
+TOPK_BITS_HT_CASES = ("bf16 uniform", "int32 topk_idx", "int32 topk_idx, num_worst_tokens", "num_worst_tokens",
+                      "holes (-1 in topk_idx)", "no top-k")
+TOPK_BITS_LL_CASES = ("fp8", "int32 topk_idx", "int32 topk_idx, hooks, bf16", "hooks")
+
+
+def topk_bits(rank, num_ranks):
+    """HT and LL rounds with int64 and int32 topk_idx, under whatever EP_RT_TOPK_IDX_BITS the parent set (read at
+    import: the spawned process inherits it). Returns ep_rt.topk_idx_t and every case's failures."""
+    import ep_rt
+    from ep_rt.testing import selfcheck_ll
+
+    out = suite(rank, num_ranks, TOPK_BITS_HT_CASES + (GRAPH_CASE,))["cases"]
+    buf = ll_buffer(num_ranks)
+    seed = checker.shared_seed(buf.group)
+    for i, case in enumerate(c for c in selfcheck_ll.ll_cases(num_ranks) if c.name in TOPK_BITS_LL_CASES):
+        chk = selfcheck_ll.run_ll_case(buf, case, seed + i)
+        out.append(("LL " + case.name, chk.checks, chk.failures))
+    buf.destroy()
+    return {"topk_idx_t": str(ep_rt.topk_idx_t), "cases": out}

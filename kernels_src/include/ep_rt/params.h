@@ -44,7 +44,7 @@ struct ErrorRecord {
 };
 
 struct LayoutParams {
-    uint64_t topk_idx;                  // int64 [num_tokens, num_topk], -1 = no expert
+    uint64_t topk_idx;                  // int64 or int32 (topk_idx_bits) [num_tokens, num_topk], -1 = no expert
     uint64_t num_tokens_per_rank;       // int32 [num_ranks], zeroed by the caller
     uint64_t num_tokens_per_rdma_rank;  // int32 [num_ranks / 8] or 0, zeroed by the caller
     uint64_t num_tokens_per_expert;     // int32 [num_experts], zeroed by the caller
@@ -54,7 +54,7 @@ struct LayoutParams {
     int32_t num_experts;
     int32_t num_ranks;
     int32_t tokens_per_block;
-    int32_t pad;
+    int32_t topk_idx_bits;              // 64 or 32: the width of topk_idx
 };
 
 // Buffer control region: offsets (bytes from each rank's buffer base), identical on every rank.
@@ -137,7 +137,7 @@ struct NotifyParams {
 struct DispatchRegion {
     int64_t x;          // [capacity, hidden_bytes]
     int64_t scales;     // int32 [capacity, num_scales]
-    int64_t topk_idx;   // int64 [capacity, num_topk]
+    int64_t topk_idx;   // [capacity, num_topk] of recv_topk_idx's type (room for int64)
     int64_t topk_weights; // f32 [capacity, num_topk]
     int64_t src_idx;    // int32 [capacity]
     int64_t capacity;   // rows
@@ -148,14 +148,14 @@ struct DispatchParams {
     uint64_t error;
     uint64_t x;                      // [N, hidden_bytes]
     uint64_t x_scales;               // 32-bit words, strided, or 0
-    uint64_t topk_idx;               // int64 [N, K] or 0
+    uint64_t topk_idx;               // int64 or int32 (topk_idx_bits) [N, K] or 0
     uint64_t topk_weights;           // f32 [N, K] or 0
     uint64_t send_pos;               // int32 [N, R]
     uint64_t rank_prefix_matrix;     // int32 [R, R]
     uint64_t recv_channel_prefix_matrix; // int32 [R, C]
     uint64_t recv_x;                 // [rows, hidden_bytes]
     uint64_t recv_x_scales;          // int32 [rows, num_scales] or 0
-    uint64_t recv_topk_idx;          // int64 [rows, K] or 0
+    uint64_t recv_topk_idx;          // int64 or int32 (recv_topk_idx_bits) [rows, K] or 0
     uint64_t recv_topk_weights;      // f32 [rows, K] or 0
     uint64_t recv_src_idx;           // int32 [rows]
     struct ControlLayout ctrl;
@@ -174,6 +174,8 @@ struct DispatchParams {
     int32_t num_out_rows;            // rows allocated in recv_* (num_worst_tokens or the exact count)
     int32_t fill_unused_rows;        // num_worst_tokens mode: recv_topk_idx = -1 past the real count
     int32_t handshake;               // cached mode: no notify ran, wait for peers before writing
+    int32_t topk_idx_bits;           // 64 or 32: the width of topk_idx
+    int32_t recv_topk_idx_bits;      // 64 or 32: the width of recv_topk_idx (ep_rt.topk_idx_t), also in the region
     int32_t pad;
 };
 
@@ -237,7 +239,7 @@ struct CombineParams {
 
 struct LowLatencyParams {
     uint64_t x;                    // dispatch: bf16 [N, H]; combine: bf16 [L, R*T, H] (packed expert outputs)
-    uint64_t topk_idx;             // int64 [N, K]
+    uint64_t topk_idx;             // int64 or int32 (topk_idx_bits) [N, K]
     uint64_t topk_weights;         // combine: f32 [N, K]
     uint64_t peer_bases;           // device uint64 [R]: NVLink-mapped symmetric base of each rank, 0 = remote
     uint64_t sym_base;             // this rank's symmetric base (offsets are identical on every rank)
@@ -273,5 +275,5 @@ struct LowLatencyParams {
     int32_t has_remote_peers;      // some rank is reached through NVSHMEM puts (not NVLink stores)
     int32_t use_logfmt;            // combine: rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh)
     int32_t shape_digest;          // 16 bits: digest of this call's shape, carried in its signals
-    int32_t pad;
+    int32_t topk_idx_bits;         // 64 or 32: the width of topk_idx
 };

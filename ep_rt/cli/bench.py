@@ -1,0 +1,93 @@
+"""python -m ep_rt bench: the benchmarks alone, on DeepEP's reference workloads and in DeepEP's formulas.
+
+HT (one node): dispatch BF16, dispatch FP8 and combine of 4096 tokens x 7168 per rank, top-8 of 256 experts.
+LL: dispatch FP8, combine BF16 and LogFMT of 128 tokens x 7168 per rank, top-8 of 288 (and 256) experts.
+Internode HT is not benchmarked: ep_rt has no internode HT kernels yet. Each row has the kernel time (what
+DeepEP's figures are), the whole-call time (what a caller waits for) and the bandwidth; --json writes every
+number with the formulas used. `python -m ep_rt` (check) runs the same benchmark code after its checks.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .. import __version__
+from ..testing import bench as bench_mod
+from ..testing.bench_main import FORMULAS
+from . import plot
+
+
+def document(results: list, num_sms: int, gpu: str, num_gpus: int) -> dict:
+    return {"ep_rt": __version__, "gpu": gpu, "num_gpus": num_gpus, "num_ranks": len(results), "num_sms": num_sms,
+            "formulas": FORMULAS, "ranks": results}
+
+
+def text(doc: dict) -> str:
+    out = [f"ep_rt bench: {doc['num_ranks']} ranks on {doc['num_gpus']} x {doc['gpu']} (HT with {doc['num_sms']} SMs)"]
+    for res in doc["ranks"]:
+        if res["ht"]:
+            out.append(bench_mod.format_rows([bench_mod.BenchRow(**r) for r in res["ht"]], res["rank"]))
+    for res in doc["ranks"]:
+        if res["ll"]:
+            out.append(bench_mod.format_ll_rows(res["ll"], res["rank"]))
+    return "\n".join(out)
+
+
+def bandwidth_series(doc: dict):
+    """(workload labels, {"rank r": GB/s per label}) of every HT and LL row, for the bar chart."""
+    labels, series = [], {}
+    for res in doc["ranks"]:
+        values = [r["gbps"] for r in res["ht"]] + [r["gbps"] for r in res["ll"]]
+        names = [f"HT {r['name']}" for r in res["ht"]] + [f"{r['name']} ({r['experts']} experts)" for r in res["ll"]]
+        if not labels:
+            labels = names
+        if names != labels:
+            raise ValueError(f"rank {res['rank']} ran other workloads ({names}) than rank 0 ({labels})")
+        series[f"rank {res['rank']}"] = values
+    return labels, series
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ep_rt bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    what = parser.add_mutually_exclusive_group()
+    what.add_argument("--ht-only", action="store_true", help="only the high-throughput benchmark")
+    what.add_argument("--ll-only", action="store_true", help="only the low-latency benchmark")
+    parser.add_argument("--ranks", type=int, default=0, help="ranks (default: one per local GPU)")
+    parser.add_argument("--num-sms", type=int, default=24, help="SMs (channels) of the HT calls (default 24)")
+    parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
+    parser.add_argument("--plot", metavar="PNG", default=None, help="draw bandwidth per workload and rank")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
+        print("bench: error: no CUDA GPU found; the benchmarks time the kernels (python -m ep_rt doctor says "
+              "what this machine has)")
+        return 1
+    from ..testing import bench_main
+    from ..testing.spawn import run_ranks
+
+    num_gpus = torch.cuda.device_count()
+    num_ranks = args.ranks or num_gpus
+    if num_ranks > num_gpus:
+        print(f"bench: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times are not those of "
+              f"{num_ranks} GPUs", file=sys.stderr)
+    results = run_ranks(bench_main.bench_rank, num_ranks, args=(not args.ll_only, not args.ht_only, args.num_sms),
+                        timeout_s=3600)
+    doc = document(results, args.num_sms, torch.cuda.get_device_name(0), num_gpus)
+    if args.json == "-":
+        json.dump(doc, sys.stdout, indent=1)
+        print()
+    else:
+        print(text(doc))
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1)
+            print(f"wrote {args.json}")
+    if args.plot:
+        labels, series = bandwidth_series(doc)
+        note = plot.bars(args.plot, labels, series, "GB/s (DeepEP's formulas)", f"ep_rt on {num_ranks} ranks")
+        print(note, file=sys.stderr if args.json == "-" else sys.stdout)
+    return 0

@@ -1,0 +1,54 @@
+"""The benchmark rounds, shared by `python -m ep_rt bench` (the per-rank body here) and `python -m ep_rt` (check,
+ep_rt.testing.main_check), so both measure with the same code: ep_rt.testing.bench's HT and LL benchmarks on
+DeepEP's reference workloads."""
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import torch.distributed as dist
+
+from . import bench
+
+# DeepEP's formulas, as ep_rt.testing.bench applies them (written into --json output beside the numbers).
+FORMULAS = {
+    "ht kernel_us": "median of CUDA events around the dispatch (notify excluded, as DeepEP reports it) or combine "
+                    "kernel, L2 flushed and the ranks' GPUs lined up before each call",
+    "ht call_us": "median of events on the caller's stream around the whole Python call (notify and the host's "
+                  "wait for the receive count included); host_us: the call's host time without the line-up",
+    "ht gbps": "received rows x hidden x 2 bytes / kernel time (FP8 dispatch: x (1 + 4/128) / 2, the FP8 row "
+               "and its f32 scales)",
+    "ll kernel_us": "send start to receive end of a whole call, from the kernels' own profiler times (DeepEP's "
+                    "kineto method); 'events' are the CUDA-event figures of the same calls",
+    "ll call_us": "events around the whole Python call, what a caller waits for",
+    "ll gbps": "this rank's valid selections x (hidden + hidden / 128 x 4 + 16) bytes (FP8 dispatch) or x hidden "
+               "x 2 bytes (combine, LogFMT too) / kernel time",
+}
+LL_SHAPE = (128, 7168, 288)  # DeepEP's LL reference workload: tokens per rank, hidden, experts (top-8)
+
+
+def ht_round(buffer, num_sms: int) -> list:
+    return bench.bench_ht(buffer, num_sms=num_sms)
+
+
+def ll_round(buffer) -> list:
+    """The LL reference workload at 288 experts, and at 256 (the other count peers publish)."""
+    return bench.bench_ll(buffer) + bench.bench_ll(buffer, num_experts=256)
+
+
+def bench_rank(rank, num_ranks, ht: bool, ll: bool, num_sms: int) -> dict:
+    """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow) and the LL rows."""
+    from .. import Buffer, Config
+
+    out = {"rank": rank, "ht": [], "ll": []}
+    if ht:
+        buffer = Buffer(dist.group.WORLD, Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
+                        explicitly_destroy=True)
+        out["ht"] = [asdict(r) for r in ht_round(buffer, num_sms)]
+        buffer.destroy()
+    if ll:
+        T, H, E = LL_SHAPE
+        buffer = Buffer(dist.group.WORLD, 0, Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E),
+                        low_latency_mode=True, num_qps_per_rank=E // num_ranks, explicitly_destroy=True)
+        out["ll"] = ll_round(buffer)
+        buffer.destroy()
+    return out

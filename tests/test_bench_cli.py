@@ -1,0 +1,57 @@
+"""python -m ep_rt bench's CPU parts: the JSON document and text of given results (stand-ins for the ranks'
+rows), the bandwidth series the plot draws, and the command without a GPU."""
+import json
+
+import pytest
+
+from ep_rt.cli import bench
+from ep_rt.testing.bench_main import FORMULAS
+
+
+def ht_row(name, kernel_us, gbps):
+    return {"name": name, "num_sms": 24, "kernel_us": kernel_us, "notify_us": 20.0, "call_us": kernel_us + 80,
+            "host_us": 60.0, "gbps": gbps, "num_recv": 9000}
+
+
+def ll_row(name, experts, kernel, gbps):
+    return {"name": name, "experts": experts, "events": {"kernel": kernel + 2, "send": 10.0, "recv": 12.0},
+            "call": kernel + 30, "profiler": {"kernel": kernel, "send": 9.0, "recv": 11.0}, "gbps": gbps}
+
+
+def results():
+    return [{"rank": r, "ht": [ht_row("dispatch BF16", 280.0 + r, 410.0), ht_row("combine BF16", 340.0, 345.0)],
+             "ll": [ll_row("LL dispatch FP8", 288, 29.0, 270.0)]} for r in range(2)]
+
+
+def test_json_document_round_trips_with_the_formulas():
+    doc = bench.document(results(), 24, "NVIDIA H200", 2)
+    back = json.loads(json.dumps(doc))
+    assert back["num_ranks"] == 2 and back["formulas"] == FORMULAS and back["ranks"][1]["ht"][0]["kernel_us"] == 281.0
+    assert {"ht gbps", "ll gbps", "ht kernel_us", "ll call_us"} <= set(FORMULAS)
+
+
+def test_text_has_every_rank_and_row():
+    out = bench.text(bench.document(results(), 24, "NVIDIA H200", 2))
+    lines = out.splitlines()
+    assert lines[0] == "ep_rt bench: 2 ranks on 2 x NVIDIA H200 (HT with 24 SMs)"
+    assert sum(line.startswith("rank 1: dispatch BF16") for line in lines) == 1
+    row = next(line for line in lines if line.startswith("rank 1: dispatch BF16")).split()
+    assert row[4:7] == ["24", "281.0", "410.0"]  # SMs, kernel us, GB/s
+    assert sum("LL dispatch FP8" in line for line in lines) == 2
+
+
+def test_bandwidth_series_for_the_plot():
+    labels, series = bench.bandwidth_series(bench.document(results(), 24, "x", 2))
+    assert labels == ["HT dispatch BF16", "HT combine BF16", "LL dispatch FP8 (288 experts)"]
+    assert series == {"rank 0": [410.0, 345.0, 270.0], "rank 1": [410.0, 345.0, 270.0]}
+    odd = results()
+    odd[1]["ll"] = []
+    with pytest.raises(ValueError, match="other workloads"):
+        bench.bandwidth_series(bench.document(odd, 24, "x", 2))
+
+
+def test_bench_without_a_gpu_says_so(capsys):
+    from ep_rt.cli import main
+
+    assert main(["bench", "--json", "-"]) == 1
+    assert "no CUDA GPU" in capsys.readouterr().out

@@ -1,0 +1,286 @@
+"""python -m ep_rt doctor: each check against a stand-in System (a healthy 2-GPU NVLink machine, and the ways it can
+be broken), the report's format and exit code, and the real command on a machine without GPU or driver."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+
+from ep_rt.cli import doctor, doctor_checks as dc
+from ep_rt.runtime import modules
+
+OK, WARNING, ERROR, SKIP = dc.OK, dc.WARNING, dc.ERROR, dc.SKIP
+_CU13 = {"flavour": "cu13", "min_driver": 13000, "compiler": "nvcc 13.0.88", "needs_nvshmem": False, "nvshmem": None}
+MANIFEST = {"cubins": [
+    {**_CU13, "family": "intranode", "arch": "sm_90", "variant": "safe", "path": "cu13/sm_90/safe/intranode.cubin"},
+    {**_CU13, "family": "intranode", "arch": "sm_90", "variant": "aggressive",
+     "path": "cu13/sm_90/aggressive/intranode.cubin"},
+    {**_CU13, "family": "layout", "arch": "sm_90", "variant": "default", "path": "cu13/sm_90/default/layout.cubin"},
+    {**_CU13, "family": "low_latency", "arch": "sm_90", "variant": "default",
+     "path": "cu13/sm_90/default/low_latency.cubin", "needs_nvshmem": True, "nvshmem": "3.4.5"},
+]}
+BUS = ["0000:19:00.0", "0000:3B:00.0"]
+
+
+class FakeSystem:
+    """A healthy machine: 2 x H200 with NVLink, driver 580 (CUDA 13.0), InfiniBand, every transport, GDRCopy,
+    the IBGDA driver options, nvidia_peermem. Tests break one thing at a time."""
+
+    def __init__(self):
+        self.versions = {"cuda-bindings": "13.0.3", "nvidia-nvshmem-cu13": "3.4.5", "nvidia-ml-py": "13.580",
+                         "numpy": "2.1"}
+        self.torch = {"version": "2.11.0+cu130", "cuda": "13.0"}
+        self.driver, self.cuda = "580.65", (13, 0)
+        self.gpu_list = [{"index": i, "name": "NVIDIA H200", "arch": "sm_90", "sms": 132, "bus_id": b}
+                         for i, b in enumerate(BUS)]
+        self.p2p_ok, self.link_count = True, 18
+        self.manifest_doc, self.corrupt = copy.deepcopy(MANIFEST), set()
+        self.host_nvshmem = "3.4.5"
+        self.libs = {"ibverbs", "mlx5", "ucp", "fabric", "gdrapi"}
+        self.files = {"/dev/gdrdrv", "/sys/module/nvidia", "/sys/module/nvidia_peermem"}
+        self.dirs = {"/sys/class/infiniband": ["mlx5_0", "mlx5_1"],
+                     "/nvshmem/lib": ["libnvshmem_host.so.3", "nvshmem_transport_ibgda.so.3",
+                                      "nvshmem_transport_ibrc.so.3", "nvshmem_transport_ucx.so.3",
+                                      "nvshmem_transport_libfabric.so.3"]}
+        self.texts = {"/proc/driver/nvidia/params": 'EnableStreamMemOPs: 1\nRegistryDwords: "PeerMappingOverride=1;"\n',
+                      "/proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65"}
+        self.release, self.env = "6.8.0-45-generic", {}
+
+    def python_version(self):
+        return "3.12.3"
+
+    def package_version(self, name):
+        return self.versions.get(name)
+
+    def torch_info(self):
+        return self.torch
+
+    def nvml_driver_version(self):
+        if self.driver is None:
+            raise RuntimeError("NVML Shared Library Not Found")
+        return self.driver
+
+    def cuda_driver_version(self):
+        return self.cuda
+
+    def nvshmem_flavour(self):
+        return "cu13"
+
+    def gpus(self):
+        return self.gpu_list
+
+    def nvlink(self, bus_ids):
+        return {"p2p": {(a, b): self.p2p_ok for a in bus_ids for b in bus_ids if a != b},
+                "links": {b: self.link_count for b in bus_ids}}
+
+    def manifest(self):
+        if self.manifest_doc is None:
+            raise FileNotFoundError("no cubins/manifest.json")
+        return Path("/cubins"), self.manifest_doc
+
+    def verify_cubin(self, root, entry):
+        if entry["path"] in self.corrupt:
+            raise modules.CubinNotFoundError(f"{entry['path']} is corrupt or stale")
+
+    def nvshmem_host_version(self):
+        return self.host_nvshmem
+
+    def nvshmem_lib_dir(self):
+        return "/nvshmem/lib"
+
+    def find_library(self, name):
+        return f"lib{name}.so.1" if name in self.libs else None
+
+    def exists(self, path):
+        return path in self.files
+
+    def listdir(self, path):
+        return self.dirs.get(str(path), [])
+
+    def read_text(self, path):
+        return self.texts.get(path)
+
+    def kernel_release(self):
+        return self.release
+
+    def environ(self):
+        return self.env
+
+
+def statuses(items):
+    return {i.name: i.status for i in items}
+
+
+def run(s, smoke=False, run_ranks=None):
+    return doctor.run_checks(s, smoke, 2, run_ranks)
+
+
+def test_a_healthy_machine_is_all_ok():
+    items = run(FakeSystem(), smoke=True, run_ranks=lambda fn, r, g: [(40, []), (40, [])])
+    bad = {n: s for n, s in statuses(items).items() if s != OK}
+    assert bad == {}, bad
+    assert doctor.exit_code(items) == 0
+    by_name = {i.name: i for i in items}
+    assert "sm_90/safe/intranode.cubin" in by_name["cubins for sm_90"].detail
+    assert "3.4.5 = device 3.4.5" in by_name["NVSHMEM"].detail
+    assert by_name["GPUDirect RDMA"].detail == "nvidia_peermem is loaded"
+    smoke = [i for i in items if i.name.startswith("smoke")]
+    assert len(smoke) == 2 and all("80 checks" in i.detail and "2 ranks on 2 GPUs" in i.name for i in smoke)
+
+
+def test_no_driver_no_gpu():
+    s = FakeSystem()
+    s.driver, s.gpu_list, s.torch = None, [], {"version": "2.13.0+cpu", "cuda": None}
+    items = run(s, smoke=True, run_ranks=lambda *a: pytest.fail("the smoke round must not run"))
+    st = statuses(items)
+    assert st["packages"] == st["driver"] == st["GPUs"] == ERROR
+    assert st["cubins for this GPU"] == st["NVLink"] == SKIP
+    assert all(st[n] == SKIP for n in st if n.startswith("smoke"))
+    assert doctor.exit_code(items) == 1
+    text = doctor.format_items(items)
+    assert "no NVIDIA driver" in text and "CPU-only build" in text and "fix the errors above first" in text
+
+
+def test_old_driver_for_the_cubins():
+    s = FakeSystem()
+    s.cuda = (12, 8)  # the stand-in ships only cu13 cubins
+    item = dc.check_driver(s, s.manifest_doc)[0]
+    assert item.status == ERROR and "cu13" in item.detail and "CUDA 13.0 or newer" in item.hint
+    s.manifest_doc["cubins"].append({**s.manifest_doc["cubins"][0], "flavour": "cu12", "min_driver": 12000})
+    item = dc.check_driver(s, s.manifest_doc)[0]
+    assert item.status == OK and "flavours it runs: cu12" in item.detail
+
+
+def test_missing_package():
+    s = FakeSystem()
+    del s.versions["nvidia-nvshmem-cu13"]
+    item = dc.check_packages(s)[0]
+    assert item.status == ERROR and "nvidia-nvshmem-cu13 missing" in item.detail and "nvidia-nvshmem-cu13" in item.hint
+
+
+def test_cubins_for_another_arch_and_corrupt_files():
+    s = FakeSystem()
+    s.gpu_list[1]["arch"] = "sm_100"
+    items = {i.name: i for i in dc.check_cubins(s, s.gpu_list, aggressive=False)[0]}
+    assert items["cubins for sm_90"].status == OK
+    assert items["cubins for sm_100"].status == ERROR and "sm_100" in items["cubins for sm_100"].detail
+    s = FakeSystem()
+    s.corrupt = {"cu13/sm_90/aggressive/intranode.cubin"}
+    safe = {i.name: i for i in dc.check_cubins(s, s.gpu_list, aggressive=False)[0]}
+    assert safe["cubins for sm_90"].status == OK  # the safe variant is what loads
+    agg = {i.name: i for i in dc.check_cubins(s, s.gpu_list, aggressive=True)[0]}
+    assert agg["cubins for sm_90"].status == ERROR and "corrupt" in agg["cubins for sm_90"].detail
+    s.manifest_doc = None
+    assert dc.check_cubins(s, s.gpu_list, False)[0][0].status == ERROR
+
+
+def test_nvlink_matrix():
+    s = FakeSystem()
+    item = dc.check_nvlink(s, s.gpu_list)[0]
+    assert item.status == OK and len(item.extra) == 3
+    assert item.extra[1].split() == ["0000:19:00.0", "-", "NV", "18"]
+    s.p2p_ok = False
+    item = dc.check_nvlink(s, s.gpu_list)[0]
+    assert item.status == WARNING and f"{BUS[0]} <-> {BUS[1]}" in item.detail and "EP_RT_SKIP_TOPOLOGY_CHECK" in item.hint
+    assert item.extra[2].split() == ["0000:3B:00.0", "no", "-", "18"]
+    assert dc.check_nvlink(s, s.gpu_list[:1])[0].status == SKIP
+
+
+def test_nvshmem_versions():
+    s = FakeSystem()
+    s.host_nvshmem = "3.3.9"
+    item = dc.check_nvshmem(s, s.manifest_doc)[0]
+    assert item.status == ERROR and "must match" in item.hint and "==3.4.5" in item.hint
+
+
+def test_transports_and_their_prerequisites():
+    s = FakeSystem()
+    s.libs -= {"mlx5", "ucp"}
+    s.dirs["/nvshmem/lib"].remove("nvshmem_transport_libfabric.so.3")
+    st = {i.name: i for i in dc.check_transports(s)}
+    assert st["transport IBGDA"].status == WARNING and "libmlx5" in st["transport IBGDA"].detail
+    assert st["transport IBRC"].status == OK
+    assert st["transport UCX"].status == WARNING and "libucp" in st["transport UCX"].detail
+    assert "plugin nvshmem_transport_libfabric.so" in st["transport libfabric"].detail
+    s.dirs["/sys/class/infiniband"] = []
+    st = {i.name: i for i in dc.check_transports(s)}
+    assert st["InfiniBand devices"].status == WARNING and "InfiniBand device" in st["transport IBRC"].detail
+
+
+def test_gdrcopy():
+    s = FakeSystem()
+    assert dc.check_gdrcopy(s)[0].status == OK
+    s.files.discard("/dev/gdrdrv")
+    item = dc.check_gdrcopy(s)[0]
+    assert item.status == WARNING and "/dev/gdrdrv" in item.detail and "libgdrapi" not in item.detail
+
+
+def test_ibgda_driver_options_from_proc_or_sys():
+    s = FakeSystem()
+    assert set(statuses(dc.check_ibgda_driver(s)).values()) == {OK}
+    s.texts["/proc/driver/nvidia/params"] = "EnableStreamMemOPs: 0\nRegistryDwords: \"\"\n"
+    items = dc.check_ibgda_driver(s)
+    assert [i.status for i in items] == [WARNING, WARNING] and "NVreg_EnableStreamMemOPs=1" in items[0].hint
+    del s.texts["/proc/driver/nvidia/params"]  # the module's parameter files instead
+    s.dirs["/sys/module/nvidia/parameters"] = ["NVreg_EnableStreamMemOPs", "NVreg_RegistryDwords"]
+    s.texts["/sys/module/nvidia/parameters/NVreg_EnableStreamMemOPs"] = "1\n"
+    s.texts["/sys/module/nvidia/parameters/NVreg_RegistryDwords"] = "PeerMappingOverride=1;\n"
+    assert set(statuses(dc.check_ibgda_driver(s)).values()) == {OK}
+    del s.dirs["/sys/module/nvidia/parameters"]
+    assert dc.check_ibgda_driver(s)[0].status == SKIP
+
+
+def test_gpudirect_rdma():
+    s = FakeSystem()
+    s.files.discard("/sys/module/nvidia_peermem")
+    assert "dma-buf" in dc.check_gpudirect_rdma(s)[0].detail  # open module on Linux 6.8
+    s.release = "5.4.0-100-generic"
+    item = dc.check_gpudirect_rdma(s)[0]
+    assert item.status == WARNING and "5.4.0-100-generic < 5.12" in item.detail
+    s.texts.pop("/proc/driver/nvidia/version")
+    s.files.discard("/sys/module/nvidia")
+    assert dc.check_gpudirect_rdma(s)[0].status == SKIP
+
+
+def test_settings(tmp_path, monkeypatch):
+    s = FakeSystem()
+    s.env = {"EP_RT_TIMEOUT_S": "abc", "EP_RT_TIMOUT_S": "5", "NVSHMEM_DEBUG": "WARN", "PATH": "/bin"}
+    for k, v in s.env.items():  # the env readers read os.environ, as Buffer does
+        monkeypatch.setenv(k, v)
+    items = {i.name: i for i in dc.check_settings(s)}
+    assert "NVSHMEM_DEBUG=WARN" in items["settings"].detail and "PATH" not in items["settings"].detail
+    assert items["unknown EP_RT_ variables"].detail == "EP_RT_TIMOUT_S"
+    assert items["EP_RT_TIMEOUT_S"].status == ERROR
+    bad = tmp_path / "c.json"
+    bad.write_text("{}")
+    s.env = {"EP_RT_CONFIG_FILE": str(bad)}
+    items = {i.name: i for i in dc.check_settings(s)}
+    assert items["EP_RT_CONFIG_FILE"].status == ERROR and "not an ep_rt config file" in items["EP_RT_CONFIG_FILE"].detail
+
+
+def test_smoke_failures_and_crashes():
+    item = dc.smoke_item("smoke", lambda: [(10, []), (10, ["dispatch.recv_x: 3 elements differ"])])
+    assert item.status == ERROR and "rank 1: dispatch.recv_x" in item.detail
+    def crash():
+        raise RuntimeError("--- rank 0 ---\nTraceback ...\nEpRtError: NVSHMEM initialisation failed (7)\n")
+    item = dc.smoke_item("smoke", crash)
+    assert item.status == ERROR and "NVSHMEM initialisation failed" in item.detail
+
+
+def test_report_format_and_summary():
+    items = [dc.Item("a", OK, "fine"), dc.Item("bb", WARNING, "hmm", "do this", ["row 1"]), dc.Item("c", SKIP, "-")]
+    lines = doctor.format_items(items).splitlines()
+    assert lines[0].split() == ["ok", "a", "fine"] and lines[1].endswith("hmm  -> do this")
+    assert lines[2].strip() == "row 1" and lines[-1] == "1 ok, 1 warnings, 0 errors, 1 skipped"
+    assert doctor.exit_code(items) == 0 and doctor.exit_code(items + [dc.Item("d", ERROR, "x")]) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-GPU path: this machine has a GPU")
+def test_the_command_on_this_machine_without_gpu(capsys):
+    from ep_rt.cli import main
+
+    assert main(["doctor"]) == 1
+    out = capsys.readouterr().out
+    assert "no CUDA GPU visible" in out and "NVSHMEM" in out and "smoke: intranode" in out
+    for line in out.splitlines()[1:-1]:
+        assert line.split()[0] in ("ok", "WARNING", "ERROR", "skip") or line.startswith(" "), line
