@@ -49,6 +49,10 @@ for step in $STEPS; do
     soak_emul) run soak_emul 300 env EP_RT_RANKS_PER_NODE=1 python3 tools/ll_soak.py --ranks 2 \
              --rounds "${SOAK_ROUNDS_EMUL:-1000}" --timeout 240 ;;   # the LL put path (emulated nodes)
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
+    # The GPU tests in order of what a regression would hurt most, under one limit (LIMIT, default 480 s).
+    gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 tests/gpu/test_cubins_gpu.py \
+             tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_gpu.py tests/gpu/test_intranode_gpu.py \
+             tests/gpu/test_reliability_gpu.py tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
