@@ -739,14 +739,15 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
 
 // ------------------------------------------------------------------------------------------------
 // A time-limited barrier over the unmasked ranks (clean_low_latency_buffer, teardown): one block writes
-// p.barrier_seq into its word at every peer, then waits until every unmasked peer's word here holds at least it.
+// p.barrier_seq into its word at every rank, then waits until every unmasked peer's word here holds at least it.
 // In shrink mode a peer that never comes is masked; otherwise the timeout is reported like any other. NVSHMEM's
 // own barrier has no deadline and no mask.
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLatencyParams p) {
     const LL ll(p);
     const int R = p.num_ranks;
-    for (int r = threadIdx.x; r < R; r += blockDim.x)
-        if (!ll.masked(r)) signal_rank(ll, r, p.signal_off + int64_t(p.rank) * 8, p.barrier_seq);
+    // Signal every rank, masked ones too (a rank masked here may be alive and waiting for us: masks are each rank's
+    // own view), but wait only for the unmasked ones.
+    for (int r = threadIdx.x; r < R; r += blockDim.x) signal_rank(ll, r, p.signal_off + int64_t(p.rank) * 8, p.barrier_seq);
     const int64_t seq = p.barrier_seq;
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         if (ll.masked(r)) continue;

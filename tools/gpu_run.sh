@@ -54,6 +54,11 @@ for step in $STEPS; do
              tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_gpu.py tests/gpu/test_intranode_gpu.py \
              tests/gpu/test_reliability_gpu.py tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
+    soak_ht) run soak_ht 300 python3 -m pytest -q -rs -m soak tests/gpu/test_reliability_gpu.py ;;
+    # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).
+    cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py \
+             tests/gpu/test_layout_gpu.py tests/gpu/test_intranode_gpu.py -k "not more_ranks" ;;
+    retest) run retest 300 python3 -m pytest -q -rs ${RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
     bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$OUT/bench_cli.json" ;;

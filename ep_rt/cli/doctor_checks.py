@@ -159,19 +159,30 @@ def check_nvlink(s, gpus: list[dict]) -> list[Item]:
 # ---- NVSHMEM -----------------------------------------------------------------------------------------
 
 def check_nvshmem(s, manifest: dict | None) -> list[Item]:
-    device = next((e.get("nvshmem") for e in (manifest or {}).get("cubins", []) if e.get("needs_nvshmem")), None)
+    """The host library against the device library of the NVSHMEM-linked cubins of its flavour, by NVSHMEM's rule
+    (same major, host minor >= device minor; ep_rt.transport.nvshmem_dist)."""
+    from ..transport import nvshmem_dist
+
+    flavour = s.nvshmem_flavour() if hasattr(s, "nvshmem_flavour") else None
+    linked = [e for e in (manifest or {}).get("cubins", []) if e.get("needs_nvshmem")]
+    mine = [e for e in linked if flavour is None or e.get("flavour", flavour) == flavour] or linked
+    devices = sorted({e.get("nvshmem") for e in mine if e.get("nvshmem")})
     try:
         host = s.nvshmem_host_version()
     except Exception as e:
-        return [Item("NVSHMEM", ERROR, f"host library not loadable ({_why(e)})",
-                     f"pip install nvidia-nvshmem-cu13=={device or '3.4.5'}")]
-    if device is None:
+        return [Item("NVSHMEM", ERROR, f"host library not loadable ({_why(e)})", nvshmem_dist.install_hint(flavour))]
+    if not devices:
         return [Item("NVSHMEM", WARNING, f"host {host}; no NVSHMEM-linked cubin in the manifest",
                      "the low-latency mode needs the low_latency cubin: reinstall ep_rt")]
-    if host != device:
-        return [Item("NVSHMEM", ERROR, f"host library {host}, device library {device} (low_latency.cubin)",
-                     f"they must match: pip install nvidia-nvshmem-cu13=={device}")]
-    return [Item("NVSHMEM", OK, f"host {host} = device {device} (low_latency.cubin): compatible")]
+    which = f"{flavour} " if flavour else ""
+    for device in devices:
+        problem = nvshmem_dist.compatibility_problem(host, device, ibgda=False)
+        if problem:
+            return [Item("NVSHMEM", ERROR, f"host library {host}, {which}device library {device}: {problem}",
+                         f"install an NVSHMEM host library in {nvshmem_dist.host_range(device, False)}: "
+                         f"{nvshmem_dist.install_hint(flavour)}")]
+    return [Item("NVSHMEM", OK, f"host {host} ({flavour or 'flavour unknown'}) runs the {which}low-latency cubins' "
+                                f"device library {', '.join(devices)} (same major, host minor >= device minor)")]
 
 
 # Remote transports NVSHMEM ships as plugins, with what each needs from the system.

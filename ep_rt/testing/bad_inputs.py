@@ -146,7 +146,7 @@ def _cases() -> list[BadInput]:
         BadInput("rdma local tensor too large", lambda c: c.buf.get_local_buffer_tensor(
             torch.int32, size=(c.buf.num_rdma_bytes,), use_rdma_buffer=True), V, "needs"),
         # ---- get_dispatch_layout ----
-        BadInput("layout int32 topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.int(), E), T, "int64"),
+        BadInput("layout int16 topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.short(), E), T, "dtype"),
         BadInput("layout 1-D topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx[:, 0].contiguous(), E), V, "2-D"),
         BadInput("layout strided topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.t(), E), V, "contiguous"),
         BadInput("layout CPU topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.cpu(), E), V, "must be on"),
@@ -179,7 +179,7 @@ def _cases() -> list[BadInput]:
             x=(c.x.to(torch.float8_e4m3fn), torch.ones(N + 1, H // 128, device=cuda))), V, "rows"),
         BadInput("dispatch fp8 scales with 0 columns", lambda c: c.dispatch(
             x=(c.x.to(torch.float8_e4m3fn), torch.ones(N, 0, device=cuda))), V, "no columns"),
-        BadInput("dispatch int32 topk_idx", lambda c: c.dispatch(topk_idx=c.idx.int()), T, "int64"),
+        BadInput("dispatch int16 topk_idx", lambda c: c.dispatch(topk_idx=c.idx.short()), T, "dtype"),
         BadInput("dispatch topk_idx rows", lambda c: c.dispatch(topk_idx=c.idx[:-1].contiguous(),
                                                                 topk_weights=c.w[:-1].contiguous()), V, "rows"),
         BadInput("dispatch topk id == num_experts", lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, E)), V,
@@ -255,13 +255,13 @@ def _cases() -> list[BadInput]:
         BadInput("LL more tokens than T", lambda c: c.ll_dispatch(T=64), V, "more than"),
         BadInput("LL experts not divisible", lambda c: c.ll_dispatch(E_=LL_E + 1), V, "multiple of"),
         BadInput("LL experts 2**17", lambda c: c.ll_dispatch(E_=1 << 17), V, "multiple of"),
-        BadInput("LL int32 topk_idx", lambda c: c.ll_dispatch(idx=c.ll_idx.int()), T, "int64"),
+        BadInput("LL int16 topk_idx", lambda c: c.ll_dispatch(idx=c.ll_idx.short()), T, "dtype"),
         BadInput("LL topk_idx rows", lambda c: c.ll_dispatch(idx=c.ll_idx[:-1].contiguous()), V, "rows"),
         BadInput("LL top-17", lambda c: c.ll_dispatch(idx=torch.zeros(100, 17, dtype=torch.int64, device=cuda)), V,
                  "at most 16"),
         BadInput("LL ue8m0 without round_scale", lambda c: c.ll_dispatch(use_ue8m0=True), V, "round_scale"),
-        BadInput("LL ue8m0 hidden 1152", lambda c: c.ll_dispatch(x=_bf16(100, 1152), round_scale=True,
-                                                                 use_ue8m0=True), V, "multiple of 512"),
+        BadInput("LL ue8m0 hidden 896", lambda c: c.ll_dispatch(x=_bf16(100, 896), round_scale=True,
+                                                                use_ue8m0=True), V, "multiple of 512"),
         BadInput("LL stats rows", lambda c: c.ll_dispatch(
             cumulative_local_expert_recv_stats=torch.zeros(3, dtype=torch.int32, device=cuda)), V, "rows"),
         BadInput("LL wait stats int32", lambda c: c.ll_dispatch(

@@ -82,7 +82,7 @@ def ht_soak(rank: int, num_ranks: int, rounds: int, seed: int, full_every: int =
         s = _settings(rng, R)
         rs = seed * 100019 + rnd
         E, H, K = s["experts"], s["hidden"], s["topk"]
-        idxs = [_routing(rs, r, s["tokens"][r], E, K, R, dev) for r in range(R)]
+        idxs = [_routing(rs, r, s["tokens"][r], E, K, dev) for r in range(R)]
         idx, n = idxs[rank], s["tokens"][rank]
         g = torch.Generator(device=dev).manual_seed(rs * 31 + rank)
         x = torch.randn(n, H, generator=g, device=dev).to(torch.bfloat16)

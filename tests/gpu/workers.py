@@ -83,7 +83,9 @@ def create_destroy(rank, num_ranks, cycles=20):
 
     buf = Buffer(dist.group.WORLD, 256 * MB, explicitly_destroy=True)
     buf.destroy()
+    dist.barrier()  # ranks may share a GPU: measure when no rank holds a Buffer
     before = free_bytes()
+    dist.barrier()
     for _ in range(cycles):
         buf = Buffer(dist.group.WORLD, 256 * MB, explicitly_destroy=True)
         x = torch.randn(64, 256, device=buf.device).to(torch.bfloat16)
@@ -93,6 +95,7 @@ def create_destroy(rank, num_ranks, cycles=20):
                      topk_idx=idx, topk_weights=torch.rand(64, 2, device=buf.device))
         buf.destroy()
         del buf
+    dist.barrier()
     after = free_bytes()
     return before - after
 
