@@ -156,7 +156,9 @@ class Buffer:
                     ll.barrier(self.comm_stream)
                 except EpRtError as e:
                     errors.append(e)
-                nvshmem_collective = ll.failed is None and not ll.masked_ranks()
+                # Every rank must make the same choice. A rank's masks are its own view (a peer may have masked
+                # us while we masked nobody), so with shrink mode the collective teardown is never risked.
+                nvshmem_collective = ll.failed is None and ll.mask is None
         parts, self._parts = self._parts, []
         for part in reversed(parts):
             slot = getattr(part, "error_slot", None)

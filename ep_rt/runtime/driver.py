@@ -85,12 +85,24 @@ def multiprocessor_count(device_index: int) -> int:
 
 # ---- memory -------------------------------------------------------------------------------------
 
+# Bytes ep_rt holds through this module, by kind: a soak checks them for growth per process (device-wide counters
+# mix in every process sharing the GPU, and torch's caching allocator).
+_live = {"device": {}, "host": {}}
+
+
+def live_bytes() -> dict:
+    return {kind: sum(sizes.values()) for kind, sizes in _live.items()}
+
+
 def mem_alloc(nbytes: int) -> int:
-    return int(check(_cu().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)"))
+    ptr = int(check(_cu().cuMemAlloc(nbytes), f"cuMemAlloc({nbytes} bytes)"))
+    _live["device"][ptr] = nbytes
+    return ptr
 
 
 def mem_free(ptr: int) -> None:
     check(_cu().cuMemFree(ptr), "cuMemFree")
+    _live["device"].pop(ptr, None)
 
 
 def memset_d8(ptr: int, value: int, nbytes: int) -> None:
@@ -109,11 +121,13 @@ def host_alloc_mapped(nbytes: int) -> tuple[int, int]:
     host = int(check(cu.cuMemHostAlloc(nbytes, flags), f"cuMemHostAlloc({nbytes} bytes)"))
     ctypes.memset(host, 0, nbytes)
     dev = int(check(cu.cuMemHostGetDevicePointer(host, 0), "cuMemHostGetDevicePointer"))
+    _live["host"][host] = nbytes
     return host, dev
 
 
 def host_free(host_ptr: int) -> None:
     check(_cu().cuMemFreeHost(host_ptr), "cuMemFreeHost")
+    _live["host"].pop(host_ptr, None)
 
 
 # ---- IPC ----------------------------------------------------------------------------------------

@@ -1,5 +1,9 @@
-"""Memory samples for soaks: torch's allocator, the device's free memory, this process's NVML-reported GPU memory
-and its host RSS. A soak samples every so many rounds and checks there is no growth after the warm-up."""
+"""Memory samples for soaks: torch's allocator, ep_rt's own device and pinned host allocations, this process's host
+RSS, and (reported, checked only when the process has the GPU to itself) the device's used memory and NVML's count
+for the process. A soak samples every so many rounds and checks there is no growth after the warm-up.
+
+Device-wide used memory is no leak measure when ranks share a GPU: it counts the other processes, and torch's
+caching allocator reserves segments it does not give back; torch_allocated and ep_rt's counters are per process."""
 from __future__ import annotations
 
 import os
@@ -15,6 +19,8 @@ class Sample:
     device_used: int       # total - free on this device (every process on it)
     nvml_process: int      # this process's GPU memory as NVML reports it (0 if NVML cannot tell)
     host_rss: int          # resident set size of this process
+    ep_rt_device: int = 0  # device memory ep_rt allocated through runtime.driver and holds
+    ep_rt_host: int = 0    # pinned host memory ep_rt allocated and holds
 
 
 def _rss() -> int:
@@ -47,23 +53,37 @@ def sample(round_: int) -> Sample:
     dev = torch.cuda.current_device()
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info(dev)
-    return Sample(round_, torch.cuda.memory_allocated(dev), total - free, _nvml_process(dev), _rss())
+    from ..runtime import driver
+
+    live = driver.live_bytes()
+    return Sample(round_, torch.cuda.memory_allocated(dev), total - free, _nvml_process(dev), _rss(), live["device"],
+                  live["host"])
+
+
+PER_PROCESS = ("torch_allocated", "ep_rt_device", "ep_rt_host", "host_rss")
+DEVICE_WIDE = ("device_used", "nvml_process")
 
 
 def growth(samples: list[Sample], warmup_fraction: float = 0.2) -> dict:
     """Largest rise of each measure over its value at the end of the warm-up (bytes; negative is a fall)."""
     start = samples[min(len(samples) - 1, int(len(samples) * warmup_fraction))]
     later = [s for s in samples if s.round >= start.round]
-    return {name: max(getattr(s, name) for s in later) - getattr(start, name)
-            for name in ("torch_allocated", "device_used", "nvml_process", "host_rss")}
+    return {name: max(getattr(s, name) for s in later) - getattr(start, name) for name in PER_PROCESS + DEVICE_WIDE}
 
 
 # Allowed rises after the warm-up: allocator rounding and Python's heap wander a little; a leak of one buffer or
 # one tensor per call grows without bound over thousands of rounds.
-LIMITS = {"torch_allocated": 64 << 20, "device_used": 256 << 20, "nvml_process": 256 << 20, "host_rss": 256 << 20}
+LIMITS = {"torch_allocated": 64 << 20, "ep_rt_device": 0, "ep_rt_host": 0, "host_rss": 256 << 20,
+          "device_used": 256 << 20, "nvml_process": 256 << 20}
 
 
-def leaks(samples: list[Sample]) -> list[str]:
+def leaks(samples: list[Sample], gpu_shared: bool | None = None) -> list[str]:
+    """Measures that grew past their limit; device-wide ones only when this process has its GPU to itself."""
+    if gpu_shared is None:
+        import torch.distributed as dist
+
+        gpu_shared = dist.is_initialized() and dist.get_world_size() > torch.cuda.device_count()
+    names = PER_PROCESS if gpu_shared else PER_PROCESS + DEVICE_WIDE
     g = growth(samples)
-    return [f"{k} grew by {v / 2**20:.1f} MiB after the warm-up (limit {LIMITS[k] / 2**20:.0f})"
-            for k, v in g.items() if v > LIMITS[k]]
+    return [f"{k} grew by {g[k] / 2**20:.1f} MiB after the warm-up (limit {LIMITS[k] / 2**20:.0f})"
+            for k in names if g[k] > LIMITS[k]]

@@ -81,12 +81,7 @@ def create_destroy(rank, num_ranks, cycles=20):
         torch.cuda.empty_cache()
         return _driver.mem_get_info()[0]
 
-    buf = Buffer(dist.group.WORLD, 256 * MB, explicitly_destroy=True)
-    buf.destroy()
-    dist.barrier()  # ranks may share a GPU: measure when no rank holds a Buffer
-    before = free_bytes()
-    dist.barrier()
-    for _ in range(cycles):
+    def cycle():
         buf = Buffer(dist.group.WORLD, 256 * MB, explicitly_destroy=True)
         x = torch.randn(64, 256, device=buf.device).to(torch.bfloat16)
         idx = torch.randint(0, 16, (64, 2), device=buf.device)
@@ -94,7 +89,15 @@ def create_destroy(rank, num_ranks, cycles=20):
         buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
                      topk_idx=idx, topk_weights=torch.rand(64, 2, device=buf.device))
         buf.destroy()
-        del buf
+
+    # One whole cycle first: the first launch of a kernel may grow the context's local-memory reserve for good (a
+    # one-time cost of the driver, not a leak).
+    cycle()
+    dist.barrier()  # ranks may share a GPU: measure when no rank holds a Buffer
+    before = free_bytes()
+    dist.barrier()
+    for _ in range(cycles):
+        cycle()
     dist.barrier()
     after = free_bytes()
     return before - after
