@@ -49,9 +49,16 @@ ARCHS = ("sm_80", "sm_90", "sm_100")
 AGGRESSIVE_ARCHS = ("sm_90",)
 # (flavour, arch) pairs whose cubins have run on a GPU; every other pair is only built. After a GPU run of a new
 # pair, add it here and rebuild: the manifest records it per cubin and --check compares.
+# Which cubins have run on a GPU: (flavour, arch) for every family, or (flavour, arch, family) for one.
 RAN_ON_HARDWARE = {
-    ("cu13", "sm_90"): "H200 (nvidia-h200-x2): GPU suite bit-exact with ep_rt.reference, benchmarks",
+    ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
+    ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
+    ("cu12", "sm_90", "intranode"): "H200 (nvidia-h200, driver 580, 2026-12-01): intranode suite bit-exact, both variants",
 }
+
+
+def ran_on_hardware(flavour: str, arch: str, family: str):
+    return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"
@@ -281,7 +288,8 @@ def measure_params(src):
 # ---------------------------------------------------------------- building
 
 def manifest_entry(target, src, cubin, compiler):
-    family, hardware = target.family, RAN_ON_HARDWARE.get((target.flavour, target.arch))
+    family = target.family
+    hardware = ran_on_hardware(target.flavour, target.arch, family.name)
     return {
         "path": target.path,
         "family": family.name,
@@ -362,7 +370,7 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None):
     manifest = {
         "schema": manifest_lib.SCHEMA,
         "toolchains": described,
-        "hardware_runs": {f"{fl}/{arch}": text for (fl, arch), text in sorted(RAN_ON_HARDWARE.items())},
+        "hardware_runs": {"/".join(key): text for key, text in sorted(RAN_ON_HARDWARE.items())},
         "structs": structs,
         "constants": constants,
         "cubins": sorted(entries, key=lambda e: e["path"]),
@@ -384,7 +392,7 @@ def check_entry(src, out, expected, entry):
     if target_digest(src, target) != entry["source_sha256"]:
         problems.append(f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was "
                         f"built: {REBUILD_HINT}")
-    if entry.get("ran_on_hardware") != ((target.flavour, target.arch) in RAN_ON_HARDWARE):
+    if entry.get("ran_on_hardware") != (ran_on_hardware(target.flavour, target.arch, target.family.name) is not None):
         problems.append(f"{entry['path']}: ran_on_hardware differs from build_cubins.RAN_ON_HARDWARE: "
                         f"{REBUILD_HINT}")
     cubin = out / entry["path"]
