@@ -110,12 +110,7 @@ class LowLatencyOp:
     def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool,
                 message_format: int) -> int:
         """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
-        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
-        if offsets["need"] > offsets["half"]:
-            raise BufferTooSmallError(
-                f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
-                f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
-                f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}")
+        offsets = self._offsets(T, hidden, num_experts)
         b = self.idx
         if self.pending_recv[b]:
             raise EpRtError(
@@ -151,12 +146,17 @@ class LowLatencyOp:
         if num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
             raise ValueError(f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, "
                              f"got {num_experts!r}")
+        self._offsets(T, hidden, num_experts)
+
+    def _offsets(self, T: int, hidden: int, num_experts: int) -> dict:
+        """The buffers' areas for this shape (ll_layout.buffer_offsets), or BufferTooSmallError if it does not fit."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
         if offsets["need"] > offsets["half"]:
             raise BufferTooSmallError(
                 f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
-                f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, R, num_experts)} "
+                f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
                 f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}")
+        return offsets
 
     def _check(self, x, topk_idx, T, num_experts):
         validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=self.device)

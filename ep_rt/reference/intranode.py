@@ -1,8 +1,8 @@
 """Reference intranode dispatch, cached dispatch and combine (deepep-v1-reference.md 2.2-2.3)."""
 import torch
 
-from ._checks import _check_experts, _check_tensor, _check_topk_idx, _split_x
-from .layout import channel_ranges, dispatch_layout
+from ._checks import _check_tensor, _split_x
+from .layout import channel_ranges, dispatch_inputs
 
 
 # ----------------------------------------------------------------------------------------
@@ -29,63 +29,10 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
     topk_idxs, and without either the list is empty (DeepEP's dispatch always takes the counts).
     Returns one dict per rank (see module docs / DeepEP handle semantics).
     """
-    R = len(xs)
-    if R < 1:
-        raise ValueError("need at least one rank")
-    _check_experts(num_experts, R)
-    if num_channels < 1:
-        raise ValueError(f"num_channels must be >= 1, got {num_channels}")
-    if expert_alignment < 1:
-        raise ValueError(f"expert_alignment must be >= 1, got {expert_alignment}")
-    if num_worst_tokens < 0:
-        raise ValueError(f"num_worst_tokens must be >= 0, got {num_worst_tokens}")
-    for name, lst in (("topk_idxs", topk_idxs), ("topk_weights", topk_weights),
-                      ("is_token_in_ranks", is_token_in_ranks), ("num_tokens_per_experts", num_tokens_per_experts)):
-        if lst is not None and len(lst) != R:
-            raise ValueError(f"{name} must have one entry per rank ({R}), got {len(lst)}")
-    topk_idxs = list(topk_idxs) if topk_idxs is not None else [None] * R
-    topk_weights = list(topk_weights) if topk_weights is not None else [None] * R
-    is_token_in_ranks = list(is_token_in_ranks) if is_token_in_ranks is not None else [None] * R
-    L = num_experts // R
-
-    # ---- validate and derive per-source routing -------------------------------------
-    datas, scaless = zip(*[_split_x(x, f"xs[{r}]") for r, x in enumerate(xs)])
-    has_topk = topk_idxs[0] is not None
-    H = datas[0].shape[1]
-    K = topk_idxs[0].shape[1] if has_topk else 0
-    routes, tokens_per_expert = [], []
-    for r in range(R):
-        n = datas[r].shape[0]
-        if datas[r].dtype != datas[0].dtype or datas[r].shape[1] != H:
-            raise ValueError(f"xs[{r}] dtype/hidden {datas[r].dtype}/{datas[r].shape[1]} differs from "
-                             f"xs[0] {datas[0].dtype}/{H}")
-        if (scaless[r] is None) != (scaless[0] is None) or (
-                scaless[r] is not None and (scaless[r].dtype != scaless[0].dtype
-                                            or scaless[r].shape[1] != scaless[0].shape[1])):
-            raise ValueError(f"xs[{r}] scales dtype/shape differ from xs[0]")
-        if (topk_idxs[r] is not None) != has_topk:
-            raise ValueError("topk_idxs must be given on all ranks or on none")
-        if has_topk:
-            _check_topk_idx(topk_idxs[r], num_experts, f"topk_idxs[{r}]")
-            if topk_idxs[r].shape != (n, K):
-                raise ValueError(f"topk_idxs[{r}] shape {tuple(topk_idxs[r].shape)} != {(n, K)}")
-            w = topk_weights[r]
-            _check_tensor(w, f"topk_weights[{r}]", torch.float32, 2)
-            if w.shape != (n, K):
-                raise ValueError(f"topk_weights[{r}] shape {tuple(w.shape)} != {(n, K)}")
-            _, _, per_expert, itr = dispatch_layout(topk_idxs[r], num_experts, R)
-            tokens_per_expert.append(per_expert)
-        else:
-            if topk_weights[r] is not None:
-                raise ValueError(f"topk_weights[{r}] given without topk_idxs")
-            if is_token_in_ranks[r] is None:
-                raise ValueError(f"is_token_in_ranks[{r}] is required when topk_idxs is None")
-        if is_token_in_ranks[r] is not None:
-            itr = is_token_in_ranks[r]
-            _check_tensor(itr, f"is_token_in_ranks[{r}]", torch.bool, 2)
-            if itr.shape != (n, R):
-                raise ValueError(f"is_token_in_ranks[{r}] shape {tuple(itr.shape)} != {(n, R)}")
-        routes.append(itr)
+    R, L, datas, scaless, has_topk, H, K, routes, tokens_per_expert, topk_idxs, topk_weights = dispatch_inputs(
+        xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens)
+    if num_tokens_per_experts is not None and len(num_tokens_per_experts) != R:
+        raise ValueError(f"num_tokens_per_experts must have one entry per rank ({R}), got {len(num_tokens_per_experts)}")
     if num_tokens_per_experts is not None:
         tokens_per_expert = []
         for r, counts in enumerate(num_tokens_per_experts):
