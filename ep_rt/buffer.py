@@ -401,7 +401,9 @@ class Buffer:
         `start(stream)` launches the send kernel and returns (result, launch_recv); `touched(result)` lists the
         tensors the comm stream used."""
         if return_recv_hook:
-            if self._ll_on_comm_stream:  # the last LL kernels ran there, maybe not waited for (async_finish)
+            # The last LL kernels ran on the comm stream, maybe not waited for (async_finish). Not during a graph
+            # capture: the capturing stream must not wait on work outside the capture (captures start from a sync).
+            if self._ll_on_comm_stream and not torch.cuda.is_current_stream_capturing():
                 torch.cuda.current_stream().wait_stream(self.comm_stream)
                 self._ll_on_comm_stream = False
             result, launch_recv = start(torch.cuda.current_stream())
