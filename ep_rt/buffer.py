@@ -389,11 +389,7 @@ class Buffer:
 
     @staticmethod
     def _ll_handle(ll, handle, what: str) -> LowLatencyHandle:
-        facts = getattr(handle, "facts", None)
-        typed = as_handle(LowLatencyHandle, handle, what)
-        if facts is not None:
-            facts.check(handle, ll.serial, what)
-        return typed
+        return as_handle(LowLatencyHandle, handle, what, owner=ll.serial)
 
     def _ll_run(self, start, async_finish: bool, return_recv_hook: bool, touched):
         """DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and the hook

@@ -80,8 +80,17 @@ def with_facts(handle, facts: HandleFacts):
     return handle
 
 
-def as_handle(kind: type, handle, what: str):
-    """`handle` as `kind`: itself, or a plain tuple of kind's length (DeepEP code may rebuild handles)."""
+def as_handle(kind: type, handle, what: str, owner: int | None = None):
+    """`handle` as `kind`: itself, or a plain tuple of kind's length (DeepEP code may rebuild handles). With `owner`
+    (the serial of the op that must have made it), a handle carrying facts is also checked against them."""
+    typed = _typed(kind, handle, what)
+    facts = getattr(handle, "facts", None)
+    if facts is not None and owner is not None:
+        facts.check(handle, owner, what)
+    return typed
+
+
+def _typed(kind: type, handle, what: str):
     if isinstance(handle, kind):
         return handle
     others = [k for k in (IntranodeHandle, LowLatencyHandle) if k is not kind]

@@ -7,6 +7,7 @@ import torch
 
 from ep_rt import reference_ll
 from ep_rt.testing import soak_ll
+from ep_rt.testing.checker import expert_recv_counts
 
 
 @pytest.mark.parametrize("use_fp8,round_scale,use_ue8m0", [(False, False, False), (True, False, False),
@@ -29,7 +30,7 @@ def test_expected_combined_matches_reference(use_fp8, round_scale, use_ue8m0, ow
     for r in range(R):
         got = soak_ll._expected_combined(xs[r], idxs[r], ws[r], use_fp8, round_scale, use_ue8m0)
         assert torch.equal(got.view(torch.int16), ref[r]["combined_x"].view(torch.int16))
-        count = soak_ll._recv_count(idxs, r, E // R, cpu)
+        count = expert_recv_counts(idxs, r, E // R, cpu)
         assert torch.equal(count.to(torch.int32), want[r]["packed_recv_count"])
 
 

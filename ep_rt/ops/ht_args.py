@@ -19,11 +19,7 @@ class DispatchArgs(NamedTuple):
 def check_handle(handle, num_ranks: int, device, owner: int | None = None, what: str = "combine") -> IntranodeHandle:
     """The handle's kind, shapes and (when ep_rt made it) identity: made by this Buffer (`owner`, the op's serial),
     tensors unchanged."""
-    original = handle
-    handle = as_handle(IntranodeHandle, handle, what)
-    facts = getattr(original, "facts", None)
-    if facts is not None and owner is not None:
-        facts.check(original, owner, what)
+    handle = as_handle(IntranodeHandle, handle, what, owner)
     rpm, cpm, rcpm, recv_src_idx, in_rank, send_pos = handle
     validate.tensor("handle[0] (rank_prefix_matrix)", rpm, dtype=torch.int32, ndim=2, device=device)
     if tuple(rpm.shape) != (num_ranks, num_ranks):

@@ -14,6 +14,17 @@ def shared_seed(group) -> int:
     return seed[0]
 
 
+def expert_recv_counts(idxs, rank: int, num_local_experts: int, device) -> torch.Tensor:
+    """int64 [L]: rows each local expert of `rank` receives, from every rank's topk_idx in `idxs` (no host sync)."""
+    L = num_local_experts
+    want = torch.zeros(L, dtype=torch.int64, device=device)
+    for r_idx in idxs:
+        flat = r_idx.flatten()
+        mine = (flat >= rank * L) & (flat < (rank + 1) * L)
+        want.index_add_(0, torch.where(mine, flat - rank * L, torch.zeros_like(flat)), mine.to(torch.int64))
+    return want
+
+
 def _bits(t):
     if t is None:
         return None

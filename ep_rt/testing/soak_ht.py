@@ -19,6 +19,7 @@ import torch
 
 from .. import reference
 from . import memory
+from .checker import expert_recv_counts
 
 HIDDENS = (256, 1024, 2048, 4096, 7168)
 EXPERTS = (16, 64, 256)
@@ -106,12 +107,7 @@ def ht_soak(rank: int, num_ranks: int, rounds: int, seed: int, full_every: int =
         if s["async"]:
             ev.current_stream_wait()
         if not worst:
-            L = E // R
-            want = torch.zeros(L, dtype=torch.int64, device=dev)
-            for r_idx in idxs:
-                flat = r_idx.flatten()
-                mine = (flat >= rank * L) & (flat < (rank + 1) * L)
-                want.index_add_(0, torch.where(mine, flat - rank * L, torch.zeros_like(flat)), mine.long())
+            want = expert_recv_counts(idxs, rank, E // R, dev)
             bad[0] += (torch.tensor(per_expert_list, dtype=torch.int64, device=dev) != want).sum()
         if s["cached"]:
             recv_x, *_ = buf.dispatch(x_in, handle=handle, config=config)

@@ -22,6 +22,7 @@ import torch
 
 from .. import reference
 from . import memory
+from .checker import expert_recv_counts
 
 HIDDENS = (1024, 2048, 2560, 4096, 7168)
 EXPERTS = (32, 64, 288)
@@ -94,16 +95,6 @@ def _routing(seed: int, rank: int, n: int, num_experts: int, topk: int, num_rank
     top = torch.topk(scores, topk, dim=1)
     holes = (torch.rand(top.indices.shape, generator=g, device=device) < 0.15) | (top.values < 0)
     return torch.where(holes, torch.full_like(top.indices, -1), top.indices)
-
-
-def _recv_count(idxs, rank: int, L: int, device) -> torch.Tensor:
-    """Rows each local expert of `rank` receives from all ranks' routing (no host sync)."""
-    want = torch.zeros(L, dtype=torch.int64, device=device)
-    for r_idx in idxs:
-        flat = r_idx.flatten()
-        mine = (flat >= rank * L) & (flat < (rank + 1) * L)
-        want.index_add_(0, torch.where(mine, flat - rank * L, torch.zeros_like(flat)), mine.to(torch.int64))
-    return want
 
 
 def _calc_diff(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -221,7 +212,7 @@ def _eager_round(buf, s, rs, rank, R, device, tally) -> None:
         hook()
     if s["dispatch_mode"] == "async":
         event.current_stream_wait()
-    tally.add(0, (count.to(torch.int64) != _recv_count(idxs, rank, L, device)).sum())
+    tally.add(0, (count.to(torch.int64) != expert_recv_counts(idxs, rank, L, device)).sum())
 
     rows = _as_rows(recv, s["use_fp8"])
     if s["zero_copy"]:
@@ -278,6 +269,6 @@ class _GraphRound:
         self.idx.copy_(idxs[self.rank])
         self.w.copy_(w)
         self.graph.replay()
-        tally.add(0, (self.count.to(torch.int64) != _recv_count(idxs, self.rank, L, self.device)).sum())
+        tally.add(0, (self.count.to(torch.int64) != expert_recv_counts(idxs, self.rank, L, self.device)).sum())
         expect = _expected_combined(x, idxs[self.rank], w, True, False, False)
         tally.add(1, (self.combined.view(torch.int16) != expect.view(torch.int16)).sum())
