@@ -9,11 +9,11 @@ import os
 # (_ep_rt_deep_ep) reads itself. python -m ep_rt doctor flags EP_RT_ names that are not among them.
 KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CONFIG_FILE", "EP_RT_TIMEOUT_S", "EP_RT_CHECK_VALUES",
          "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
-         "EP_RT_DEEP_EP_ALIAS")
+         "EP_RT_DEEP_EP_ALIAS", "EP_RT_REMOTE_TRANSPORT", "EP_RT_HCA_LIST_PER_LOCAL_RANK")
 
 
-def _flag(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
+def _flag(name: str, default: bool, environ=None) -> bool:
+    value = (os.environ if environ is None else environ).get(name)
     if value is None or value == "":
         return default
     return value.strip().lower() not in ("0", "false", "no", "off")
@@ -91,7 +91,33 @@ def topk_idx_bits() -> int:
     return int(value)
 
 
-def nvshmem_debug() -> bool:
+def nvshmem_debug(environ=None) -> bool:
     """EP_RT_NVSHMEM_DEBUG=1: keep DeepEP's NVSHMEM transport settings on one host (IBGDA tried, so its "init
     failed" messages show) and set NVSHMEM_DEBUG=WARN unless it is set."""
-    return _flag("EP_RT_NVSHMEM_DEBUG", False)
+    return _flag("EP_RT_NVSHMEM_DEBUG", False, environ)
+
+
+REMOTE_TRANSPORTS = ("ibgda", "ibrc", "ucx", "libfabric")
+
+
+def remote_transport(environ=None) -> str | None:
+    """EP_RT_REMOTE_TRANSPORT=ibgda|ibrc|ucx|libfabric: what NVSHMEM uses for peers NVLink does not reach (unset:
+    IBGDA, as DeepEP, and on one host with NVLink no remote transport at all). transport.network_settings maps it
+    onto NVSHMEM_IB_ENABLE_IBGDA and NVSHMEM_REMOTE_TRANSPORT."""
+    value = (os.environ if environ is None else environ).get("EP_RT_REMOTE_TRANSPORT", "").strip().lower()
+    if not value:
+        return None
+    if value not in REMOTE_TRANSPORTS:
+        from .errors import NetworkSettingError
+
+        raise NetworkSettingError(f"EP_RT_REMOTE_TRANSPORT must be one of {', '.join(REMOTE_TRANSPORTS)} (or unset), "
+                                  f"got {value!r}")
+    return value
+
+
+def hca_list_per_local_rank(environ=None) -> str | None:
+    """EP_RT_HCA_LIST_PER_LOCAL_RANK: the NIC of each local rank (comma-separated HCAs in local-rank order, or
+    NIC lists separated by ';'), or "auto" (each GPU the closest NIC, distinct where possible); becomes this
+    process's NVSHMEM_HCA_LIST (UCX: UCX_NET_DEVICES). Unset: NVSHMEM chooses."""
+    value = (os.environ if environ is None else environ).get("EP_RT_HCA_LIST_PER_LOCAL_RANK", "").strip()
+    return value or None

@@ -30,6 +30,11 @@ class ConfigFileError(EpRtError):
     """The config file EP_RT_CONFIG_FILE names is missing or invalid."""
 
 
+class NetworkSettingError(EpRtError, ValueError):
+    """An NVSHMEM / network setting is invalid, or the environment sets it to what a Buffer argument or an ep_rt
+    knob contradicts (the message names the variable)."""
+
+
 class KernelError(EpRtError):
     """A kernel reported a failure through the error record."""
 

@@ -262,6 +262,45 @@ def test_settings(tmp_path, monkeypatch):
     assert items["EP_RT_CONFIG_FILE"].status == ERROR and "not an ep_rt config file" in items["EP_RT_CONFIG_FILE"].detail
 
 
+def test_network_settings():
+    s = FakeSystem()
+    (item,) = dc.check_network(s, s.gpu_list)
+    assert item.status == OK and "would use ibgda (DeepEP's default)" in item.detail
+    assert "NVSHMEM_IBGDA_NUM_RC_PER_PE=24" in item.detail
+    assert any(x.startswith("NVSHMEM_IB_SL = (unset)  [NVSHMEM default]") for x in item.extra)
+    s.env = {"NVSHMEM_IBGDA_NUM_RC_PER_PE": "4"}   # what Buffer would refuse is an error here
+    (item,) = dc.check_network(s, s.gpu_list)
+    assert item.status == ERROR and "NVSHMEM_IBGDA_NUM_RC_PER_PE='4'" in item.detail
+    s.env = {"NVSHMEM_IB_SL": "20"}
+    assert dc.check_network(s, s.gpu_list)[0].status == ERROR
+    s.env = {"EP_RT_REMOTE_TRANSPORT": "ucx", "NVSHMEM_IB_SL": "3"}
+    items = {i.name: i for i in dc.check_network(s, s.gpu_list)}
+    assert items["network settings"].status == OK and "UCX_IB_SL=3" in items["network settings"].detail
+    assert "transport ucx needs GDRCopy" not in items           # the stand-in has GDRCopy
+    s.libs.discard("gdrapi")
+    items = {i.name: i for i in dc.check_network(s, s.gpu_list)}
+    assert items["transport ucx needs GDRCopy"].status == ERROR
+    s.env = {"EP_RT_REMOTE_TRANSPORT": "ibrc", "EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_1:1,mlx5_0:1"}
+    (item,) = dc.check_network(s, s.gpu_list)
+    assert item.status == OK and "NIC per local rank: 0: mlx5_1:1, 1: mlx5_0:1" in item.extra
+
+
+def test_network_settings_auto_nic_preview():
+    s = FakeSystem()
+    paths = {"0000:19:00.0": "/sys/devices/pci0000:00/0000:00:01.0/0000:19:00.0",
+             "0000:3b:00.0": "/sys/devices/pci0000:30/0000:30:01.0/0000:3b:00.0"}
+    links = {f"/sys/bus/pci/devices/{b}": p for b, p in paths.items()}
+    links.update({"/sys/class/infiniband/mlx5_0/device": "/sys/devices/pci0000:30/0000:30:01.0/0000:3c:00.0",
+                  "/sys/class/infiniband/mlx5_1/device": "/sys/devices/pci0000:00/0000:00:01.0/0000:1a:00.0"})
+    s.realpath = lambda p: links.get(p, p)
+    for nic in ("mlx5_0", "mlx5_1"):
+        s.dirs[f"/sys/class/infiniband/{nic}/ports"] = ["1"]
+        s.texts[f"/sys/class/infiniband/{nic}/ports/1/state"] = "4: ACTIVE"
+    s.env = {"EP_RT_HCA_LIST_PER_LOCAL_RANK": "auto"}
+    (item,) = dc.check_network(s, s.gpu_list)
+    assert item.status == OK and "NIC per local rank: 0: mlx5_1:1, 1: mlx5_0:1" in item.extra
+
+
 def test_smoke_failures_and_crashes():
     item = dc.smoke_item("smoke", lambda: [(10, []), (10, ["dispatch.recv_x: 3 elements differ"])])
     assert item.status == ERROR and "rank 1: dispatch.recv_x" in item.detail

@@ -12,9 +12,15 @@ KEYS = ("NVSHMEM_DISABLE_P2P", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_IBGDA_NUM_RC_
 
 
 @pytest.fixture(autouse=True)
-def clean_env(monkeypatch):
-    for k in KEYS:
-        monkeypatch.delenv(k, raising=False)
+def clean_env():
+    """Without the keys (and ep_rt's record of what it wrote), and os.environ restored afterwards: set_environment
+    writes variables that would otherwise leak into later tests and the processes they start."""
+    saved = dict(os.environ)
+    for k in (*KEYS, nvshmem.network_settings.RECORD):
+        os.environ.pop(k, None)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def test_one_host_asks_for_no_remote_transport():

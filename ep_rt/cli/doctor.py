@@ -5,7 +5,8 @@ It looks at: the packages; the NVIDIA driver and the CUDA version it supports; t
 variants ship and which this GPU loads (checksums verified); the NVLink matrix (NVML, by PCI bus id); NVSHMEM's
 host and device versions; which remote transports NVSHMEM could initialise here (IBGDA, IBRC, UCX, libfabric: the
 plugins it ships and their system libraries, InfiniBand devices); GDRCopy; the driver options IBGDA needs and
-GPUDirect RDMA (nvidia_peermem or dma-buf); the EP_RT_ and NVSHMEM_ settings in effect; and a smoke round on 2 ranks
+GPUDirect RDMA (nvidia_peermem or dma-buf); the EP_RT_ and NVSHMEM_ settings in effect; the network settings an
+internode Buffer would run with (transport, queue pairs, service level, NIC per GPU); and a smoke round on 2 ranks
 (they may share a GPU): one intranode dispatch + combine and one low-latency dispatch + combine against
 ep_rt.reference. Without a GPU or driver it still runs: the GPU items say so, and the exit code is 1.
 """
@@ -28,6 +29,7 @@ def run_checks(s, smoke: bool, num_ranks: int, run_ranks=None) -> list:
     items += checks.check_driver(s, manifest) + gpu_items + cubin_items + checks.check_nvlink(s, gpus)
     items += checks.check_nvshmem(s, manifest) + checks.check_transports(s) + checks.check_gdrcopy(s)
     items += checks.check_ibgda_driver(s) + checks.check_gpudirect_rdma(s) + checks.check_settings(s)
+    items += checks.check_network(s, gpus)
     names = ("smoke: intranode dispatch + combine", "smoke: low-latency dispatch + combine")
     blocked = [i.name for i in items if i.status == checks.ERROR]
     if not smoke:

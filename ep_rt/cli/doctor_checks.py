@@ -318,6 +318,45 @@ def check_settings(s) -> list[Item]:
     return items
 
 
+# ---- network settings --------------------------------------------------------------------------------
+
+def check_network(s, gpus: list[dict]) -> list[Item]:
+    """The NVSHMEM and network settings an internode Buffer with DeepEP's defaults (num_qps_per_rank=24) would run
+    with here (transport.network_settings): conflicts and bad values are errors, as Buffer would raise them; a
+    transport that needs GDRCopy without it is an error; the NIC of each local rank when EP_RT_HCA_LIST_PER_LOCAL_RANK
+    pins them."""
+    from ..errors import NetworkSettingError
+    from ..transport import network_settings as ns
+
+    environ = s.environ()
+    sysfs = (s.listdir, s.read_text, s.realpath) if hasattr(s, "realpath") else None
+    auto = (environ.get("EP_RT_HCA_LIST_PER_LOCAL_RANK") or "").strip().lower() == "auto"
+    place = ns.HostPlace(0, None, tuple(g["bus_id"] for g in gpus)) if auto and sysfs and gpus else None
+    try:
+        found = ns.effective_settings(environ, place=place, sysfs=sysfs)
+    except NetworkSettingError as e:
+        return [Item("network settings", ERROR, str(e), "fix or unset it (README 'Running across nodes')")]
+    variables = found["variables"]
+    shown = [f"{k}={v['value']}" for k, v in variables.items() if v["value"] is not None]
+    transport = found["transport"]
+    why = "EP_RT_REMOTE_TRANSPORT" if environ.get("EP_RT_REMOTE_TRANSPORT") else "DeepEP's default"
+    detail = f"an internode Buffer would use {transport} ({why}); " + ", ".join(shown)
+    extra = [f"{k} = {v['value'] if v['value'] is not None else '(unset)'}  [{v['source']}]"
+             + (f"  {v['note']}" if v["note"] else "") for k, v in variables.items()]
+    if found["hca_per_local_rank"]:
+        extra.append("NIC per local rank: " + ", ".join(f"{i}: {e}" for i, e in enumerate(found["hca_per_local_rank"])))
+    items = [Item("network settings", OK, detail, extra=extra)]
+    if transport in ("ucx", "libfabric"):
+        gdr = s.find_library("gdrapi") and s.exists("/dev/gdrdrv")
+        disabled = (environ.get("NVSHMEM_DISABLE_GDRCOPY") or "").strip().lower() in ("1", "true", "yes", "y", "on")
+        if not gdr or disabled:
+            why = "NVSHMEM_DISABLE_GDRCOPY is set" if disabled else "GDRCopy is not available"
+            items.append(Item(f"transport {transport} needs GDRCopy", ERROR, f"EP_RT_REMOTE_TRANSPORT={transport}, but "
+                              f"{why}: NVSHMEM's {transport} transport runs atomics and its own barrier through it",
+                              "install GDRCopy (libgdrapi and the gdrdrv module), or choose ibgda / ibrc"))
+    return items
+
+
 # ---- the smoke round ---------------------------------------------------------------------------------
 
 def smoke_item(name: str, run) -> Item:

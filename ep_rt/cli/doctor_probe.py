@@ -122,6 +122,9 @@ class System:
         except OSError:
             return []
 
+    def realpath(self, path: str) -> str:
+        return os.path.realpath(path)
+
     def read_text(self, path: str) -> str | None:
         try:
             return Path(path).read_text(errors="replace")

@@ -10,14 +10,12 @@ library can run a cubin's device code is NVSHMEM's version rule (nvshmem_dist.co
 from __future__ import annotations
 
 import ctypes
-import os
 from pathlib import Path
 
 import torch.distributed as dist
 
-from .. import env
 from ..errors import EpRtError
-from . import nvshmem_dist
+from . import network_settings, nvshmem_dist
 
 _UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
 _INIT_WITH_UNIQUEID = 1 << 3
@@ -25,7 +23,7 @@ _INIT_WITH_UNIQUEID = 1 << 3
 # uniqueid_args {int version; ...}}): attr.version, attr.args.version, attr.args.uid_args.version.
 _ATTR_VERSION_FIELDS = ((0, (1 << 16) + 144), (16, (1 << 16) + 128), (24, (1 << 16) + 24))
 
-_state = {"lib": None, "users": 0}
+_state = {"lib": None, "users": 0, "plan": None}
 
 
 def library_path() -> Path:
@@ -69,29 +67,24 @@ def host_version() -> str:
     return f"{major.value}.{minor.value}.{patch.value}"
 
 
-def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool) -> int:
-    """DeepEP's NVSHMEM settings; returns the QP depth. When every rank is on one host and NVLink is allowed, no
-    remote transport is needed: none is asked for, IBGDA included (NVSHMEM would try it anyway and print "init
-    failed for transport: IBGDA" on machines without InfiniBand). EP_RT_NVSHMEM_DEBUG=1 keeps DeepEP's
-    settings there too, so those messages show again, and turns on NVSHMEM's warnings."""
-    local_only = single_host and allow_nvlink
-    debug = env.nvshmem_debug()
-    os.environ["NVSHMEM_DISABLE_P2P"] = "0" if allow_nvlink else "1"
-    os.environ["NVSHMEM_IB_ENABLE_IBGDA"] = "0" if local_only and not debug else "1"
-    if debug:
-        os.environ.setdefault("NVSHMEM_DEBUG", "WARN")
-    os.environ["NVSHMEM_IBGDA_NUM_RC_PER_PE"] = str(num_qps_per_rank)
-    qp_depth = int(os.environ.get("NVSHMEM_QP_DEPTH", "1024"))
-    os.environ["NVSHMEM_QP_DEPTH"] = str(qp_depth)
-    os.environ["NVSHMEM_MAX_TEAMS"] = "7"
-    os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
-    os.environ["NVSHMEM_CUMEM_GRANULARITY"] = str(2 ** 29)
-    if not allow_mnnvl:
-        os.environ["NVSHMEM_DISABLE_MNNVL"] = "1"
-    if local_only:
-        os.environ.setdefault("NVSHMEM_REMOTE_TRANSPORT", "none")
-        os.environ.setdefault("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo")
-    return qp_depth
+def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool,
+                    topology=None) -> int:
+    """DeepEP's NVSHMEM settings and the network settings (transport.network_settings: what each variable is, who
+    wins, what is checked), written into os.environ; returns the QP depth. When every rank is on one host and NVLink
+    is allowed, no remote transport is needed: none is asked for, IBGDA included (NVSHMEM would try it anyway and
+    print "init failed for transport: IBGDA" on machines without InfiniBand). EP_RT_NVSHMEM_DEBUG=1 keeps DeepEP's
+    settings there too, so those messages show again, and turns on NVSHMEM's warnings. `topology` (the Buffer's)
+    places this process on its host for EP_RT_HCA_LIST_PER_LOCAL_RANK; without it LOCAL_RANK does."""
+    return apply_plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, topology).qp_depth
+
+
+def apply_plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool,
+               topology=None) -> network_settings.Plan:
+    place = network_settings.HostPlace.from_topology(topology) if topology is not None else None
+    plan = network_settings.plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, place=place)
+    network_settings.apply(plan)
+    _state["plan"] = plan
+    return plan
 
 
 def check_compatible(device_version: str, ibgda: bool) -> None:
@@ -182,10 +175,11 @@ class NvshmemSession:
     peers may never come) nothing collective runs and the world is left to process exit."""
 
     def __init__(self, group, device_version: str, num_qps_per_rank: int, allow_nvlink: bool,
-                 allow_mnnvl: bool, single_host: bool):
-        self.qp_depth = set_environment(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host)
-        # IBGDA carries every peer NVLink does not (set_environment: no remote transport only on one host with P2P).
-        init(group, device_version, ibgda=not (single_host and allow_nvlink))
+                 allow_mnnvl: bool, single_host: bool, topology=None):
+        self.plan = apply_plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, topology)
+        self.qp_depth = self.plan.qp_depth
+        # The host library's version rule is stricter when IBGDA carries the peers NVLink does not reach.
+        init(group, device_version, ibgda=self.plan.ibgda_peers)
         self.modules: list = []
         self.live = True
 
