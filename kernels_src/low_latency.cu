@@ -1,10 +1,11 @@
-// ep_rt-build: nvshmem min_arch=sm_90
+// ep_rt-build: nvshmem min_arch=sm_90 variants=default,chaos
 //
 // Low-latency (decode) dispatch and combine over a symmetric NVSHMEM buffer.
 //
 // Peers on this node are written with plain stores through their NVLink-mapped symmetric base
-// (peer_bases[r] != 0); peers on other nodes get NVSHMEM puts from this rank's staging area followed
-// by a fence and an NVSHMEM store of the signal. Each call is two kernels (send, then receive), which is
+// (peer_bases[r] != 0); peers on other nodes get network puts (include/ep_rt/net.cuh) from this rank's staging
+// area, a quiet, then a fence and an NVSHMEM store of the signal. The chaos variant (EP_RT_CHAOS_TRANSPORT=1)
+// delivers those puts late, split and reordered, at the quiet. Each call is two kernels (send, then receive), which is
 // exactly the split the receive hook needs. Signals carry a tag derived from a per-buffer epoch kept in
 // device memory, so nothing is cleaned between calls and CUDA-graph replays stay correct. Every wait is
 // time-limited: it reports into the error record, or in shrink mode masks the silent rank instead.
@@ -15,6 +16,7 @@
 
 #include "ep_rt/copy.cuh"
 #include "ep_rt/logfmt.cuh"
+#include "ep_rt/net.cuh"
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/share.cuh"
@@ -106,6 +108,10 @@ __device__ __forceinline__ void warp_encode_row(uint8_t* slot, const uint8_t* sr
 }
 
 // Write one signal (int32 or int64) to rank r: a release store over NVLink, or fence + NVSHMEM store remotely.
+// The remote store is a direct NVSHMEM call, not a net.cuh one, and stays correct under the chaos transport: every
+// caller either announces data whose puts are already delivered (the send kernels' last block signals only after
+// every block's net_quiet, ordered by the tickets of last_block) or announces no data at all (buffer credits, the
+// barrier). A signal issued before the quiet of the data it announces would overtake that data under chaos.
 template <typename T>
 __device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, T value) {
     const uint64_t base = ll.peer(r);
@@ -372,8 +378,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
 #pragma unroll 4
                         for (int i = part * kWarpSize + lane; i < used_int4; i += warps_per_k * kWarpSize)
                             st_na_v4(out + i, message[i]);
-                    } else if (part == 0) {
-                        nvshmemx_putmem_nbi_warp(ll.local(off), staged, used_bytes, dst);
+                    } else if (part == 0) {  // a whole warp; `staged` stays as it is until the net_quiet below
+                        net_put_warp(ll.local(off), staged, used_bytes, dst);
                     }
                 }
             }
@@ -381,7 +387,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         __syncthreads();
     }
     if (!free_checked) wait_buffer_free(ll, credit);  // a block without tokens: the last block still signals
-    if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();  // remote puts complete before the signals
+    // Remote puts complete before the signals (after the __syncthreads that ends the loop or wait_buffer_free).
+    if (threadIdx.x == 0 && p.has_remote_peers) net_quiet();
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
     // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters.
     for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
@@ -594,14 +601,14 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
             if (p.use_logfmt) warp_encode_row(staged, x_row, p.hidden, lane);  // payload and meta: msg_bytes
             else if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, x_row, row_bytes, lane);
             __syncwarp();
-            nvshmemx_putmem_nbi_warp(ll.local(remote_slot[q]), staged, p.use_logfmt ? p.msg_bytes : row_bytes,
-                                     remote_rank[q]);
+            net_put_warp(ll.local(remote_slot[q]), staged, p.use_logfmt ? p.msg_bytes : row_bytes, remote_rank[q]);
         }
     };
     __shared__ ShareSmem share;
     for_each_share_batch(share, ll.L * R, R, [&](int c) { return int(ranges[c] & 0xFFFFFFFF); },
                          [](int, int, const int*) {}, send_batch);
-    if (threadIdx.x == 0 && p.has_remote_peers) nvshmem_quiet();
+    // for_each_share_batch ends with a __syncthreads: every warp's puts are issued (queued, under chaos).
+    if (threadIdx.x == 0 && p.has_remote_peers) net_quiet();
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
     for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
         const int dst = i % R, e = me * ll.L + i / R;
@@ -758,4 +765,69 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLate
     }
     __syncthreads();
     if (threadIdx.x == 0) __threadfence_system();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Test hook, never launched by ep_rt itself (tests/gpu/test_chaos_transport_gpu.py): one block puts to rank
+// rank ^ 1 through net.cuh in patterns whose end state tells a transport that applies puts at once and in issue
+// order (NVSHMEM over P2P) from one that applies them late and reordered (the chaos variant):
+//   1. late:     a put of 4096 bytes whose source is rewritten (bit 23 of every word set) before the quiet; the
+//                bug that reusing a send area before quiet is: P2P delivers the old words, chaos the new ones;
+//   2. order:    64 pairs of 64-byte puts to one destination each (words 1, then words 2), no quiet between;
+//   3. overtake: 64 words, each a put of 100 then a separate signal add of 1 to that same word, no quiet between:
+//                101 where the signal came after the data, 100 where it overtook it;
+//   4. own:      64 put_signals whose signal word is their own data word (100, then + 1): always 101, since a
+//                signal never overtakes its own data (the word's overlap is the probe's trick, not a legal use);
+//   5. flood:    more puts than a chaos queue holds (EP_RT_NET_CHAOS_SLOTS + 64), after a first quiet: all arrive.
+// 3 and 4 check the chaos transport itself and exist in the chaos variant only: the NVSHMEM calls they would make
+// in the default one (signal_op, put-with-signal) would add ~0.5 MB of NVSHMEM device code to the shipped cubin.
+// Sources at sym_base + send_off, destinations at sym_base + recv_off, packed in the order above (the test
+// mirrors the sizes). The host zeroes the destinations everywhere first, then runs this on every rank (an even
+// number), synchronises, and reads its own destinations.
+namespace {
+constexpr int kProbeLate = 4096, kProbePairs = 64, kProbeRow = 64, kProbeFlood = EP_RT_NET_CHAOS_SLOTS + 64;
+}
+
+extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_net_probe(const LowLatencyParams p) {
+    const int me = p.rank, peer = p.rank ^ 1;
+    const int warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
+    uint8_t* src = reinterpret_cast<uint8_t*>(p.sym_base + p.send_off);
+    uint8_t* dst = reinterpret_cast<uint8_t*>(p.sym_base + p.recv_off);  // symmetric: the same offset at the peer
+    int32_t* late = reinterpret_cast<int32_t*>(src);
+    int32_t* first = reinterpret_cast<int32_t*>(src + kProbeLate);
+    int32_t* second = first + kProbePairs * kProbeRow / 4;
+    uint64_t* value = reinterpret_cast<uint64_t*>(second + kProbePairs * kProbeRow / 4);
+    int4* flood = reinterpret_cast<int4*>(value + kProbePairs);
+    uint8_t* d_late = dst;
+    uint8_t* d_order = dst + kProbeLate;
+    uint64_t* d_overtake = reinterpret_cast<uint64_t*>(d_order + kProbePairs * kProbeRow);
+    uint64_t* d_own = d_overtake + kProbePairs;
+    int4* d_flood = reinterpret_cast<int4*>(d_own + kProbePairs);
+
+    for (int i = threadIdx.x; i < kProbeLate / 4; i += blockDim.x) late[i] = (me << 24) | i;
+    for (int i = threadIdx.x; i < kProbePairs * kProbeRow / 4; i += blockDim.x) first[i] = 1, second[i] = 2;
+    for (int i = threadIdx.x; i < kProbePairs; i += blockDim.x) value[i] = 100;
+    for (int i = threadIdx.x; i < kProbeFlood; i += blockDim.x) flood[i] = make_int4(i, me + 1, 7, ~i);
+    __syncthreads();
+    if (warp == 0) net_put_warp(d_late, late, kProbeLate, peer);  // 1
+    __syncthreads();
+    for (int i = threadIdx.x; i < kProbeLate / 4; i += blockDim.x) late[i] |= 1 << 23;  // before the quiet: a bug
+    for (int j = warp; j < kProbePairs; j += num_warps) {
+        net_put_warp(d_order + j * kProbeRow, first + j * kProbeRow / 4, kProbeRow, peer);  // 2
+        net_put_warp(d_order + j * kProbeRow, second + j * kProbeRow / 4, kProbeRow, peer);
+#if EP_RT_CHAOS_TRANSPORT
+        net_put_warp(d_overtake + j, value + j, 8, peer);  // 3
+        if (threadIdx.x % kWarpSize == 0) net_signal_add(d_overtake + j, 1, peer);
+        __syncwarp();
+#endif
+    }
+#if EP_RT_CHAOS_TRANSPORT
+    for (int j = 0; j < kProbePairs; ++j) net_put_signal_block(d_own + j, value + j, 8, d_own + j, 1, peer);  // 4
+#endif
+    __syncthreads();
+    if (threadIdx.x == 0) net_quiet();
+    __syncthreads();
+    for (int j = warp; j < kProbeFlood; j += num_warps) net_put_warp(d_flood + j, flood + j, 16, peer);  // 5
+    __syncthreads();
+    if (threadIdx.x == 0) net_quiet();
 }

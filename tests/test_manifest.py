@@ -407,9 +407,9 @@ def test_repo_cubins_are_current():
 
 
 def test_repo_cubin_set():
-    """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive only on sm_90; NVSHMEM
-    linked against the lower bound of the matching extra; the hardware mark where a GPU ran them (cu13/sm_90; cu12/sm_90
-    layout and intranode)."""
+    """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive and LL's chaos variant only on
+    sm_90; NVSHMEM linked against the lower bound of the matching extra; the hardware mark where a GPU ran them
+    (cu13/sm_90; cu12/sm_90 layout and intranode; never the chaos variant before a GPU run of it)."""
     manifest = load_manifest(REPO / "cubins" / "manifest.json")
     have = {(e["family"], e["flavour"], e["arch"], e["variant"]) for e in manifest["cubins"]}
     want = set()
@@ -419,11 +419,13 @@ def test_repo_cubin_set():
             if arch != "sm_80":
                 want.add(("low_latency", fl, arch, "default"))
         want.add(("intranode", fl, "sm_90", "aggressive"))
+        want.add(("low_latency", fl, "sm_90", "chaos"))
     assert have == want
     from ep_rt.transport.nvshmem_dist import EXTRAS
     for e in manifest["cubins"]:
-        ran = (e["flavour"] == "cu13" and e["arch"] == "sm_90") or \
-            (e["flavour"] == "cu12" and e["arch"] == "sm_90" and e["family"] in ("layout", "intranode"))
+        ran = e["variant"] != "chaos" and ((e["flavour"] == "cu13" and e["arch"] == "sm_90") or
+                                           (e["flavour"] == "cu12" and e["arch"] == "sm_90" and
+                                            e["family"] in ("layout", "intranode")))
         assert e["ran_on_hardware"] is ran, e["path"]
         if e["needs_nvshmem"]:
             assert EXTRAS[e["flavour"]].startswith(f"nvidia-nvshmem-{e['flavour']}>={e['nvshmem']},"), e["path"]

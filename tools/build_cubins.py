@@ -16,13 +16,16 @@ NVSHMEM device libraries come from pip "sites" (folders made with pip install --
     --cu12-site DIR / --cu13-site DIR             use other site folders (default: build/cu12-site, build/cu13-site)
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
-    // ep_rt-build: variants=safe,aggressive      (default: one variant named "default")
+    // ep_rt-build: variants=safe,aggressive      (default: one variant named "default"; known: default, safe,
+                                                  aggressive, chaos)
     // ep_rt-build: nvshmem                       (device-links libnvshmem_device)
     // ep_rt-build: min_arch=sm_90                (not built for older archs: ARCHS below)
 
 Archs: every family for sm_80 (A100), sm_90 (Hopper) and sm_100 (Blackwell; plain sm_100, which B300 (10.3) also
 runs, unlike sm_100a) from its min_arch on. The aggressive variant only for sm_90, the one arch on which its
-non-coherent loads were validated (as DeepEP, which forces them off elsewhere).
+non-coherent loads were validated (as DeepEP, which forces them off elsewhere). The chaos variant (the test
+transport of include/ep_rt/net.cuh, EP_RT_CHAOS_TRANSPORT=1; NVSHMEM families only) only for sm_90 too: it is for
+emulated nodes on the H200 test machines, and each NVSHMEM-linked cubin costs the wheel ~0.17 MB.
 
 Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources and the sites,
 so every path on their command lines is relative and the same on every machine. The recorded flags are exactly
@@ -47,9 +50,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90", "sm_100")
 AGGRESSIVE_ARCHS = ("sm_90",)
+# Variants built for some archs only (every other variant: every arch of the family).
+VARIANT_ARCHS = {"aggressive": AGGRESSIVE_ARCHS, "chaos": ("sm_90",)}
 # (flavour, arch) pairs whose cubins have run on a GPU; every other pair is only built. After a GPU run of a new
 # pair, add it here and rebuild: the manifest records it per cubin and --check compares.
-# Which cubins have run on a GPU: (flavour, arch) for every family, or (flavour, arch, family) for one.
+# Which cubins have run on a GPU: (flavour, arch) for every family, (flavour, arch, family) for one, or
+# (flavour, arch, family, variant) for one variant. The shorter keys do not cover the variants in UNRUN_VARIANTS.
 RAN_ON_HARDWARE = {
     ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
     ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
@@ -57,7 +63,15 @@ RAN_ON_HARDWARE = {
 }
 
 
-def ran_on_hardware(flavour: str, arch: str, family: str):
+# Variants added after the runs above (their kernels differ): marked only by a key that names the variant.
+UNRUN_VARIANTS = ("chaos",)
+
+
+def ran_on_hardware(flavour: str, arch: str, family: str, variant: str = "default"):
+    if (flavour, arch, family, variant) in RAN_ON_HARDWARE:
+        return RAN_ON_HARDWARE[(flavour, arch, family, variant)]
+    if variant in UNRUN_VARIANTS:
+        return None
     return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
@@ -139,6 +153,9 @@ def read_directives(path):
             else:
                 raise BuildError(f"{path.name}:{lineno}: unknown ep_rt-build option {option!r} "
                                  "(known: variants=a,b, nvshmem and min_arch=sm_XY)")
+    if variants and "chaos" in variants and not needs_nvshmem:
+        raise BuildError(f"{path.name}: the chaos variant replaces NVSHMEM calls (include/ep_rt/net.cuh): it needs "
+                         f"the nvshmem option")
     return variants or ("default",), needs_nvshmem, min_arch
 
 
@@ -158,7 +175,7 @@ def targets(families, flavours=FLAVOURS):
                 if arch_number(arch) < arch_number(family.min_arch):
                     continue
                 out += [Target(family, flavour, arch, v) for v in family.variants
-                        if v != "aggressive" or arch in AGGRESSIVE_ARCHS]
+                        if arch in VARIANT_ARCHS.get(v, ARCHS)]
     return out
 
 
@@ -289,7 +306,7 @@ def measure_params(src):
 
 def manifest_entry(target, src, cubin, compiler):
     family = target.family
-    hardware = ran_on_hardware(target.flavour, target.arch, family.name)
+    hardware = ran_on_hardware(target.flavour, target.arch, family.name, target.variant)
     return {
         "path": target.path,
         "family": family.name,
@@ -392,7 +409,8 @@ def check_entry(src, out, expected, entry):
     if target_digest(src, target) != entry["source_sha256"]:
         problems.append(f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was "
                         f"built: {REBUILD_HINT}")
-    if entry.get("ran_on_hardware") != (ran_on_hardware(target.flavour, target.arch, target.family.name) is not None):
+    if entry.get("ran_on_hardware") != (ran_on_hardware(target.flavour, target.arch, target.family.name,
+                                                        target.variant) is not None):
         problems.append(f"{entry['path']}: ran_on_hardware differs from build_cubins.RAN_ON_HARDWARE: "
                         f"{REBUILD_HINT}")
     cubin = out / entry["path"]

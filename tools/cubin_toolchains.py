@@ -49,6 +49,8 @@ VARIANT_DEFINES = {
     "default": [],
     "safe": ["-DEP_RT_AGGRESSIVE_PTX=0"],
     "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"],
+    # the test transport of include/ep_rt/net.cuh (puts delivered late, split and reordered); safe loads
+    "chaos": ["-DEP_RT_CHAOS_TRANSPORT=1"],
 }
 NVCC_COMMON = ["-O3", "-std=c++17"]
 NVCC_EXTRA = ["--expt-relaxed-constexpr"]   # NVRTC rejects it (and -O3); the sources need neither there
