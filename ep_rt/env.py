@@ -7,7 +7,8 @@ import os
 
 # Every EP_RT_ variable ep_rt reads: this module's, and EP_RT_DEEP_EP_ALIAS, which the startup hook
 # (_ep_rt_deep_ep) reads itself. python -m ep_rt doctor flags EP_RT_ names that are not among them.
-KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CONFIG_FILE", "EP_RT_TIMEOUT_S", "EP_RT_CHECK_VALUES",
+KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CHAOS_TRANSPORT", "EP_RT_CONFIG_FILE",
+         "EP_RT_TIMEOUT_S", "EP_RT_CHECK_VALUES",
          "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
          "EP_RT_DEEP_EP_ALIAS", "EP_RT_REMOTE_TRANSPORT", "EP_RT_HCA_LIST_PER_LOCAL_RANK")
 
@@ -41,6 +42,14 @@ def cubin_flavour() -> str | None:
 def aggressive_ptx() -> bool:
     """EP_RT_AGGRESSIVE_PTX=1: use the cubin variant with non-coherent loads of peer-written memory."""
     return _flag("EP_RT_AGGRESSIVE_PTX", False)
+
+
+def chaos_transport() -> bool:
+    """EP_RT_CHAOS_TRANSPORT=1 (a test mode): load the "chaos" variant of the NVSHMEM-linked kernel families, whose
+    network puts (to peers on other nodes) are delivered late, split and reordered at the sender's quiet, each signal
+    after its own data (kernels_src/include/ep_rt/net.cuh, docs/CHAOS_TRANSPORT.md). On one host it does something
+    only with EP_RT_RANKS_PER_NODE (emulated nodes). Families without network traffic ignore it."""
+    return _flag("EP_RT_CHAOS_TRANSPORT", False)
 
 
 def config_file() -> str | None:

@@ -42,9 +42,11 @@ class LowLatencyOp:
                             f"Buffer(group, num_nvl_bytes) without low_latency_mode.")
 
     @staticmethod
-    def cubin_entry(device_index: int, nvshmem_flavour: str | None) -> dict:
-        """The LL cubin for this device and driver, of the NVSHMEM host library's flavour (cu12 / cu13)."""
-        return modules.choose_entry(modules.manifest(), "low_latency", device_index, False, nvshmem_flavour)
+    def cubin_entry(device_index: int, nvshmem_flavour: str | None, chaos: bool | None = None) -> dict:
+        """The LL cubin for this device and driver, of the NVSHMEM host library's flavour (cu12 / cu13); its chaos
+        variant (a test transport for the puts to other nodes) when `chaos`, by default EP_RT_CHAOS_TRANSPORT, says
+        so."""
+        return modules.choose_entry(modules.manifest(), "low_latency", device_index, False, nvshmem_flavour, chaos)
 
     @staticmethod
     def symmetric_bytes(num_rdma_bytes: int, num_ranks: int) -> int:
@@ -68,6 +70,7 @@ class LowLatencyOp:
         self.control = ll_layout.control_offsets(num_rdma_bytes, self.num_ranks)
         self.sym_bytes = self.control["end"]
         self.sym = sym.ptr
+        self.module = module  # which cubin (module.entry: variant, path); test kernels of the family launch from it
         self.peer_bases = sym.peer_bases.clone()
         if topology.emulated:
             # Emulated nodes (EP_RT_RANKS_PER_NODE): peers on other nodes take the NVSHMEM put path, as they would

@@ -4,7 +4,9 @@ driver version, the NVSHMEM flavour loaded and EP_RT_CUBIN_FLAVOUR (the callers 
 Flavour: cu13 cubins (nvcc 13) need a CUDA 13 driver; cu12 ones (NVRTC 12.9) load from r525 on. Where both may
 run, cu13 is taken: it is the flavour that has run on hardware. A family linked against NVSHMEM must be of the
 flavour of the NVSHMEM host library in the process. Arch: a cubin for sm_XY runs on compute capability X.Z with
-Z >= Y (an `a` target, sm_XYa, only on X.Y itself); the closest minor wins.
+Z >= Y (an `a` target, sm_XYa, only on X.Y itself); the closest minor wins. Variant: "default", else "safe" (or
+"aggressive" when asked); for an NVSHMEM-linked family with the chaos transport asked for (EP_RT_CHAOS_TRANSPORT),
+"chaos" or an error, never a silent fallback to the real transport.
 """
 from __future__ import annotations
 
@@ -100,8 +102,16 @@ def _inventory(entries: list[dict]) -> str:
     return "; ".join(f"{fl}: {', '.join(sorted(archs, key=parse_arch))}" for fl, archs in sorted(by_flavour.items()))
 
 
-def _variant(on_arch: list[dict], family: str, aggressive: bool) -> dict:
+def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False) -> dict:
     by_variant = {e["variant"]: e for e in on_arch}
+    if chaos:
+        if "chaos" in by_variant:
+            return by_variant["chaos"]
+        where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
+        raise CubinNotFoundError(
+            f"EP_RT_CHAOS_TRANSPORT=1, but {family!r} has no chaos variant for {where} (it has {sorted(by_variant)}; "
+            f"the chaos transport is a test build, made for sm_90 only): unset EP_RT_CHAOS_TRANSPORT, or add chaos to "
+            f"the variants= of the ep_rt-build line of kernels_src/{family}.cu and rebuild with tools/build_cubins.py")
     for variant in ("default", "aggressive" if aggressive else "safe"):
         if variant in by_variant:
             return by_variant[variant]
@@ -113,14 +123,17 @@ def _variant(on_arch: list[dict], family: str, aggressive: bool) -> dict:
 
 
 def choose_entry(manifest: dict, family: str, cc: tuple[int, int], aggressive: bool, driver_version: int,
-                 forced: str | None = None, nvshmem_flavour: str | None = None) -> dict:
-    """The manifest entry to load for `family` on a GPU of compute capability `cc` (see the module doc)."""
+                 forced: str | None = None, nvshmem_flavour: str | None = None, chaos: bool = False) -> dict:
+    """The manifest entry to load for `family` on a GPU of compute capability `cc` (see the module doc). `chaos`
+    (EP_RT_CHAOS_TRANSPORT) asks NVSHMEM-linked families for their chaos variant; the others have no network traffic
+    and ignore it."""
     entries = [e for e in manifest["cubins"] if e["family"] == family]
     if not entries:
         known = sorted({e["family"] for e in manifest["cubins"]})
         raise CubinNotFoundError(f"no kernel family {family!r} in the manifest; families: {known}")
     flavours = runnable_flavours(driver_version, forced)
-    if any(e["needs_nvshmem"] for e in entries):
+    networked = any(e["needs_nvshmem"] for e in entries)
+    if networked:
         flavours = nvshmem_flavours(flavours, nvshmem_flavour, forced)
     for flavour in flavours:
         fits = [(arch_distance(e["arch"], cc), e) for e in entries
@@ -128,7 +141,7 @@ def choose_entry(manifest: dict, family: str, cc: tuple[int, int], aggressive: b
         fits = [(d, e) for d, e in fits if d is not None]
         if fits:
             best = min(d for d, _ in fits)
-            return _variant([e for d, e in fits if d == best], family, aggressive)
+            return _variant([e for d, e in fits if d == best], family, aggressive, chaos and networked)
     raise CubinNotFoundError(
         f"ep_rt ships no {family!r} cubin for this GPU (compute capability {cc[0]}.{cc[1]}, {arch_name(cc)}) in the "
         f"flavour(s) this process can use ({', '.join(flavours)}, driver {describe_driver(driver_version)}); it has "

@@ -52,11 +52,14 @@ def manifest() -> dict:
 
 
 def choose_entry(manifest: dict, family: str, device_index: int, aggressive: bool,
-                 nvshmem_flavour: str | None = None) -> dict:
+                 nvshmem_flavour: str | None = None, chaos: bool | None = None) -> dict:
     """The manifest entry of `family` for this device, this driver and EP_RT_CUBIN_FLAVOUR (runtime/choice.py);
-    `nvshmem_flavour` (cu12 / cu13) is the NVSHMEM host library's, for NVSHMEM-linked families."""
+    `nvshmem_flavour` (cu12 / cu13) is the NVSHMEM host library's, for NVSHMEM-linked families, which get their
+    chaos variant when `chaos` (default: EP_RT_CHAOS_TRANSPORT) says so."""
+    if chaos is None:
+        chaos = env.chaos_transport()
     return choice.choose_entry(manifest, family, driver.compute_capability(device_index), aggressive,
-                               driver.driver_version(), env.cubin_flavour(), nvshmem_flavour)
+                               driver.driver_version(), env.cubin_flavour(), nvshmem_flavour, chaos)
 
 
 def read_verified(root: Path, entry: dict) -> bytes:
