@@ -4,7 +4,8 @@
 # Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets;
 #        issue 12: doctor, cli (tune/doctor/topk_idx_t GPU tests), bench_cli, megatron (needs the wheels in
 #        MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder);
-#        soak / soak4 / soak_base (BASE=<checkout>) run the LL soak;
+#        soak / soak4 / soak_base (BASE=<checkout>) run the LL soak; chaos (the chaos-transport GPU tests) and
+#        soak_chaos (the LL soak on emulated nodes through the chaos transport);
 #        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main")
 set -uo pipefail
 OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
@@ -48,6 +49,10 @@ for step in $STEPS; do
              --rounds "${SOAK_ROUNDS:-3000}" --timeout 240 ;;
     soak_emul) run soak_emul 300 env EP_RT_RANKS_PER_NODE=1 python3 tools/ll_soak.py --ranks 2 \
              --rounds "${SOAK_ROUNDS_EMUL:-1000}" --timeout 240 ;;   # the LL put path (emulated nodes)
+    # The chaos transport (docs/CHAOS_TRANSPORT.md): its probe, the LL suite on emulated nodes, then the LL soak.
+    chaos) run chaos 600 python3 -m pytest -q -rs tests/gpu/test_chaos_transport_gpu.py ;;
+    soak_chaos) run soak_chaos 300 env EP_RT_RANKS_PER_NODE=1 python3 tools/ll_soak.py --ranks 2 --chaos \
+             --rounds "${SOAK_ROUNDS_CHAOS:-500}" --timeout 240 ;;
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
     # The GPU tests in order of what a regression would hurt most, under one limit (LIMIT, default 480 s).
     gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 tests/gpu/test_cubins_gpu.py \
