@@ -13,7 +13,7 @@ from . import config as config_mod, config_file, env, validate
 from .config import Config
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
-from .handles import HandleFacts, LowLatencyHandle, as_handle, with_facts
+from .handles import HandleFacts, InternodeHandle, LowLatencyHandle, as_handle, with_facts
 from .ops import ht_args
 from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
@@ -59,9 +59,6 @@ class Buffer:
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
             if not isinstance(value, int) or value < 0 or value % 128:
                 raise ValueError(f"{name} must be a non-negative multiple of 128, got {value!r}")
-        if num_rdma_bytes and not low_latency_mode:
-            raise NotImplementedError(_NOT_YET.format(what="internode high-throughput mode (RDMA buffers without "
-                                                           "low_latency_mode)"))
         if low_latency_mode and num_rdma_bytes == 0:
             raise ValueError("low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint)")
         if low_latency_mode and (not isinstance(num_qps_per_rank, int) or num_qps_per_rank <= 0):
@@ -88,15 +85,29 @@ class Buffer:
 
         self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
         _same_on_every_rank(group, "EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)", str(validate.topk_idx_t))
-        if topo.num_nodes > 1 and (num_nvl_bytes or not low_latency_mode):
-            raise NotImplementedError(_NOT_YET.format(what=f"internode high-throughput mode ({topo.describe()})"))
+        # Internode high-throughput mode: ranks on several nodes, with an RDMA buffer; with low_latency_mode too
+        # only when an NVL buffer is given (DeepEP's LL-compatibility case; HT then gets a symmetric buffer of its
+        # own, so LL and HT never overwrite each other and clean_low_latency_buffer is not needed between them).
+        internode = topo.num_nodes > 1 and num_rdma_bytes > 0 and (not low_latency_mode or num_nvl_bytes > 0)
+        if topo.num_nodes > 1 and not internode and not low_latency_mode:
+            raise ValueError(f"the ranks span {topo.describe()}: high-throughput mode across nodes needs "
+                             f"num_rdma_bytes > 0 (see Config.get_rdma_buffer_size_hint)")
+        if internode and low_latency_mode and not allow_nvlink_for_low_latency_mode:
+            raise ValueError("allow_nvlink_for_low_latency_mode=False turns off NVSHMEM's NVLink (P2P) transport, "
+                             "which ep_rt's internode high-throughput kernels need to read the buffers of the ranks "
+                             "of their node; use it with a low-latency-only Buffer (num_nvl_bytes=0)")
         self._errors = self._own(ErrorRecords())
-        if topo.num_nodes == 1:  # one node: the NVL buffer (also the device barrier) and the intranode op
+        self._session = None
+        if topo.num_nodes == 1 or internode:  # the NVL buffer of my node (also the device barrier)
             topo.require_nvlink(group)
             self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, timeout, self._errors))
             self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
-            self._ht = IntranodeOp(self._nvl)
             self._nvl.barrier(self.comm_stream)
+        if topo.num_nodes == 1:
+            self._ht = IntranodeOp(self._nvl)
+        elif internode:
+            self._ht = self._internode_op(group, topo, num_rdma_bytes, num_qps_per_rank, allow_mnnvl,
+                                          env.net_timeout_s(timeout))
         self.runtime = self._nvl
         if low_latency_mode:
             self._ll = self._low_latency_op(group, topo, num_rdma_bytes, num_qps_per_rank,
@@ -106,19 +117,44 @@ class Buffer:
         self._parts.append(part)
         return part
 
+    def _nvshmem(self, group, topo, entry, num_qps_per_rank, allow_nvlink, allow_mnnvl):
+        """The Buffer's one NVSHMEM session (LL and internode HT share the world), and `entry`'s module in it."""
+        from .transport.nvshmem import NvshmemSession
+
+        if self._session is None:
+            self._session = self._own(NvshmemSession(group, entry["nvshmem"], num_qps_per_rank, allow_nvlink,
+                                                     allow_mnnvl, topo.single_host, topo))
+            self._session.error_slot = "nvshmem"  # healthy only if every NVSHMEM user is (see _release)
+            self.nvshmem_qp_depth = self._session.qp_depth
+        module = modules.load_entry(self.device_index, entry)
+        self._session.register(module)
+        return self._session, module
+
+    def _internode_op(self, group, topo, num_rdma_bytes, num_qps_per_rank, allow_mnnvl, net_timeout):
+        from .ops.internode import InternodeOp
+        from .transport.nvshmem import host_flavour
+        from .transport.symmetric import SymmetricBuffer
+
+        entry = modules.choose_entry(modules.manifest(), "internode", self.device_index, env.aggressive_ptx(),
+                                     host_flavour())
+        session, module = self._nvshmem(group, topo, entry, num_qps_per_rank, True, allow_mnnvl)
+        sym = self._own(SymmetricBuffer(session, InternodeOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks,
+                                                                             topo.num_nodes),
+                                        topo.num_ranks, self.device))
+        sym.error_slot = "internode"
+        op = self._own(InternodeOp(topo, sym, self._nvl, module, num_rdma_bytes, self.device_index, net_timeout,
+                                   self._errors))
+        op.barrier(self.comm_stream)  # every rank's buffers are zeroed and registered before any kernel runs
+        return op
+
     def _low_latency_op(self, group, topo, num_rdma_bytes, num_qps_per_rank, allow_nvlink, allow_mnnvl, timeout,
                         enable_shrink):
         from .ops.low_latency import LowLatencyOp
-        from .transport.nvshmem import NvshmemSession, host_flavour
+        from .transport.nvshmem import host_flavour
         from .transport.symmetric import SymmetricBuffer
 
         entry = LowLatencyOp.cubin_entry(self.device_index, host_flavour())
-        session = self._own(NvshmemSession(group, entry["nvshmem"], num_qps_per_rank, allow_nvlink, allow_mnnvl,
-                                           topo.single_host))
-        session.error_slot = "low_latency"
-        self.nvshmem_qp_depth = session.qp_depth
-        module = modules.load_entry(self.device_index, entry)
-        session.register(module)
+        session, module = self._nvshmem(group, topo, entry, num_qps_per_rank, allow_nvlink, allow_mnnvl)
         sym = self._own(SymmetricBuffer(session, LowLatencyOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks),
                                         topo.num_ranks, self.device))
         sym.error_slot = "low_latency"
@@ -139,7 +175,8 @@ class Buffer:
         if self.destroyed:
             return
         self.destroyed = True
-        ll = self._ll
+        ll, ht = self._ll, self._ht
+        internode = ht if getattr(ht, "is_internode", False) else None
         self._ll = self._ht = self._layout = self._nvl = None
         errors = []
         nvshmem_collective = collective
@@ -149,22 +186,30 @@ class Buffer:
             errors.append(e)
             collective = nvshmem_collective = False
         if collective:
-            if ll is not None and ll.failed is None:
-                # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one
-                # (mask-aware) has seen every peer arrive, and never with a masked (gone) rank.
-                try:
-                    ll.barrier(self.comm_stream)
-                except EpRtError as e:
-                    errors.append(e)
-                # Every rank must make the same choice. A rank's masks are its own view (a peer may have masked
-                # us while we masked nobody), so with shrink mode the collective teardown is never risked.
-                nvshmem_collective = ll.failed is None and ll.mask is None
+            # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen
+            # every peer arrive (mask-aware for LL), and never with a masked (gone) rank.
+            for op in (ll, internode):
+                if op is None:
+                    continue
+                if op.failed is None:
+                    try:
+                        op.barrier(self.comm_stream)
+                    except EpRtError as e:
+                        errors.append(e)
+                nvshmem_collective = nvshmem_collective and op.failed is None
+            # Every rank must make the same choice. A rank's masks are its own view (a peer may have masked us
+            # while we masked nobody), so with shrink mode the collective teardown is never risked.
+            if ll is not None and ll.mask is not None:
+                nvshmem_collective = False
         parts, self._parts = self._parts, []
         for part in reversed(parts):
             slot = getattr(part, "error_slot", None)
-            healthy = slot is None or self._errors.check(slot) is None
-            if slot == "low_latency":
-                healthy = healthy and nvshmem_collective
+            if slot == "nvshmem":
+                healthy = nvshmem_collective
+            else:
+                healthy = slot is None or self._errors.check(slot) is None
+                if slot in ("low_latency", "internode"):
+                    healthy = healthy and nvshmem_collective
             try:
                 if isinstance(part, NvlBuffer):
                     part.destroy(collective and healthy, self.comm_stream)
@@ -190,9 +235,11 @@ class Buffer:
         if self.destroyed:
             raise EpRtError("this Buffer has been destroyed")
         if self._ht is None:
-            raise NotImplementedError(_NOT_YET.format(what=f"high-throughput calls across nodes "
-                                                           f"({self.topology.describe()})"))
+            raise EpRtError(f"this Buffer has no high-throughput mode ({self.topology.describe()}, low_latency_mode "
+                            f"without an NVL buffer): create it with num_nvl_bytes > 0 for high-throughput calls")
         self._nvl.raise_if_failed()
+        if getattr(self._ht, "is_internode", False):
+            self._ht.raise_if_failed()
         return self._nvl
 
     def _ll_live(self):
@@ -263,9 +310,12 @@ class Buffer:
         if use_rdma_buffer:
             if self.destroyed:
                 raise EpRtError("this Buffer has been destroyed")
-            if self._ll is None:
-                raise ValueError("use_rdma_buffer=True needs a Buffer with num_rdma_bytes > 0 (low_latency_mode=True)")
-            raw = self._ll.rdma_tensor()
+            owner = self._ll if self._ll is not None else (self._ht if getattr(self._ht, "is_internode", False)
+                                                            else None)
+            if owner is None:
+                raise ValueError("use_rdma_buffer=True needs a Buffer with num_rdma_bytes > 0 (low_latency_mode=True, "
+                                 "or ranks on several nodes)")
+            raw = owner.rdma_tensor()
         else:
             raw = self._live().data_tensor()
         if not 0 <= offset <= raw.numel():
@@ -288,8 +338,10 @@ class Buffer:
         validate.experts(num_experts, self.group_size)
         validate.topk_idx(topk_idx, self.device, num_experts)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        topo = getattr(self, "topology", None)
+        G = topo.node_size if topo is not None and topo.num_nodes > 1 else 8
         per_rank, per_node, per_expert, in_rank, counts = self._layout(
-            topk_idx, num_experts, self.group_size, scope.alloc_stream(), self.comm_stream)
+            topk_idx, num_experts, self.group_size, scope.alloc_stream(), self.comm_stream, G)
         event = scope.finish([topk_idx, counts, in_rank])
         return per_rank, per_node, per_expert, in_rank, event
 
@@ -311,6 +363,9 @@ class Buffer:
         args = ht_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
                                    topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        if getattr(self._ht, "is_internode", False):
+            return self._internode_dispatch(args, handle, topk_idx, topk_weights, is_token_in_rank,
+                                            num_tokens_per_expert, expert_alignment, num_worst_tokens, config, scope)
         if handle is not None:
             self._ht.check_handle_capacity(handle, args.x.size(1) * args.x.element_size(),
                                            args.x_scales.size(1) if args.x_scales is not None else 0, None, 0)
@@ -326,6 +381,21 @@ class Buffer:
         out_x = (r.recv_x, r.recv_x_scales) if r.recv_x_scales is not None else r.recv_x
         return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
 
+    def _internode_dispatch(self, args, handle, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
+                            expert_alignment, num_worst_tokens, config, scope):
+        if handle is not None:
+            handle = as_handle(InternodeHandle, handle, "cached dispatch")  # a rebuilt plain tuple too
+            recv_x, recv_scales, tensors = self._ht.cached_dispatch(args.x, args.x_scales, handle,
+                                                                    scope.alloc_stream(), self.comm_stream)
+            event = scope.finish(tensors)
+            return ((recv_x, recv_scales) if recv_scales is not None else recv_x), None, None, None, None, event
+        r = self._ht.dispatch(args.x, args.x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
+                              expert_alignment, num_worst_tokens, config.num_sms, scope.alloc_stream(),
+                              self.comm_stream)
+        event = scope.finish(r.tensors)
+        out_x = (r.recv_x, r.recv_x_scales) if r.recv_x_scales is not None else r.recv_x
+        return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
+
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x: torch.Tensor, handle: Tuple, topk_weights: Optional[torch.Tensor] = None,
                 bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
@@ -335,8 +405,12 @@ class Buffer:
         weighting. Runs with the channel count of the dispatch that made `handle` (config.num_sms must match)."""
         self._live()
         bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
-        self._ht.check_handle_capacity(handle, 0, 0, x.size(1), topk_weights.size(1) if topk_weights is not None else 0)
+        if not getattr(self._ht, "is_internode", False):
+            self._ht.check_handle_capacity(handle, 0, 0, x.size(1),
+                                           topk_weights.size(1) if topk_weights is not None else 0)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        if getattr(self._ht, "is_internode", False):
+            handle = as_handle(InternodeHandle, handle, "combine")
         combined_x, combined_w, tensors = self._ht.combine(x, handle, topk_weights, bias0, bias1,
                                                                   scope.alloc_stream(), self.comm_stream)
         event = scope.finish(tensors)
@@ -435,9 +509,13 @@ class Buffer:
     def low_latency_clean_mask_buffer(self) -> None:
         self._shrink_mask().zero_()
 
-    # ---- not yet --------------------------------------------------------------------------------
+    # ---- DeepEP's internode entry points (its dispatch / combine route to them across nodes) ----------
     def internode_dispatch(self, *args, **kwargs):
-        raise NotImplementedError(_NOT_YET.format(what="internode dispatch"))
+        if not getattr(self._ht, "is_internode", False):
+            raise EpRtError("internode_dispatch needs a Buffer whose ranks span several nodes")
+        return self.dispatch(*args, **kwargs)
 
     def internode_combine(self, *args, **kwargs):
-        raise NotImplementedError(_NOT_YET.format(what="internode combine"))
+        if not getattr(self._ht, "is_internode", False):
+            raise EpRtError("internode_combine needs a Buffer whose ranks span several nodes")
+        return self.combine(*args, **kwargs)

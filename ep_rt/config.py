@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import config_tables
-from .transport import nvl_layout
+from .transport import internode_layout, nvl_layout
 
 
 @dataclass(frozen=True)
@@ -40,22 +40,52 @@ class Config:
         if not send <= recv // 2:
             raise ValueError("Config: num_max_rdma_chunked_send_tokens must be <= half the receive size")
 
-    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096) -> int:
+    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096,
+                                 num_ranks_per_node: int | None = None) -> int:
         """Bytes of NVL buffer that hold a dispatch and combine of `num_max_tokens_per_rank` tokens per rank
         with `hidden_bytes` per token (FP8 scales and top-k up to 32 included). Unlike DeepEP's ring buffers,
-        ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument)."""
+        ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument). Across
+        nodes (num_ranks > num_ranks_per_node: default EP_RT_RANKS_PER_NODE, else 8, as DeepEP) it is the room for
+        the combine input of the worst case (every token of every rank to one rank)."""
         _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks, num_max_tokens_per_rank=num_max_tokens_per_rank)
         if hidden_bytes % 16:
             raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
-        if num_ranks > nvl_layout.MAX_NVL_RANKS:
-            raise ValueError(f"intranode buffers serve 1..{nvl_layout.MAX_NVL_RANKS} ranks, got {num_ranks}")
+        G = _ranks_per_node(num_ranks_per_node)
+        if num_ranks > G:
+            _check_nodes(num_ranks, G)
+            return internode_layout.nvl_size_hint(hidden_bytes, num_ranks, num_max_tokens_per_rank)
         return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
 
-    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int) -> int:
-        _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks)
-        if num_ranks <= nvl_layout.MAX_NVL_RANKS:
+    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096,
+                                  num_ranks_per_node: int | None = None) -> int:
+        """Bytes of RDMA (symmetric) buffer for internode dispatches of up to num_max_tokens_per_rank tokens per
+        rank with hidden_bytes per token (and their combines); 0 when all ranks fit one node. ep_rt's areas hold
+        whole (rank -> node) streams, so the hint depends on the token count (an extra, optional argument)."""
+        _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks, num_max_tokens_per_rank=num_max_tokens_per_rank)
+        if hidden_bytes % 16:
+            raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
+        G = _ranks_per_node(num_ranks_per_node)
+        if num_ranks <= G:
             return 0
-        raise NotImplementedError("ep_rt has no internode high-throughput kernels yet (more than 8 ranks)")
+        _check_nodes(num_ranks, G)
+        return internode_layout.rdma_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
+
+
+def _ranks_per_node(value: int | None) -> int:
+    if value is None:
+        from . import env
+
+        value = env.ranks_per_node() or nvl_layout.MAX_NVL_RANKS
+    if not isinstance(value, int) or not 1 <= value <= nvl_layout.MAX_NVL_RANKS:
+        raise ValueError(f"num_ranks_per_node must be an int in 1..{nvl_layout.MAX_NVL_RANKS}, got {value!r}")
+    return value
+
+
+def _check_nodes(num_ranks: int, G: int) -> None:
+    if num_ranks % G:
+        raise ValueError(f"num_ranks ({num_ranks}) must be a multiple of the ranks per node ({G})")
+    if num_ranks > internode_layout.MAX_RANKS:
+        raise ValueError(f"ep_rt's internode kernels serve at most {internode_layout.MAX_RANKS} ranks")
 
 
 def _positive_ints(**values) -> None:

@@ -8,7 +8,7 @@ import os
 # Every EP_RT_ variable ep_rt reads: this module's, and EP_RT_DEEP_EP_ALIAS, which the startup hook
 # (_ep_rt_deep_ep) reads itself. python -m ep_rt doctor flags EP_RT_ names that are not among them.
 KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CHAOS_TRANSPORT", "EP_RT_CONFIG_FILE",
-         "EP_RT_TIMEOUT_S", "EP_RT_CHECK_VALUES",
+         "EP_RT_TIMEOUT_S", "EP_RT_NET_TIMEOUT_S", "EP_RT_CHECK_VALUES",
          "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
          "EP_RT_DEEP_EP_ALIAS", "EP_RT_REMOTE_TRANSPORT", "EP_RT_HCA_LIST_PER_LOCAL_RANK")
 
@@ -63,6 +63,16 @@ def timeout_s() -> float:
     value = float(os.environ.get("EP_RT_TIMEOUT_S", "100"))
     if value <= 0:
         raise ValueError(f"EP_RT_TIMEOUT_S must be positive, got {value}")
+    return value
+
+
+def net_timeout_s(timeout: float | None = None) -> float:
+    """EP_RT_NET_TIMEOUT_S: how long the internode kernels wait for a peer (each of their waits depends on the
+    network); default 3 x the NVLink timeout (`timeout`, else EP_RT_TIMEOUT_S)."""
+    base = timeout_s() if timeout is None else float(timeout)
+    value = float(os.environ.get("EP_RT_NET_TIMEOUT_S", str(3 * base)))
+    if value <= 0:
+        raise ValueError(f"EP_RT_NET_TIMEOUT_S must be positive, got {value}")
     return value
 
 

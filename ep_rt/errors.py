@@ -53,14 +53,39 @@ PHASES = {
     9: "low-latency dispatch (sending)",
     10: "low-latency send (waiting until the peer has read the previous call on this buffer)",
     11: "low-latency barrier (clean_low_latency_buffer or teardown)",
+    12: "internode dispatch notify (exchanging token counts over the network)",
+    13: "internode cached dispatch handshake",
+    14: "internode dispatch (waiting for a source node's tokens, as its forwarder)",
+    15: "internode dispatch (receiving tokens from this node's forwarder)",
+    16: "internode combine handshake",
+    17: "internode combine (waiting for this node's ranks' rows, as a forwarder)",
+    18: "internode combine (waiting for a node's partial sums)",
 }
+INTERNODE_PHASES = range(12, 19)
 
 
 def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: int, detail0: int,
-                          detail1: int) -> EpRtError:
-    """Turn an error record into the exception to raise, with a message a user can act on."""
+                          detail1: int, ranks_per_node: int | None = None) -> EpRtError:
+    """Turn an error record into the exception to raise, with a message a user can act on. With ranks_per_node
+    (internode), ranks are named with their node."""
     where = PHASES.get(phase, f"phase {phase}")
     chan = f", channel {channel}" if channel >= 0 else ""
+    if ranks_per_node:
+        G = ranks_per_node
+        me, them = f"rank {rank} (node {rank // G})", f"rank {peer} (node {peer // G})"
+    else:
+        me, them = f"rank {rank}", f"rank {peer}"
+    if code == ERR_TIMEOUT and peer >= 0 and phase in INTERNODE_PHASES:
+        return CommTimeoutError(
+            f"{me}: timed out in {where} waiting for {them}{chan} (expected call #{detail0}, saw #{detail1}). "
+            f"{them[0].upper() + them[1:]} did not make the same ep_rt call, died, or its node is unreachable. The "
+            f"Buffer is unusable now: destroy it and create a new one (timeout: EP_RT_NET_TIMEOUT_S).")
+    if code == ERR_CAPACITY and phase == 12:
+        return BufferTooSmallError(
+            f"{me}: {where}: one rank sends {detail0} tokens to one node but the RDMA buffer holds {detail1} per "
+            f"node for this call's token size, so that call moved no data (its outputs are undefined). Every rank "
+            f"finished the call and the Buffer stays usable; construct a Buffer with a larger num_rdma_bytes "
+            f"(Config.get_rdma_buffer_size_hint) for calls of that size.")
     if code == ERR_TIMEOUT and peer < 0:  # no peer: the kernel's own blocks never all met at its grid barrier
         return CommTimeoutError(
             f"rank {rank}: timed out in {where} waiting for the other blocks of its own kernel (arrival counter "
@@ -104,9 +129,9 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
     return KernelError(f"rank {rank}: kernel error code {code} in {where} (peer {peer}{chan}, {detail0}, {detail1})")
 
 
-def error_from_record(record) -> EpRtError | None:
+def error_from_record(record, ranks_per_node: int | None = None) -> EpRtError | None:
     """The exception an ErrorRecord (params.ErrorRecord in host-mapped memory) holds, or None if it is clear."""
     if record.code == 0:
         return None
     return describe_kernel_error(record.code, record.phase, record.rank, record.peer, record.channel, record.detail0,
-                                 record.detail1)
+                                 record.detail1, ranks_per_node)

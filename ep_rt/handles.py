@@ -29,6 +29,7 @@ class HandleFacts:
     tensor_ptrs: tuple                      # data_ptr of each tensor entry, in order (0 for non-tensors)
     max_dispatch_rows: Optional[int] = None  # most rows any rank received (None: not known on the host)
     max_combine_rows: Optional[int] = None   # most rows any rank gets back in combine
+    max_stream: Optional[int] = None         # internode: the longest (rank -> node) stream of the call
 
     @staticmethod
     def of(handle, owner: int, **counts) -> "HandleFacts":
@@ -58,6 +59,28 @@ class _IntranodeFields(NamedTuple):
 
 class IntranodeHandle(_IntranodeFields):
     """DeepEP's 6-tuple (fields above); `facts` when ep_rt made it."""
+    facts: Optional[HandleFacts] = None
+
+
+class _InternodeFields(NamedTuple):
+    """DeepEP's 10-tuple of an internode dispatch (N nodes of G ranks; ep_rt/reference/internode.py says what each
+    field holds). Where ep_rt differs: send_rdma_head holds each token's position in its (rank -> node) stream and
+    send_nvl_head the position in the (source -> destination rank) stream (G columns), both -1 when not sent, never
+    rewritten by combine; with G < 8 the node count is R / G and masks use bits 0..G-1."""
+    is_token_in_rank: torch.Tensor                 # bool [T, R]
+    rdma_channel_prefix_matrix: torch.Tensor       # int32 [N, C]
+    gbl_channel_prefix_matrix: torch.Tensor        # int32 [R, C]
+    recv_rdma_channel_prefix_matrix: torch.Tensor  # int32 [N, C]
+    recv_rdma_rank_prefix_sum: torch.Tensor        # int32 [N]
+    recv_gbl_channel_prefix_matrix: torch.Tensor   # int32 [R, C]
+    recv_gbl_rank_prefix_sum: torch.Tensor         # int32 [R]
+    recv_src_meta: torch.Tensor                    # uint8 [rows, 8]: source node, mask (int32 each)
+    send_rdma_head: torch.Tensor                   # int32 [T, N]
+    send_nvl_head: torch.Tensor                    # int32 [forwarded rows, G]
+
+
+class InternodeHandle(_InternodeFields):
+    """DeepEP's 10-tuple (fields above); `facts` when ep_rt made it."""
     facts: Optional[HandleFacts] = None
 
 
@@ -93,7 +116,7 @@ def as_handle(kind: type, handle, what: str, owner: int | None = None):
 def _typed(kind: type, handle, what: str):
     if isinstance(handle, kind):
         return handle
-    others = [k for k in (IntranodeHandle, LowLatencyHandle) if k is not kind]
+    others = [k for k in (IntranodeHandle, InternodeHandle, LowLatencyHandle) if k is not kind]
     for other in others:
         if isinstance(handle, other):
             raise ValueError(f"{what} needs the handle of a {_NAMES[kind]}; this one comes from a {_NAMES[other]}")
@@ -103,4 +126,5 @@ def _typed(kind: type, handle, what: str):
                      f"{type(handle).__name__}" + (f" of length {len(handle)}" if isinstance(handle, tuple) else ""))
 
 
-_NAMES = {IntranodeHandle: "high-throughput (intranode) dispatch", LowLatencyHandle: "low-latency dispatch"}
+_NAMES = {IntranodeHandle: "high-throughput (intranode) dispatch",
+          InternodeHandle: "high-throughput internode dispatch", LowLatencyHandle: "low-latency dispatch"}

@@ -19,8 +19,9 @@ __device__ __forceinline__ bool seen_before(const TopkIdx& topk, int64_t row, in
 }  // namespace
 
 extern "C" __global__ void __launch_bounds__(256) ep_rt_get_dispatch_layout(const LayoutParams p) {
-    extern __shared__ int counters[];  // [num_experts] | [num_ranks] | [num_ranks / 8]
-    const int num_nodes = p.num_tokens_per_rdma_rank ? p.num_ranks / 8 : 0;
+    extern __shared__ int counters[];  // [num_experts] | [num_ranks] | [num_ranks / G]
+    const int G = p.num_ranks_per_node > 0 ? p.num_ranks_per_node : 8;
+    const int num_nodes = p.num_tokens_per_rdma_rank ? p.num_ranks / G : 0;
     const int num_counters = p.num_experts + p.num_ranks + num_nodes;
     int* expert_count = counters;
     int* rank_count = counters + p.num_experts;
@@ -31,7 +32,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_get_dispatch_layout(cons
     const TopkIdx topk(p.topk_idx, p.topk_idx_bits);
     bool* in_rank = reinterpret_cast<bool*>(p.is_token_in_rank);
     const int64_t experts_per_rank = p.num_experts / p.num_ranks;
-    const int64_t experts_per_node = experts_per_rank * 8;
+    const int64_t experts_per_node = experts_per_rank * G;
     const int begin = blockIdx.x * p.tokens_per_block;
     const int end = min(begin + p.tokens_per_block, p.num_tokens);
     for (int t = begin + threadIdx.x; t < end; t += blockDim.x) {

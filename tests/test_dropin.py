@@ -158,7 +158,7 @@ def test_megatron_call_sequence_layout_event_into_dispatch(compute_stream):
     buf._nvl = SimpleNamespace(raise_if_failed=lambda: None)
     per_rank, in_rank = torch.zeros(R, dtype=torch.int32), torch.zeros(N, R, dtype=torch.bool)
     per_expert = torch.zeros(E, dtype=torch.int32)
-    buf._layout = lambda idx, e, r, alloc, comm: (per_rank, None, per_expert, in_rank, per_expert)
+    buf._layout = lambda idx, e, r, alloc, comm, G=8: (per_rank, None, per_expert, in_rank, per_expert)
     dispatched = {}
 
     def dispatch(*args):

@@ -406,6 +406,9 @@ def test_repo_cubins_are_current():
     assert result.stdout.startswith("cubins up to date:")
 
 
+UNRUN_FAMILIES = ("internode",)  # families no GPU has run yet (tools/build_cubins.py marks the same)
+
+
 def test_repo_cubin_set():
     """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive and LL's chaos variant only on
     sm_90; NVSHMEM linked against the lower bound of the matching extra; the hardware mark where a GPU ran them
@@ -420,10 +423,13 @@ def test_repo_cubin_set():
                 want.add(("low_latency", fl, arch, "default"))
         want.add(("intranode", fl, "sm_90", "aggressive"))
         want.add(("low_latency", fl, "sm_90", "chaos"))
+        want |= {("internode", fl, "sm_90", "safe"), ("internode", fl, "sm_90", "aggressive"),
+                 ("internode", fl, "sm_90", "chaos"), ("internode", fl, "sm_100", "safe")}
     assert have == want
     from ep_rt.transport.nvshmem_dist import EXTRAS
     for e in manifest["cubins"]:
-        ran = e["variant"] != "chaos" and ((e["flavour"] == "cu13" and e["arch"] == "sm_90") or
+        ran = e["variant"] != "chaos" and e["family"] not in UNRUN_FAMILIES and (
+            (e["flavour"] == "cu13" and e["arch"] == "sm_90") or
                                            (e["flavour"] == "cu12" and e["arch"] == "sm_90" and
                                             e["family"] in ("layout", "intranode")))
         assert e["ran_on_hardware"] is ran, e["path"]
@@ -431,7 +437,10 @@ def test_repo_cubin_set():
             assert EXTRAS[e["flavour"]].startswith(f"nvidia-nvshmem-{e['flavour']}>={e['nvshmem']},"), e["path"]
         assert set(e["kernels"]) >= {"layout": {"ep_rt_get_dispatch_layout"},
                                      "intranode": {"ep_rt_intranode_dispatch", "ep_rt_intranode_combine"},
-                                     "low_latency": {"ep_rt_ll_dispatch_send", "ep_rt_ll_combine_recv"}}[e["family"]]
+                                     "low_latency": {"ep_rt_ll_dispatch_send", "ep_rt_ll_combine_recv"},
+                                     "internode": {f"ep_rt_internode_{k}" for k in (
+                                         "notify", "send", "forward", "recv", "combine_publish", "combine_forward",
+                                         "combine_reduce", "barrier")}}[e["family"]]
 
 
 # ---------------------------------------------------------------- pieces that need no compiler

@@ -134,7 +134,7 @@ def test_event_overlap_without_event():
 @pytest.mark.parametrize("kwargs,error", [
     (dict(low_latency_mode=True), ValueError),
     (dict(low_latency_mode=True, num_rdma_bytes=1 << 20, num_qps_per_rank=0), ValueError),
-    (dict(num_rdma_bytes=1 << 20), NotImplementedError),
+    (dict(num_rdma_bytes=1000), ValueError),
     (dict(num_rdma_bytes=100, low_latency_mode=True), ValueError),
     (dict(use_fabric=True), NotImplementedError),
     (dict(num_nvl_bytes=100), ValueError),

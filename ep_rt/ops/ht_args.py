@@ -7,7 +7,7 @@ import torch
 
 from .. import validate
 from ..config import Config
-from ..handles import IntranodeHandle, as_handle
+from ..handles import InternodeHandle, IntranodeHandle, as_handle
 from ..transport import nvl_layout
 
 
@@ -36,6 +36,46 @@ def check_handle(handle, num_ranks: int, device, owner: int | None = None, what:
     return handle
 
 
+def check_internode_handle(handle, num_ranks: int, num_nodes: int, device, owner: int | None = None,
+                           what: str = "combine") -> InternodeHandle:
+    """An internode handle's kind, dtypes and shapes, and (when ep_rt made it) identity."""
+    handle = as_handle(InternodeHandle, handle, what, owner)
+    R, N = num_ranks, num_nodes
+    in_rank = handle.is_token_in_rank
+    validate.tensor("handle[0] (is_token_in_rank)", in_rank, dtype=torch.bool, ndim=2, device=device)
+    if in_rank.size(1) != R:
+        raise ValueError(f"handle[0] must have {R} columns (one per rank); this handle is from another group")
+    T = in_rank.size(0)
+    C = handle.rdma_channel_prefix_matrix.size(1) if handle.rdma_channel_prefix_matrix.dim() == 2 else 0
+    if not 0 < C <= nvl_layout.MAX_CHANNELS:
+        raise ValueError("handle[1] (rdma_channel_prefix_matrix) has an invalid channel count")
+    shapes = (("handle[1] (rdma_channel_prefix_matrix)", handle.rdma_channel_prefix_matrix, (N, C)),
+              ("handle[2] (gbl_channel_prefix_matrix)", handle.gbl_channel_prefix_matrix, (R, C)),
+              ("handle[3] (recv_rdma_channel_prefix_matrix)", handle.recv_rdma_channel_prefix_matrix, (N, C)),
+              ("handle[4] (recv_rdma_rank_prefix_sum)", handle.recv_rdma_rank_prefix_sum, (N,)),
+              ("handle[5] (recv_gbl_channel_prefix_matrix)", handle.recv_gbl_channel_prefix_matrix, (R, C)),
+              ("handle[6] (recv_gbl_rank_prefix_sum)", handle.recv_gbl_rank_prefix_sum, (R,)),
+              ("handle[8] (send_rdma_head)", handle.send_rdma_head, (T, N)))
+    for name, t, shape in shapes:
+        validate.tensor(name, t, dtype=torch.int32, ndim=len(shape), device=device)
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name} must be {list(shape)}, got {list(t.shape)}")
+    validate.tensor("handle[7] (recv_src_meta)", handle.recv_src_meta, dtype=torch.uint8, ndim=2, device=device)
+    if handle.recv_src_meta.size(1) != 8:
+        raise ValueError("handle[7] (recv_src_meta) must have 8 bytes per row")
+    validate.tensor("handle[9] (send_nvl_head)", handle.send_nvl_head, dtype=torch.int32, ndim=2, device=device)
+    if handle.send_nvl_head.size(1) != R // N:
+        raise ValueError(f"handle[9] (send_nvl_head) must have {R // N} columns (ranks per node)")
+    return handle
+
+
+def _handle_for(buf, handle, what: str):
+    if getattr(buf._ht, "is_internode", False):
+        return check_internode_handle(handle, buf.group_size, buf.topology.num_nodes, buf.device, buf._ht.serial,
+                                      what)
+    return check_handle(handle, buf.group_size, buf.device, buf._ht.serial, what)
+
+
 def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
           expert_alignment, num_worst_tokens, config) -> DispatchArgs:
     R, dev = buf.group_size, buf.device
@@ -50,9 +90,10 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
     if handle is not None:
         if topk_idx is not None or topk_weights is not None:
             raise ValueError("cached dispatch (handle given) takes no topk_idx / topk_weights")
-        handle = check_handle(handle, R, dev, buf._ht.serial, "cached dispatch")
-        if handle[4].size(0) != N:
-            raise ValueError(f"x has {N} tokens but the handle was made for {handle[4].size(0)}")
+        handle = _handle_for(buf, handle, "cached dispatch")
+        made_for = handle.is_token_in_rank.size(0)
+        if made_for != N:
+            raise ValueError(f"x has {N} tokens but the handle was made for {made_for}")
         return DispatchArgs(data, scales)
 
     if num_tokens_per_rank is None or is_token_in_rank is None:
@@ -87,8 +128,11 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
 
 def check_combine(buf, x, handle, topk_weights, bias, config):
     R, dev = buf.group_size, buf.device
-    handle = check_handle(handle, R, dev, buf._ht.serial, "combine")
-    rows, N = handle[3].size(0), handle[4].size(0)
+    handle = _handle_for(buf, handle, "combine")
+    if getattr(buf._ht, "is_internode", False):
+        rows, N = handle.recv_src_meta.size(0), handle.is_token_in_rank.size(0)
+    else:
+        rows, N = handle[3].size(0), handle[4].size(0)
     validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=dev, rows=rows)
     if x.size(1) == 0 or x.size(1) % 8:
         raise ValueError(f"combine's hidden size must be a positive multiple of 8, got {x.size(1)}")

@@ -38,6 +38,8 @@ class DispatchResult(NamedTuple):
 
 
 class IntranodeOp:
+    is_internode = False
+
     def __init__(self, nvl: NvlBuffer):
         self.nvl = nvl
         module = modules.load_family(nvl.device_index, "intranode")
@@ -48,6 +50,9 @@ class IntranodeOp:
             nvl.fill_common(k.params)
         self.serial = next_serial()  # the owner its handles name
         self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
+
+    def raise_if_failed(self) -> None:
+        self.nvl.raise_if_failed()
 
     def _run(self, name: str, kernel: Launcher, grid: int, stream) -> None:
         if self.timer is None:

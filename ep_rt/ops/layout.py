@@ -17,9 +17,13 @@ class LayoutOp:
         driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
         self.num_sms = num_sms
 
-    def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream):
+    def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream,
+                 num_ranks_per_node: int = 8):
+        """num_tokens_per_rdma_rank (per node) is returned when the ranks span several nodes of
+        num_ranks_per_node ranks (DeepEP: more than 8 ranks), else None."""
         num_tokens, num_topk = topk_idx.shape
-        num_nodes = num_ranks // 8 if num_ranks > 8 else 0
+        G = num_ranks_per_node
+        num_nodes = num_ranks // G if num_ranks > G else 0
         smem = (num_experts + num_ranks + num_nodes) * 4
         if smem > _MAX_SMEM:
             raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
@@ -39,6 +43,6 @@ class LayoutOp:
                             num_tokens_per_expert=per_expert.data_ptr(),
                             is_token_in_rank=is_token_in_rank.data_ptr(), num_tokens=num_tokens, num_topk=num_topk,
                             num_experts=num_experts, num_ranks=num_ranks, tokens_per_block=per_block,
-                            topk_idx_bits=topk_idx.element_size() * 8)
+                            topk_idx_bits=topk_idx.element_size() * 8, num_ranks_per_node=G)
             self.kernel(blocks, comm_stream, smem=smem)
         return per_rank, per_node, per_expert, is_token_in_rank, counts

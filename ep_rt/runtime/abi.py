@@ -62,6 +62,41 @@ EP_RT_LL_WS_CLAIM = 6
 EP_RT_LL_WS_ARRIVED = 8
 EP_RT_LL_WS_COUNTERS = 16
 
+# internode high-throughput mode
+EP_RT_IN_MAX_RANKS = 256
+EP_RT_IN_MAX_NODES = 64
+EP_RT_IN_NOTIFY_SLOT_BYTES = 8192
+EP_RT_IN_SLOT_HIDDEN_BYTES = 0
+EP_RT_IN_SLOT_NUM_TOPK = 1
+EP_RT_IN_SLOT_NUM_CHANNELS = 2
+EP_RT_IN_SLOT_NUM_EXPERTS = 3
+EP_RT_IN_SLOT_NUM_SCALES = 4
+EP_RT_IN_SLOT_HEADER = 8
+EP_RT_IN_WS_NOTIFY = 0
+EP_RT_IN_WS_DISPATCH = 1
+EP_RT_IN_WS_CACHED = 2
+EP_RT_IN_WS_COMBINE = 3
+EP_RT_IN_WS_BARRIER = 4
+EP_RT_IN_WS_TICKET = 8
+EP_RT_IN_WS_CLAIM = 16
+EP_RT_IN_WS_SKIP = 17
+EP_RT_IN_WS_WORDS = 32
+EP_RT_IN_HOST_TOKEN = 0
+EP_RT_IN_HOST_NUM_RECV = 1
+EP_RT_IN_HOST_NUM_RDMA_RECV = 2
+EP_RT_IN_HOST_MAX_STREAM = 3
+EP_RT_IN_HOST_MAX_RECV = 4
+EP_RT_IN_HOST_MAX_FWD = 5
+EP_RT_IN_HOST_EXPERT_COUNTS = 8
+EP_RT_IN_HOST_WORDS = (8 + EP_RT_MAX_LOCAL_EXPERTS)
+EP_RT_PHASE_IN_NOTIFY = 12
+EP_RT_PHASE_IN_HANDSHAKE = 13
+EP_RT_PHASE_IN_FORWARD = 14
+EP_RT_PHASE_IN_RECV = 15
+EP_RT_PHASE_IN_COMBINE_HANDSHAKE = 16
+EP_RT_PHASE_IN_COMBINE_FORWARD = 17
+EP_RT_PHASE_IN_COMBINE_REDUCE = 18
+
 _u64, _i64, _i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
 _PeerBuffers = _u64 * EP_RT_MAX_NVL_RANKS
 
@@ -92,6 +127,8 @@ class LayoutParams(ctypes.Structure):
         ("num_ranks", _i32),
         ("tokens_per_block", _i32),
         ("topk_idx_bits", _i32),
+        ("num_ranks_per_node", _i32),
+        ("pad", _i32),
     ]
 
 
@@ -273,4 +310,86 @@ class LowLatencyParams(ctypes.Structure):
         ("use_logfmt", _i32),
         ("shape_digest", _i32),
         ("topk_idx_bits", _i32),
+    ]
+
+
+class InternodeLayout(ctypes.Structure):
+    _fields_ = [
+        ("stage", _i64),
+        ("recv", _i64),
+        ("cap", _i64),
+        ("record_bytes", _i64),
+        ("notify_send", _i64),
+        ("notify_recv", _i64),
+        ("notify_words", _i64),
+        ("dispatch_words", _i64),
+        ("combine_words", _i64),
+        ("cached_words", _i64),
+        ("combine_hs", _i64),
+        ("relay", _i64),
+        ("relay_prefix", _i64),
+        ("ready", _i64),
+        ("ready_prefix", _i64),
+        ("barrier_words", _i64),
+        ("end", _i64),
+    ]
+
+
+class InternodeParams(ctypes.Structure):
+    _fields_ = [
+        ("sym_base", _u64),
+        ("sym_peers", _u64),
+        ("nvl_peers", _u64 * EP_RT_MAX_NVL_RANKS),
+        ("workspace", _u64),
+        ("error", _u64),
+        ("host_counters", _u64),
+        ("scratch", _u64),
+        ("consumed", _u64),
+        ("x", _u64),
+        ("x_scales", _u64),
+        ("topk_idx", _u64),
+        ("topk_weights", _u64),
+        ("is_token_in_rank", _u64),
+        ("num_tokens_per_expert", _u64),
+        ("bias0", _u64),
+        ("bias1", _u64),
+        ("rdma_cpm", _u64),
+        ("gbl_cpm", _u64),
+        ("recv_rdma_cpm", _u64),
+        ("recv_rdma_prefix", _u64),
+        ("recv_gbl_cpm", _u64),
+        ("recv_gbl_prefix", _u64),
+        ("recv_src_meta", _u64),
+        ("send_rdma_head", _u64),
+        ("send_nvl_head", _u64),
+        ("recv_x", _u64),
+        ("recv_x_scales", _u64),
+        ("recv_topk_idx", _u64),
+        ("recv_topk_weights", _u64),
+        ("combined_x", _u64),
+        ("combined_topk_weights", _u64),
+        ("lay", InternodeLayout),
+        ("scale_token_stride", _i64),
+        ("scale_hidden_stride", _i64),
+        ("host_token", _i64),
+        ("net_timeout_ns", _i64),
+        ("nvl_capacity_rows", _i64),
+        ("rank", _i32),
+        ("num_ranks", _i32),
+        ("ranks_per_node", _i32),
+        ("num_nodes", _i32),
+        ("num_tokens", _i32),
+        ("num_channels", _i32),
+        ("hidden_bytes", _i32),
+        ("num_scales", _i32),
+        ("num_topk", _i32),
+        ("num_experts", _i32),
+        ("expert_alignment", _i32),
+        ("num_out_rows", _i32),
+        ("num_fwd_rows", _i32),
+        ("num_in_rows", _i32),
+        ("cached", _i32),
+        ("fill_unused", _i32),
+        ("topk_idx_bits", _i32),
+        ("recv_topk_idx_bits", _i32),
     ]

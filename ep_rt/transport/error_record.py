@@ -17,7 +17,7 @@ from ..errors import ERR_BAD_EXPERT, ERR_CAPACITY, ERR_WORST_TOKENS, EpRtError, 
 from ..runtime import abi, driver
 
 RECORD_BYTES = 128
-SLOTS = ("nvl", "low_latency")
+SLOTS = ("nvl", "low_latency", "internode")
 RECOVERABLE = (ERR_BAD_EXPERT, ERR_WORST_TOKENS, ERR_CAPACITY)  # the call completed on every rank
 
 
@@ -34,10 +34,15 @@ class ErrorRecords:
         ctypes.memset(self.host_ptr, 0, nbytes)
         self.failed: dict[str, EpRtError] = {}
         self._rearm = {}
+        self._ranks_per_node: dict[str, int] = {}  # slots whose messages name nodes (internode)
 
     def on_rearm(self, slot: str, reset_claim) -> None:
         """How to re-arm `slot` after a recoverable error: reset_claim() clears the family's device claim word."""
         self._rearm[slot] = reset_claim
+
+    def name_nodes(self, slot: str, ranks_per_node: int) -> None:
+        """Messages of `slot` name each rank's node (nodes of ranks_per_node ranks)."""
+        self._ranks_per_node[slot] = ranks_per_node
 
     def device_ptr(self, slot: str) -> int:
         return self.dev_ptr + RECORD_BYTES * SLOTS.index(slot)
@@ -50,7 +55,7 @@ class ErrorRecords:
         once and the slot re-armed."""
         if slot not in self.failed and self.host_ptr:
             rec = self.record(slot)
-            err = error_from_record(rec)
+            err = error_from_record(rec, self._ranks_per_node.get(slot))
             if err is not None and rec.code in RECOVERABLE and slot in self._rearm:
                 import torch
 

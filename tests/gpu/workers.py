@@ -257,3 +257,65 @@ def topk_bits(rank, num_ranks):
         out.append(("LL " + case.name, chk.checks, chk.failures))
     buf.destroy()
     return {"topk_idx_t": str(ep_rt.topk_idx_t), "cases": out}
+
+
+def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True):
+    """The internode suite on emulated nodes (EP_RT_RANKS_PER_NODE set by the test): every case bit-exact against
+    ep_rt.reference.internode_*, then CUDA-graph replays."""
+    from ep_rt.testing import selfcheck_internode as sci
+    from ep_rt.transport import internode_layout
+
+    os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
+    G = ranks_per_node
+    cases = sci.internode_cases(num_ranks, G)
+    if case_names is not None:
+        cases = [c for c in cases if c.name in case_names]
+    nvl = internode_layout.nvl_size_hint(7168 * 2, num_ranks, 4096)
+    rdma = internode_layout.rdma_size_hint(7168 * 2, num_ranks, G, 4096)
+    buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
+    assert buf.topology.num_nodes == num_ranks // G, buf.topology.describe()
+    seed = checker.shared_seed(buf.group)
+    out = []
+    for i, case in enumerate(cases):
+        chk = sci.run_case(buf, case, seed + i, G)
+        out.append((case.name, chk.checks, chk.failures))
+    if graph:
+        chk = sci.run_graph_case(buf, seed + 500, G)
+        out.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
+    buf.destroy()
+    return {"seed": seed, "cases": out, "nodes": num_ranks // G}
+
+
+def internode_missing_peer(rank, num_ranks, ranks_per_node):
+    """The last rank never calls dispatch: every other rank raises CommTimeoutError naming a rank and its node
+    within the network deadline, and can destroy its Buffer."""
+    from ep_rt.transport import internode_layout
+
+    G = ranks_per_node
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, 256),
+                 internode_layout.rdma_size_hint(2048, num_ranks, G, 256), explicitly_destroy=True)
+    x = torch.randn(256, 1024, device=buf.device).to(torch.bfloat16)
+    idx = torch.randint(0, 16 * num_ranks, (256, 4), device=buf.device)
+    w = torch.rand(256, 4, device=buf.device)
+    per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, 16 * num_ranks)
+    res = {"error": None}
+    start = time.monotonic()
+    if rank != num_ranks - 1:
+        try:
+            buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+                         num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+            torch.cuda.synchronize()
+            buf.raise_if_failed()
+        except CommTimeoutError as e:
+            res["error"] = str(e)
+    res["seconds"] = time.monotonic() - start
+    dist.barrier()
+    _destroy_quietly(buf)  # the survivors' Buffers failed; the silent rank's teardown barrier times out
+    return res
+
+
+def _destroy_quietly(buf):
+    try:
+        buf.destroy()
+    except EpRtError:
+        pass

@@ -55,6 +55,8 @@ struct LayoutParams {
     int32_t num_ranks;
     int32_t tokens_per_block;
     int32_t topk_idx_bits;              // 64 or 32: the width of topk_idx
+    int32_t num_ranks_per_node;         // G: a node's ranks (num_tokens_per_rdma_rank has num_ranks / G entries)
+    int32_t pad;
 };
 
 // Buffer control region: offsets (bytes from each rank's buffer base), identical on every rank.
@@ -276,4 +278,132 @@ struct LowLatencyParams {
     int32_t use_logfmt;            // combine: rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh)
     int32_t shape_digest;          // 16 bits: digest of this call's shape, carried in its signals
     int32_t topk_idx_bits;         // 64 or 32: the width of topk_idx
+};
+
+// ---- internode high-throughput mode (kernels_src/internode.cu) ----------------------------------
+// Ranks R = N nodes x G ranks; rank = node * G + local. Rank me = (node m, local j); its "rail peer" on node n is
+// n * G + j. Dispatch: count+notify (all-to-all of counts over NVSHMEM), send (each token once per destination node,
+// put to the rail peer's receive area [my node][stream position]), forward (the rail peer waits for each
+// (source node, channel) word and relays it to its node with an NVLink flag, and writes send_nvl_head), receive
+// (every rank pulls its rows from its node's forwarders' receive areas over NVLink). Combine: publish (each rank
+// copies its rows into its NVL buffer), forward (the forwarder sums a token's local rows in f32 -> bf16 and puts
+// it back to the source), reduce (the source sums bias and nodes in f32). The symmetric buffer: staging
+// [N][cap] and receive [N][cap] records in the caller's num_rdma_bytes, then a control area at fixed offsets.
+#define EP_RT_IN_MAX_RANKS 256
+#define EP_RT_IN_MAX_NODES 64
+#define EP_RT_IN_NOTIFY_SLOT_BYTES 8192
+// Notify slot (int32 words) a source writes into every destination d.
+#define EP_RT_IN_SLOT_HIDDEN_BYTES 0
+#define EP_RT_IN_SLOT_NUM_TOPK 1
+#define EP_RT_IN_SLOT_NUM_CHANNELS 2
+#define EP_RT_IN_SLOT_NUM_EXPERTS 3
+#define EP_RT_IN_SLOT_NUM_SCALES 4
+#define EP_RT_IN_SLOT_HEADER 8          // then: rank totals [R], node totals [N], channel counts to d [C],
+                                        // channel counts of the stream to node(d) [C], expert counts for d [L]
+// Workspace words (int64, device memory): call numbers per kind, then tickets, the error claim, the skip flag.
+#define EP_RT_IN_WS_NOTIFY 0
+#define EP_RT_IN_WS_DISPATCH 1
+#define EP_RT_IN_WS_CACHED 2
+#define EP_RT_IN_WS_COMBINE 3
+#define EP_RT_IN_WS_BARRIER 4
+#define EP_RT_IN_WS_TICKET 8           // int64 words 8..15: last-block tickets per kernel
+#define EP_RT_IN_WS_CLAIM 16           // error claim (int32 at this int64 word)
+#define EP_RT_IN_WS_SKIP 17            // 1: this dispatch does not fit (all ranks agree); move no data
+#define EP_RT_IN_WS_WORDS 32
+// Host counters (int32, host-mapped), token written last.
+#define EP_RT_IN_HOST_TOKEN 0
+#define EP_RT_IN_HOST_NUM_RECV 1
+#define EP_RT_IN_HOST_NUM_RDMA_RECV 2
+#define EP_RT_IN_HOST_MAX_STREAM 3
+#define EP_RT_IN_HOST_MAX_RECV 4
+#define EP_RT_IN_HOST_MAX_FWD 5
+#define EP_RT_IN_HOST_EXPERT_COUNTS 8
+#define EP_RT_IN_HOST_WORDS (8 + EP_RT_MAX_LOCAL_EXPERTS)
+// Phases (errors.py)
+#define EP_RT_PHASE_IN_NOTIFY 12
+#define EP_RT_PHASE_IN_HANDSHAKE 13
+#define EP_RT_PHASE_IN_FORWARD 14
+#define EP_RT_PHASE_IN_RECV 15
+#define EP_RT_PHASE_IN_COMBINE_HANDSHAKE 16
+#define EP_RT_PHASE_IN_COMBINE_FORWARD 17
+#define EP_RT_PHASE_IN_COMBINE_REDUCE 18
+
+// Byte offsets in the symmetric buffer, identical on every rank (ep_rt/transport/internode_layout.py).
+struct InternodeLayout {
+    int64_t stage;           // [N][cap] records (dispatch) or combine records
+    int64_t recv;            // [N][cap] records
+    int64_t cap;             // records per node area
+    int64_t record_bytes;    // of this call (dispatch or combine record)
+    int64_t notify_send;     // [R] slots of EP_RT_IN_NOTIFY_SLOT_BYTES
+    int64_t notify_recv;     // [R] slots
+    int64_t notify_words;    // u64 [R]: word s from source s, +1 per notify
+    int64_t dispatch_words;  // u64 [N][EP_RT_MAX_CHANNELS]: word [s][c] from the rail peer on node s, +1 per dispatch
+    int64_t combine_words;   // u64 [N][EP_RT_MAX_CHANNELS]: word [n][c] from my rail peer on node n, +1 per combine
+    int64_t cached_words;    // u64 [R]: cached-dispatch handshake, word s from rank s
+    int64_t combine_hs;      // u64 [R]: combine handshake, word s from rank s
+    int64_t relay;           // int64 [N][EP_RT_MAX_CHANNELS]: forwarder -> its node: block (s, c) arrived (dispatch #)
+    int64_t relay_prefix;    // int32 [N][EP_RT_MAX_CHANNELS]: the forwarder's recv_rdma_channel_prefix_matrix
+    int64_t ready;           // int64: combine: my rows are in my NVL buffer (combine #)
+    int64_t ready_prefix;    // int32 [R]: combine: my recv_gbl_rank_prefix_sum
+    int64_t barrier_words;   // u64 [R]: ep_rt_internode_barrier, word s from rank s
+    int64_t end;
+};
+
+struct InternodeParams {
+    uint64_t sym_base;            // this rank's symmetric buffer
+    uint64_t sym_peers;           // device uint64 [R]: NVLink-mapped symmetric base of each rank of my node, else 0
+    uint64_t nvl_peers[EP_RT_MAX_NVL_RANKS];  // data region of each local rank's NVL buffer (combine input rows)
+    uint64_t workspace;           // device int64 [EP_RT_IN_WS_WORDS]
+    uint64_t error;               // ErrorRecord* (host-mapped)
+    uint64_t host_counters;       // host-mapped int32 [EP_RT_IN_HOST_WORDS]
+    uint64_t scratch;             // device int32 [C][R + N]: per-channel counts (notify)
+    uint64_t consumed;            // device int64 [2][N][EP_RT_MAX_CHANNELS]: per (sender, channel) word, the signals
+                                  // this rank has consumed (dispatch words, then combine words): a call may use
+                                  // fewer channels than the last, so a word's count is not the call number
+    uint64_t x;                   // dispatch: [T, hidden_bytes]; combine: bf16 [num_in_rows, hidden]
+    uint64_t x_scales;            // 32-bit words, strided, or 0
+    uint64_t topk_idx;            // int64 or int32 [T, K] or 0
+    uint64_t topk_weights;        // f32: dispatch [T, K]; combine [num_in_rows, K]; or 0
+    uint64_t is_token_in_rank;    // bool [T, R]
+    uint64_t num_tokens_per_expert;  // int32 [E] or 0
+    uint64_t bias0, bias1;        // bf16 [T, hidden] or 0
+    uint64_t rdma_cpm;            // handle [1] int32 [N, C]
+    uint64_t gbl_cpm;             // handle [2] int32 [R, C]
+    uint64_t recv_rdma_cpm;       // handle [3] int32 [N, C]
+    uint64_t recv_rdma_prefix;    // handle [4] int32 [N]
+    uint64_t recv_gbl_cpm;        // handle [5] int32 [R, C]
+    uint64_t recv_gbl_prefix;     // handle [6] int32 [R]
+    uint64_t recv_src_meta;       // handle [7] uint8 [rows, 8] or 0 (cached)
+    uint64_t send_rdma_head;      // handle [8] int32 [T, N]
+    uint64_t send_nvl_head;       // handle [9] int32 [fwd_rows, G] or 0 (cached)
+    uint64_t recv_x;              // [rows, hidden_bytes]
+    uint64_t recv_x_scales;       // int32 [rows, S] or 0
+    uint64_t recv_topk_idx;       // [rows, K] of recv_topk_idx_bits, or 0
+    uint64_t recv_topk_weights;   // f32 [rows, K] or 0
+    uint64_t combined_x;          // bf16 [T, hidden]
+    uint64_t combined_topk_weights;  // f32 [T, K] or 0
+    struct InternodeLayout lay;
+    int64_t scale_token_stride;   // in 32-bit words
+    int64_t scale_hidden_stride;
+    int64_t host_token;           // > 0: publish counts to the host under this token
+    int64_t net_timeout_ns;       // every wait (each depends on the network: EP_RT_NET_TIMEOUT_S)
+    int64_t nvl_capacity_rows;    // combine rows one NVL buffer holds
+    int32_t rank;
+    int32_t num_ranks;
+    int32_t ranks_per_node;       // G
+    int32_t num_nodes;            // N
+    int32_t num_tokens;
+    int32_t num_channels;
+    int32_t hidden_bytes;         // dispatch: row bytes (multiple of 16); combine: 2 * hidden
+    int32_t num_scales;
+    int32_t num_topk;
+    int32_t num_experts;
+    int32_t expert_alignment;
+    int32_t num_out_rows;         // rows of recv_* (num_worst_tokens or num_recv)
+    int32_t num_fwd_rows;         // rows of send_nvl_head (num_worst_tokens or num_rdma_recv)
+    int32_t num_in_rows;          // combine: rows of x
+    int32_t cached;               // dispatch from a handle: handshake, no notify, no topk
+    int32_t fill_unused;          // num_worst_tokens: recv_topk_idx and send_nvl_head = -1 past the real rows
+    int32_t topk_idx_bits;
+    int32_t recv_topk_idx_bits;
 };

@@ -1,0 +1,337 @@
+"""Internode high-throughput dispatch and combine (kernels_src/internode.cu) across N nodes of G ranks.
+
+Dispatch = notify (counts all-to-all; the host reads the receive counts from mapped memory unless
+num_worst_tokens) + send + forward + receive. Cached dispatch = the same three without notify, from the handle,
+after a handshake. Combine = publish + forward + reduce. The transports are the Buffer's: the symmetric buffer of
+the NVSHMEM session (inter-node traffic and the node's relay flags) and the node's NVL buffer (combine input rows).
+With num_worst_tokens nothing waits on the host, so dispatch, cached dispatch and combine can be captured in a CUDA
+graph: the kernels number their calls in device memory.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+from typing import NamedTuple, Optional
+
+import torch
+
+from .. import validate
+from ..errors import BufferTooSmallError, EpRtError
+from ..handles import HandleFacts, InternodeHandle, next_serial, with_facts
+from ..runtime import abi, driver
+from ..runtime.launch import Launcher
+from ..transport import internode_layout as lay_mod
+from ..transport import nvl_layout
+from ..transport.error_record import ErrorRecords
+from ..transport.nvl import NvlBuffer
+from ..transport.symmetric import SymmetricBuffer
+from ..transport.topology import Topology
+
+SLOT = "internode"
+_BLOCK, _FORWARD_BLOCK, _BARRIER_BLOCK = 512, 128, 256
+_KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
+_META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
+
+
+class DispatchResult(NamedTuple):
+    recv_x: torch.Tensor
+    recv_x_scales: Optional[torch.Tensor]
+    recv_topk_idx: Optional[torch.Tensor]
+    recv_topk_weights: Optional[torch.Tensor]
+    num_recv_tokens_per_expert_list: list
+    handle: InternodeHandle
+    tensors: list  # everything the comm stream touched, for record_stream
+
+
+class InternodeOp:
+    """Owns no transports (the Buffer made the symmetric buffer, the NVL buffer and the error records); its
+    workspace, scratch and host counters are its own."""
+
+    is_internode = True
+
+    @staticmethod
+    def symmetric_bytes(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> int:
+        return lay_mod.control_offsets(num_rdma_bytes, num_ranks, num_nodes)["end"]
+
+    def __init__(self, topology: Topology, sym: SymmetricBuffer, nvl: NvlBuffer, module, num_rdma_bytes: int,
+                 device_index: int, net_timeout_s: float, errors: ErrorRecords):
+        R, G = topology.num_ranks, topology.node_size
+        N = R // G
+        if R > lay_mod.MAX_RANKS or N > lay_mod.MAX_NODES:
+            raise NotImplementedError(f"ep_rt's internode kernels serve at most {lay_mod.MAX_RANKS} ranks and "
+                                      f"{lay_mod.MAX_NODES} nodes; this group has {R} ranks on {N} nodes")
+        self.topology, self.rank, self.num_ranks, self.G, self.N = topology, topology.rank, R, G, N
+        self.device = torch.device("cuda", device_index)
+        self.nvl = nvl
+        self.num_rdma_bytes = num_rdma_bytes
+        self.net_timeout_s = net_timeout_s
+        self.errors = errors
+        self.control = lay_mod.control_offsets(num_rdma_bytes, R, N)
+        # Only the ranks of my node are read through NVLink mappings (the others only receive NVSHMEM puts).
+        peers = sym.peer_bases.clone()
+        for r in range(R):
+            if topology.node_of(r) != topology.node:
+                peers[r] = 0
+        missing = [r for r in topology.local_ranks if int(peers[r]) == 0]
+        if missing:
+            raise EpRtError(f"rank {self.rank}: NVSHMEM cannot map the symmetric buffer of node peers {missing} "
+                            f"over NVLink; the ranks of a node must share NVLink (or P2P)")
+        self.sym_peers = peers
+        self.sym_base = sym.ptr
+        self.workspace = torch.zeros(abi.EP_RT_IN_WS_WORDS, dtype=torch.int64, device=self.device)
+        self.scratch = torch.zeros(abi.EP_RT_MAX_CHANNELS * (R + N), dtype=torch.int32, device=self.device)
+        self.consumed = torch.zeros(2 * abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS, dtype=torch.int64,
+                                    device=self.device)
+        self.host_ptr, host_dev_ptr = driver.host_alloc_mapped(abi.EP_RT_IN_HOST_WORDS * 4)
+        self.counters = (ctypes.c_int32 * abi.EP_RT_IN_HOST_WORDS).from_address(self.host_ptr)
+        ctypes.memset(self.host_ptr, 0, abi.EP_RT_IN_HOST_WORDS * 4)
+        self.host_token = 0
+        blocks = {"forward": _FORWARD_BLOCK, "barrier": _BARRIER_BLOCK}  # their __launch_bounds__
+        self.kernels = {name: Launcher(module, f"ep_rt_internode_{name}", abi.InternodeParams,
+                                       block=blocks.get(name, _BLOCK)) for name in _KERNELS}
+        nvl_data = [ptr + nvl_layout.CONTROL_BYTES for ptr in nvl.peer_ptrs]
+        for k in self.kernels.values():
+            p = k.params
+            p.sym_base, p.sym_peers = self.sym_base, self.sym_peers.data_ptr()
+            for i, ptr in enumerate(nvl_data):
+                p.nvl_peers[i] = ptr
+            p.workspace, p.error = self.workspace.data_ptr(), errors.device_ptr(SLOT)
+            p.host_counters, p.scratch, p.consumed = host_dev_ptr, self.scratch.data_ptr(), self.consumed.data_ptr()
+            p.net_timeout_ns = int(net_timeout_s * 1e9)
+            p.rank, p.num_ranks, p.ranks_per_node, p.num_nodes = self.rank, R, G, N
+        errors.on_rearm(SLOT, lambda: self.workspace[abi.EP_RT_IN_WS_CLAIM].zero_())
+        errors.name_nodes(SLOT, G)
+        self.serial = next_serial()  # the owner its handles name
+        self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
+        torch.cuda.synchronize(self.device)
+
+    # ---- state ----------------------------------------------------------------------------------
+    def raise_if_failed(self) -> None:
+        self.errors.raise_if_failed(SLOT)
+
+    @property
+    def failed(self):
+        return self.errors.check(SLOT)
+
+    def rdma_tensor(self) -> torch.Tensor:
+        """The caller's num_rdma_bytes of the symmetric buffer as uint8 (no copy)."""
+        iface = {"shape": (self.num_rdma_bytes,), "typestr": "|u1", "data": (self.sym_base, False), "version": 3,
+                 "strides": None}
+        holder = type("SymView", (), {"__cuda_array_interface__": iface})()
+        return torch.as_tensor(holder, device=self.device)
+
+    def barrier(self, stream) -> None:
+        """All ranks meet (network deadline); raises CommTimeoutError naming a missing peer."""
+        self.raise_if_failed()
+        self._layout(("barrier",), 16)
+        self._launch("barrier", 1, stream)
+        stream.synchronize()
+        self.raise_if_failed()
+
+    def destroy(self, collective: bool) -> None:
+        if self.host_ptr:
+            driver.host_free(self.host_ptr)
+            self.host_ptr, self.counters = 0, None
+
+    def _launch(self, name: str, grid: int, stream, **fields) -> None:
+        k = self.kernels[name]
+        k.set(**fields)
+        if self.timer is None:
+            k(grid, stream)
+        else:
+            self.timer.around(name, stream, lambda: k(grid, stream))
+
+    def _layout(self, names, record_bytes: int) -> int:
+        cap = 0
+        for name in names:
+            cap = lay_mod.fill(self.kernels[name].params.lay, self.control, self.num_rdma_bytes, self.N, record_bytes)
+        return cap
+
+    def _wait_counters(self, token: int) -> None:
+        deadline = time.monotonic() + 1.5 * self.net_timeout_s + 2.0
+        spins = 0
+        while self.counters[abi.EP_RT_IN_HOST_TOKEN] != token:
+            spins += 1
+            if spins % 256 == 0:
+                self.raise_if_failed()
+                if time.monotonic() > deadline:
+                    raise self.errors.fail(SLOT, EpRtError(
+                        f"rank {self.rank} (node {self.topology.node}): host timed out after {self.net_timeout_s:.1f}"
+                        f" s in internode dispatch notify: the GPU never published the receive counts. A peer rank "
+                        f"did not make the same call, or the GPU is stuck behind earlier work. The Buffer is "
+                        f"unusable now; destroy it."))
+
+    def _too_small(self, what: str, need_rows: int, cap: int, record_bytes: int, nvl: bool) -> BufferTooSmallError:
+        if nvl:
+            need = nvl_layout.align(need_rows * record_bytes)
+            return BufferTooSmallError(
+                f"rank {self.rank}: this {what} needs {need_rows} combine rows on some rank but the NVL buffer "
+                f"({self.nvl.num_nvl_bytes} bytes) holds {cap}; create the Buffer with num_nvl_bytes >= {need} "
+                f"(nothing more was launched; the Buffer stays usable)")
+        need = lay_mod.rdma_bytes_for(record_bytes, self.N, need_rows)
+        return BufferTooSmallError(
+            f"rank {self.rank}: this {what} sends up to {need_rows} tokens from one rank to one node but the RDMA "
+            f"buffer ({self.num_rdma_bytes} bytes) holds {cap} per node at {record_bytes} bytes a token; create the "
+            f"Buffer with num_rdma_bytes >= {need} (nothing more was launched; the Buffer stays usable)")
+
+    def _nvl_rows(self, hidden: int, K: int) -> int:
+        return self.nvl.num_nvl_bytes // lay_mod.combine_record_bytes(hidden, K)
+
+    # ---- dispatch -------------------------------------------------------------------------------
+    def dispatch(self, x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
+                 expert_alignment: int, num_worst_tokens: int, num_channels: int, alloc_stream,
+                 comm_stream) -> DispatchResult:
+        R, N, G, C = self.num_ranks, self.N, self.G, num_channels
+        T, hidden = x.shape
+        hidden_bytes = hidden * x.element_size()
+        K = topk_idx.size(1) if topk_idx is not None else 0
+        S = x_scales.size(1) if x_scales is not None else 0
+        E = num_tokens_per_expert.numel()
+        L = E // R
+        dev = x.device
+        record = lay_mod.dispatch_record_bytes(hidden_bytes, S, K)
+        cap = self._layout(("notify", "send", "forward", "recv"), record)
+        host_token = 0 if num_worst_tokens > 0 else self._next_token()
+        with torch.cuda.stream(alloc_stream):
+            rdma_cpm = torch.empty(N, C, dtype=torch.int32, device=dev)
+            gbl_cpm = torch.empty(R, C, dtype=torch.int32, device=dev)
+            recv_rdma_cpm = torch.empty(N, C, dtype=torch.int32, device=dev)
+            recv_rdma_prefix = torch.empty(N, dtype=torch.int32, device=dev)
+            recv_gbl_cpm = torch.empty(R, C, dtype=torch.int32, device=dev)
+            recv_gbl_prefix = torch.empty(R, dtype=torch.int32, device=dev)
+            send_rdma_head = torch.empty(T, N, dtype=torch.int32, device=dev)
+        ptr = _ptr
+        common = dict(
+            x=ptr(x), x_scales=ptr(x_scales), topk_idx=ptr(topk_idx), topk_weights=ptr(topk_weights),
+            is_token_in_rank=ptr(is_token_in_rank), num_tokens_per_expert=ptr(num_tokens_per_expert),
+            rdma_cpm=ptr(rdma_cpm), gbl_cpm=ptr(gbl_cpm), recv_rdma_cpm=ptr(recv_rdma_cpm),
+            recv_rdma_prefix=ptr(recv_rdma_prefix), recv_gbl_cpm=ptr(recv_gbl_cpm), recv_gbl_prefix=ptr(recv_gbl_prefix),
+            send_rdma_head=ptr(send_rdma_head), host_token=host_token,
+            scale_token_stride=x_scales.stride(0) if S else 0, scale_hidden_stride=x_scales.stride(1) if S else 0,
+            num_tokens=T, num_channels=C, hidden_bytes=hidden_bytes, num_scales=S, num_topk=K, num_experts=E,
+            expert_alignment=expert_alignment, cached=0, fill_unused=int(num_worst_tokens > 0),
+            topk_idx_bits=validate.bits(topk_idx), recv_topk_idx_bits=64,
+            num_out_rows=num_worst_tokens, num_fwd_rows=num_worst_tokens)
+        self._launch("notify", C, comm_stream, **common)
+
+        facts = {}
+        if num_worst_tokens > 0:
+            num_rows = num_fwd = num_worst_tokens
+            per_expert = []
+        else:
+            self._wait_counters(host_token)
+            c = self.counters
+            num_rows, num_fwd = c[abi.EP_RT_IN_HOST_NUM_RECV], c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV]
+            max_stream, max_recv = c[abi.EP_RT_IN_HOST_MAX_STREAM], c[abi.EP_RT_IN_HOST_MAX_RECV]
+            per_expert = [c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] for i in range(L)] if K else []
+            # The same maxima on every rank, so every rank raises alike and nothing waits for anyone.
+            if max_stream > cap:
+                raise self._too_small("dispatch", max_stream, cap, record, nvl=False)
+            combine_record = lay_mod.combine_record_bytes(hidden, K)
+            combine_cap = lay_mod.capacity(self.num_rdma_bytes, N, combine_record)
+            if max_stream > combine_cap:
+                raise self._too_small("dispatch (its combine)", max_stream, combine_cap, combine_record, nvl=False)
+            if max_recv > self._nvl_rows(hidden, K):
+                raise self._too_small("dispatch (its combine)", max_recv, self._nvl_rows(hidden, K),
+                                      combine_record, nvl=True)
+            facts = dict(max_dispatch_rows=max_recv, max_combine_rows=max_recv, max_stream=max_stream)
+
+        with torch.cuda.stream(alloc_stream):
+            recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
+            recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=dev) if S else None
+            recv_topk_idx = torch.empty(num_rows, K, dtype=validate.topk_idx_t, device=dev) if K else None
+            recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
+            recv_src_meta = torch.empty(num_rows, _META_BYTES, dtype=torch.uint8, device=dev)
+            send_nvl_head = torch.empty(num_fwd, G, dtype=torch.int32, device=dev)
+        outs = dict(recv_x=ptr(recv_x), recv_x_scales=ptr(recv_x_scales), recv_topk_idx=ptr(recv_topk_idx),
+                    recv_topk_weights=ptr(recv_topk_weights), recv_src_meta=ptr(recv_src_meta),
+                    send_nvl_head=ptr(send_nvl_head), num_out_rows=num_rows, num_fwd_rows=num_fwd,
+                    recv_topk_idx_bits=validate.bits(recv_topk_idx))
+        self._launch("send", C, comm_stream, **{**common, **outs})
+        self._launch("forward", N, comm_stream, **{**common, **outs})
+        self._launch("recv", C, comm_stream, **{**common, **outs})
+        handle = InternodeHandle(is_token_in_rank, rdma_cpm, gbl_cpm, recv_rdma_cpm, recv_rdma_prefix, recv_gbl_cpm,
+                                 recv_gbl_prefix, recv_src_meta, send_rdma_head, send_nvl_head)
+        with_facts(handle, HandleFacts.of(handle, self.serial, **facts))
+        tensors = [x, x_scales, topk_idx, topk_weights, num_tokens_per_expert, recv_x, recv_x_scales, recv_topk_idx,
+                   recv_topk_weights, *handle]
+        return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
+
+    def _next_token(self) -> int:
+        self.host_token = self.host_token % 0x7FFFFFFF + 1
+        return self.host_token
+
+    def check_handle_capacity(self, handle: InternodeHandle, record_bytes: int, combine: Optional[tuple]) -> None:
+        """A cached dispatch or combine whose streams (or combine rows) would not fit, refused on every rank alike
+        (the maxima in the handle's facts are the same on all ranks). combine = (hidden, K) for a combine."""
+        facts = getattr(handle, "facts", None)
+        if facts is None or facts.max_stream is None:
+            return
+        what = "combine" if combine else "cached dispatch"
+        cap = lay_mod.capacity(self.num_rdma_bytes, self.N, record_bytes)
+        if facts.max_stream > cap:
+            raise self._too_small(what, facts.max_stream, cap, record_bytes, nvl=False)
+        if combine is not None and facts.max_combine_rows is not None:
+            rows = self._nvl_rows(*combine)
+            if facts.max_combine_rows > rows:
+                raise self._too_small(what, facts.max_combine_rows, rows, record_bytes, nvl=True)
+
+    def cached_dispatch(self, x, x_scales, handle: InternodeHandle, alloc_stream, comm_stream):
+        T, hidden = x.shape
+        hidden_bytes = hidden * x.element_size()
+        S = x_scales.size(1) if x_scales is not None else 0
+        num_rows = handle.recv_src_meta.size(0)
+        C = handle.rdma_channel_prefix_matrix.size(1)
+        record = lay_mod.dispatch_record_bytes(hidden_bytes, S, 0)
+        self.check_handle_capacity(handle, record, None)
+        self._layout(("send", "forward", "recv"), record)
+        with torch.cuda.stream(alloc_stream):
+            recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
+            recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=x.device) if S else None
+        ptr = _ptr
+        fields = dict(
+            x=ptr(x), x_scales=ptr(x_scales), topk_idx=0, topk_weights=0, is_token_in_rank=ptr(handle.is_token_in_rank),
+            num_tokens_per_expert=0, rdma_cpm=ptr(handle.rdma_channel_prefix_matrix),
+            gbl_cpm=ptr(handle.gbl_channel_prefix_matrix), recv_rdma_cpm=ptr(handle.recv_rdma_channel_prefix_matrix),
+            recv_rdma_prefix=ptr(handle.recv_rdma_rank_prefix_sum),
+            recv_gbl_cpm=ptr(handle.recv_gbl_channel_prefix_matrix), recv_gbl_prefix=ptr(handle.recv_gbl_rank_prefix_sum),
+            send_rdma_head=ptr(handle.send_rdma_head), recv_src_meta=0, send_nvl_head=0, host_token=0,
+            recv_x=ptr(recv_x), recv_x_scales=ptr(recv_x_scales), recv_topk_idx=0, recv_topk_weights=0,
+            scale_token_stride=x_scales.stride(0) if S else 0, scale_hidden_stride=x_scales.stride(1) if S else 0,
+            num_tokens=T, num_channels=C, hidden_bytes=hidden_bytes, num_scales=S, num_topk=0,
+            num_experts=self.num_ranks, expert_alignment=1, num_out_rows=num_rows, num_fwd_rows=0, cached=1,
+            fill_unused=0, topk_idx_bits=64, recv_topk_idx_bits=64)
+        self._launch("send", C, comm_stream, **fields)
+        self._launch("forward", self.N, comm_stream, **fields)
+        self._launch("recv", C, comm_stream, **fields)
+        return recv_x, recv_x_scales, [x, x_scales, recv_x, recv_x_scales, *handle]
+
+    # ---- combine --------------------------------------------------------------------------------
+    def combine(self, x, handle: InternodeHandle, topk_weights, bias0, bias1, alloc_stream, comm_stream):
+        T = handle.is_token_in_rank.size(0)
+        hidden = x.size(1)
+        K = topk_weights.size(1) if topk_weights is not None else 0
+        C = handle.rdma_channel_prefix_matrix.size(1)
+        record = lay_mod.combine_record_bytes(hidden, K)
+        self.check_handle_capacity(handle, record, (hidden, K))
+        self._layout(("combine_publish", "combine_forward", "combine_reduce"), record)
+        with torch.cuda.stream(alloc_stream):
+            combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
+            combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
+        ptr = _ptr
+        fields = dict(
+            x=ptr(x), topk_weights=ptr(topk_weights), bias0=ptr(bias0), bias1=ptr(bias1),
+            rdma_cpm=ptr(handle.rdma_channel_prefix_matrix), recv_rdma_cpm=ptr(handle.recv_rdma_channel_prefix_matrix),
+            recv_rdma_prefix=ptr(handle.recv_rdma_rank_prefix_sum), recv_gbl_prefix=ptr(handle.recv_gbl_rank_prefix_sum),
+            send_rdma_head=ptr(handle.send_rdma_head), send_nvl_head=ptr(handle.send_nvl_head),
+            combined_x=ptr(combined_x), combined_topk_weights=ptr(combined_w), num_tokens=T, num_channels=C,
+            hidden_bytes=2 * hidden, num_topk=K, num_in_rows=x.size(0),
+            nvl_capacity_rows=self._nvl_rows(hidden, K))
+        self._launch("combine_publish", C, comm_stream, **fields)
+        self._launch("combine_forward", C, comm_stream, **fields)
+        self._launch("combine_reduce", C, comm_stream, **fields)
+        return combined_x, combined_w, [x, topk_weights, bias0, bias1, combined_x, combined_w, *handle]
+
+
+def _ptr(t) -> int:
+    return t.data_ptr() if t is not None else 0
