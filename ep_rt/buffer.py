@@ -89,6 +89,10 @@ class Buffer:
         # only when an NVL buffer is given (DeepEP's LL-compatibility case; HT then gets a symmetric buffer of its
         # own, so LL and HT never overwrite each other and clean_low_latency_buffer is not needed between them).
         internode = topo.num_nodes > 1 and num_rdma_bytes > 0 and (not low_latency_mode or num_nvl_bytes > 0)
+        if topo.num_nodes == 1 and num_rdma_bytes and not low_latency_mode:
+            raise ValueError(f"num_rdma_bytes is for the low-latency mode and for ranks on several nodes; these "
+                             f"{topo.num_ranks} ranks are on one node and low_latency_mode is off: pass "
+                             f"num_rdma_bytes=0 (nothing would use it)")
         if topo.num_nodes > 1 and not internode and not low_latency_mode:
             raise ValueError(f"the ranks span {topo.describe()}: high-throughput mode across nodes needs "
                              f"num_rdma_bytes > 0 (see Config.get_rdma_buffer_size_hint)")
