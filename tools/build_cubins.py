@@ -60,19 +60,26 @@ RAN_ON_HARDWARE = {
     ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
     ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
     ("cu12", "sm_90", "intranode"): "H200 (nvidia-h200, driver 580, 2026-12-01): intranode suite bit-exact, both variants",
+    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): internode suite on emulated "
+                                            "nodes (2 x 2, 4 x 1) bit-exact, graph replays, missing peer",
+    ("cu13", "sm_90", "internode", "aggressive"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): 5 internode cases, 2 x 2",
+    ("cu13", "sm_90", "internode", "chaos"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): 7 internode cases under the "
+                                             "chaos transport, 2 x 2",
+    ("cu13", "sm_90", "low_latency", "chaos"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): probe and LL suite under the "
+                                               "chaos transport, 2 x 1 and 2 x 2",
 }
 
 
 # Variants added after the runs above (their kernels differ): marked only by a key that names the variant.
 UNRUN_VARIANTS = ("chaos",)
 # Families no GPU has run yet: no run above counts for them.
-UNRUN_FAMILIES = ("internode",)
+UNRUN_FAMILIES: tuple = ()
 
 
 def ran_on_hardware(flavour: str, arch: str, family: str, variant: str = "default"):
     if (flavour, arch, family, variant) in RAN_ON_HARDWARE:
         return RAN_ON_HARDWARE[(flavour, arch, family, variant)]
-    if variant in UNRUN_VARIANTS or family in UNRUN_FAMILIES:
+    if variant in UNRUN_VARIANTS or family in UNRUN_FAMILIES or family == "internode":  # by variant key only
         return None
     return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
