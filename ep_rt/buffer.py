@@ -26,8 +26,8 @@ from .utils import check_nvlink_connections
 # What deep_ep/buffer.py's namespace offers the code that imports from it (`from deep_ep.buffer import Buffer`).
 __all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "check_nvlink_connections"]
 
-_NOT_YET = ("ep_rt does not implement {what} yet (this release covers intranode high-throughput dispatch and "
-            "combine on the ranks of one node, and the low-latency mode)")
+_NOT_YET = ("ep_rt does not implement {what} yet (this release covers high-throughput dispatch and combine within and "
+            "across nodes over a torch.distributed process group, and the low-latency mode)")
 
 
 def _same_on_every_rank(group, what: str, value) -> None:
@@ -63,6 +63,7 @@ class Buffer:
             raise ValueError("low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint)")
         if low_latency_mode and (not isinstance(num_qps_per_rank, int) or num_qps_per_rank <= 0):
             raise ValueError(f"num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}")
+        self.num_qps_per_rank = num_qps_per_rank
         self.rank = dist.get_rank(group)
         self.group = group
         self.group_size = dist.get_world_size(group)
@@ -387,6 +388,10 @@ class Buffer:
 
     def _internode_dispatch(self, args, handle, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
                             expert_alignment, num_worst_tokens, config, scope):
+        if self._session.plan.ibgda_peers:  # DeepEP's queue-pair rule, where queue pairs carry the calls
+            from .transport.network_settings import check_ht_num_qps
+
+            check_ht_num_qps(self.num_qps_per_rank, config.num_sms)
         if handle is not None:
             handle = as_handle(InternodeHandle, handle, "cached dispatch")  # a rebuilt plain tuple too
             recv_x, recv_scales, tensors = self._ht.cached_dispatch(args.x, args.x_scales, handle,

@@ -55,3 +55,17 @@ def test_bench_without_a_gpu_says_so(capsys):
 
     assert main(["bench", "--json", "-"]) == 1
     assert "no CUDA GPU" in capsys.readouterr().out
+
+
+def test_internode_rows_are_labelled_emulated_and_charted():
+    from dataclasses import asdict
+
+    from ep_rt.testing.bench import IN_WORKLOADS, InternodeBenchRow
+
+    rows = [asdict(InternodeBenchRow(name, 24, 500.0, 40.0, 900.0, 60.0, 120.0, 8000, 7900, True))
+            for name in IN_WORKLOADS]
+    doc = bench.document([{"rank": 0, "ht": [], "ll": [], "internode": rows}], 24, "NVIDIA H200", 1)
+    out = bench.text(doc)
+    assert "internode dispatch FP8" in out and "RDMA GB/s" in out and "emulated nodes" in out
+    labels, series = bench.bandwidth_series(doc)
+    assert labels[0] == "internode dispatch BF16 (RDMA metric, emulated)" and series["rank 0"] == [60.0] * 3

@@ -2,7 +2,9 @@
 
 HT (one node): dispatch BF16, dispatch FP8 and combine of 4096 tokens x 7168 per rank, top-8 of 256 experts.
 LL: dispatch FP8, combine BF16 and LogFMT of 128 tokens x 7168 per rank, top-8 of 288 (and 256) experts.
-Internode HT is not benchmarked: ep_rt has no internode HT kernels yet. Each row has the kernel time (what
+Internode (--internode G, nodes of G ranks): dispatch BF16 / FP8 and combine of the same workload in DeepEP's
+internode metrics ("RDMA" and "NVL" GB/s); on one host the nodes are emulated and the "RDMA" traffic crosses NVLink,
+so those rows say nothing about a network (they are labelled). Each row has the kernel time (what
 DeepEP's figures are), the whole-call time (what a caller waits for) and the bandwidth; --json writes every
 number with the formulas used. `python -m ep_rt` (check) runs the same benchmark code after its checks.
 """
@@ -31,6 +33,10 @@ def text(doc: dict) -> str:
     for res in doc["ranks"]:
         if res["ll"]:
             out.append(bench_mod.format_ll_rows(res["ll"], res["rank"]))
+    for res in doc["ranks"]:
+        if res.get("internode"):
+            out.append(bench_mod.format_internode_rows([bench_mod.InternodeBenchRow(**r) for r in res["internode"]],
+                                                       res["rank"]))
     return "\n".join(out)
 
 
@@ -38,8 +44,10 @@ def bandwidth_series(doc: dict):
     """(workload labels, {"rank r": GB/s per label}) of every HT and LL row, for the bar chart."""
     labels, series = [], {}
     for res in doc["ranks"]:
-        values = [r["gbps"] for r in res["ht"]] + [r["gbps"] for r in res["ll"]]
-        names = [f"HT {r['name']}" for r in res["ht"]] + [f"{r['name']} ({r['experts']} experts)" for r in res["ll"]]
+        inter = res.get("internode", [])
+        values = [r["gbps"] for r in res["ht"]] + [r["gbps"] for r in res["ll"]] + [r["rdma_gbps"] for r in inter]
+        names = ([f"HT {r['name']}" for r in res["ht"]] + [f"{r['name']} ({r['experts']} experts)" for r in res["ll"]]
+                 + [f"{r['name']} (RDMA metric{', emulated' if r['emulated'] else ''})" for r in inter])
         if not labels:
             labels = names
         if names != labels:
@@ -54,6 +62,9 @@ def main(argv=None) -> int:
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--ht-only", action="store_true", help="only the high-throughput benchmark")
     what.add_argument("--ll-only", action="store_true", help="only the low-latency benchmark")
+    what.add_argument("--internode", type=int, default=0, metavar="G",
+                      help="only the internode benchmark, on nodes of G ranks (on one host: emulated nodes, "
+                           "EP_RT_RANKS_PER_NODE=G; the 'RDMA' figures then measure NVLink, not a network)")
     parser.add_argument("--ranks", type=int, default=0, help="ranks (default: one per local GPU)")
     parser.add_argument("--num-sms", type=int, default=24, help="SMs (channels) of the HT calls (default 24)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
@@ -74,8 +85,10 @@ def main(argv=None) -> int:
     if num_ranks > num_gpus:
         print(f"bench: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times are not those of "
               f"{num_ranks} GPUs", file=sys.stderr)
-    results = run_ranks(bench_main.bench_rank, num_ranks, args=(not args.ll_only, not args.ht_only, args.num_sms),
-                        timeout_s=3600)
+    env = {"EP_RT_RANKS_PER_NODE": str(args.internode)} if args.internode else None
+    results = run_ranks(bench_main.bench_rank, num_ranks,
+                        args=(not args.ll_only, not args.ht_only, args.num_sms, bool(args.internode)),
+                        timeout_s=3600, env=env)
     doc = document(results, args.num_sms, torch.cuda.get_device_name(0), num_gpus)
     if args.json == "-":
         json.dump(doc, sys.stdout, indent=1)

@@ -288,3 +288,88 @@ def format_ll_rows(rows, rank) -> str:
                      f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
                      f"{r['call']:>8.1f}")
     return "\n".join(lines)
+
+
+# ---- internode (emulated nodes here: EP_RT_RANKS_PER_NODE) ----------------------------------------------------
+IN_WORKLOADS = ("internode dispatch BF16", "internode dispatch FP8", "internode combine BF16")
+IN_KERNELS = {"dispatch": ("send", "forward", "recv"), "combine": ("combine_publish", "combine_forward",
+                                                                    "combine_reduce")}
+
+
+@dataclass
+class InternodeBenchRow:
+    name: str
+    num_sms: int
+    kernel_us: float    # median over calls of the call's kernels (dispatch: send + forward + receive; notify apart)
+    notify_us: float
+    call_us: float      # events around the whole Python call on the caller's stream
+    rdma_gbps: float    # DeepEP's "RDMA" metric: tokens x nodes they reach (own node included) x bytes / kernel time
+    nvl_gbps: float     # DeepEP's "NVL" metric: received rows x bytes / kernel time
+    num_recv: int
+    rdma_tokens: int
+    emulated: bool      # nodes emulated on one host: the "RDMA" traffic went over NVLink, not a network
+
+
+def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=3,
+                    iters=20, workloads=IN_WORKLOADS):
+    """DeepEP's internode test workloads (dispatch BF16 / FP8, combine BF16) with DeepEP's metrics. Kernel times are
+    CUDA events around each kernel, L2 flushed before each call, the ranks met at a barrier first."""
+    unknown = [w for w in workloads if w not in IN_WORKLOADS]
+    if unknown:
+        raise ValueError(f"unknown internode workloads {unknown}; known: {list(IN_WORKLOADS)}")
+    op = buffer._ht
+    if not getattr(op, "is_internode", False):
+        raise ValueError("bench_internode needs a Buffer whose ranks span several nodes (EP_RT_RANKS_PER_NODE)")
+    dev = buffer.device
+    config = Config(num_sms, 6, 256, 6, 128)
+    sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev, copies=1, seed=buffer.rank)
+    x, x_fp8, idx, w = sets[0]
+    per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
+    args = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, config=config)
+    rdma_tokens = int(per_node.sum()) if per_node is not None else 0
+    recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
+    flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
+    timer = KernelTimer()
+    rows = []
+    for name in workloads:
+        kernels = IN_KERNELS["combine" if "combine" in name else "dispatch"]
+        sums, notifies, calls = [], [], []
+        for it in range(warmup + iters):
+            flush.zero_()
+            op.barrier(torch.cuda.current_stream())  # every rank here (host-synchronising), then launch at once
+            op.timer = timer
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            if name == "internode dispatch BF16":
+                buffer.dispatch(x, **args)
+            elif name == "internode dispatch FP8":
+                buffer.dispatch(x_fp8, **args)
+            else:
+                buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
+            end.record()
+            torch.cuda.synchronize()
+            op.timer = None
+            got = timer.collect()
+            if it >= warmup:
+                sums.append(sum(got[k][0] for k in kernels))
+                notifies.append(got["notify"][0] if "notify" in got else 0.0)
+                calls.append(start.elapsed_time(end) * 1000.0)
+        kernel_us = statistics.median(sums)
+        row_bytes = hidden * 2 if "FP8" not in name else hidden * (1 + 4 / 128)
+        rows.append(InternodeBenchRow(name, num_sms, kernel_us, statistics.median(notifies), statistics.median(calls),
+                                      rdma_tokens * row_bytes / kernel_us / 1e3, recv_x.size(0) * row_bytes / kernel_us / 1e3,
+                                      recv_x.size(0), rdma_tokens, buffer.topology.emulated))
+    return rows
+
+
+def format_internode_rows(rows, rank) -> str:
+    lines = [f"rank {rank}: {'workload':<24} {'SMs':>4} {'kernel us':>10} {'RDMA GB/s':>10} {'NVL GB/s':>9} "
+             f"{'notify us':>10} {'call us':>9} {'recv':>6}"]
+    for r in rows:
+        lines.append(f"rank {rank}: {r.name:<24} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.rdma_gbps:>10.1f} "
+                     f"{r.nvl_gbps:>9.1f} {r.notify_us:>10.1f} {r.call_us:>9.1f} {r.num_recv:>6}")
+    if rows and rows[0].emulated:
+        lines.append(f"rank {rank}: (emulated nodes: the \"RDMA\" traffic crossed NVLink inside one host, not a "
+                     f"network; only correctness and the NVLink side mean anything here)")
+    return "\n".join(lines)

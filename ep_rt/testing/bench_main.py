@@ -22,6 +22,14 @@ FORMULAS = {
     "ll call_us": "events around the whole Python call, what a caller waits for",
     "ll gbps": "this rank's valid selections x (hidden + hidden / 128 x 4 + 16) bytes (FP8 dispatch) or x hidden "
                "x 2 bytes (combine, LogFMT too) / kernel time",
+    "internode kernel_us": "median over calls of the sum of the call's kernels (dispatch: send + forward + receive, "
+                           "notify apart as DeepEP reports it; combine: publish + forward + reduce), L2 flushed, the "
+                           "ranks met at a barrier before each call",
+    "internode rdma_gbps": "DeepEP's 'RDMA' metric: sum of num_tokens_per_rdma_rank (tokens x nodes they reach, own "
+                           "node included) x bytes per token / kernel time (bytes: BF16 2H, FP8 H(1 + 4/128))",
+    "internode nvl_gbps": "DeepEP's 'NVL' metric: received rows x bytes per token / kernel time",
+    "internode emulated": "true: nodes emulated on one host (EP_RT_RANKS_PER_NODE), the 'RDMA' traffic crossed "
+                          "NVLink, not a network",
 }
 LL_SHAPE = (128, 7168, 288)  # DeepEP's LL reference workload: tokens per rank, hidden, experts (top-8)
 
@@ -35,11 +43,19 @@ def ll_round(buffer) -> list:
     return bench.bench_ll(buffer) + bench.bench_ll(buffer, num_experts=256)
 
 
-def bench_rank(rank, num_ranks, ht: bool, ll: bool, num_sms: int) -> dict:
-    """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow) and the LL rows."""
+def bench_rank(rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: bool = False) -> dict:
+    """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow), the LL rows, and with `internode`
+    (ranks on several nodes, real or emulated) only the internode rows."""
     from .. import Buffer, Config
 
-    out = {"rank": rank, "ht": [], "ll": []}
+    out = {"rank": rank, "ht": [], "ll": [], "internode": []}
+    if internode:
+        cfg = Config(num_sms)  # the sizes follow EP_RT_RANKS_PER_NODE (emulated nodes) or 8 ranks per node
+        buffer = Buffer(dist.group.WORLD, cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
+                        cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True)
+        out["internode"] = [asdict(r) for r in bench.bench_internode(buffer, num_sms=num_sms)]
+        buffer.destroy()
+        return out
     if ht:
         buffer = Buffer(dist.group.WORLD, Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
                         explicitly_destroy=True)

@@ -65,3 +65,18 @@ def test_internode_under_the_chaos_transport():
     results = run_ranks(workers.internode_suite, 4, args=(2, CHAOS_CASES, False, False), env=env, timeout_s=900)
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
+
+
+@gpus(1)
+def test_internode_benchmark_runs_and_labels_emulation():
+    """python -m ep_rt bench --internode's per-rank body, small: the rows exist, are positive and say emulated (the
+    times mean nothing with 4 ranks on one GPU)."""
+    from ep_rt.testing import bench_main
+
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30"}
+    results = run_ranks(bench_main.bench_rank, 4, args=(False, False, 24, True), env=env, timeout_s=600)
+    for res in results:
+        names = [r["name"] for r in res["internode"]]
+        assert names == ["internode dispatch BF16", "internode dispatch FP8", "internode combine BF16"], names
+        for r in res["internode"]:
+            assert r["emulated"] and r["kernel_us"] > 0 and r["rdma_gbps"] > 0 and r["nvl_gbps"] > 0, r
