@@ -80,3 +80,26 @@ def test_internode_benchmark_runs_and_labels_emulation():
         assert names == ["internode dispatch BF16", "internode dispatch FP8", "internode combine BF16"], names
         for r in res["internode"]:
             assert r["emulated"] and r["kernel_us"] > 0 and r["rdma_gbps"] > 0 and r["nvl_gbps"] > 0, r
+
+
+@gpus(1)
+def test_internode_and_low_latency_in_one_buffer():
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30", "NVSHMEM_QP_DEPTH": "4096"}
+    results = run_ranks(workers.internode_with_low_latency, 4, args=(2,), env=env, timeout_s=600)
+    problems = _problems(results)
+    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
+
+
+EIGHT = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "every token spans every node",
+         "a node receives nothing", "bias pair", "many channels (64 SMs)"]
+
+
+@gpus(1)
+@pytest.mark.parametrize("ranks_per_node", [4, 2], ids=["2x4", "4x2"])
+def test_internode_eight_ranks_on_one_gpu(ranks_per_node):
+    """Nodes of 4 ranks (and 4 nodes of 2) with 8 processes sharing the GPU: the 2-GPU layouts' shapes, smaller."""
+    env = {"EP_RT_RANKS_PER_NODE": str(ranks_per_node), "EP_RT_TIMEOUT_S": "60", "EP_RT_NET_TIMEOUT_S": "120"}
+    results = run_ranks(workers.internode_suite, 8, args=(ranks_per_node, EIGHT, False, False), env=env,
+                        timeout_s=900)
+    problems = _problems(results)
+    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"

@@ -319,3 +319,30 @@ def _destroy_quietly(buf):
         buf.destroy()
     except EpRtError:
         pass
+
+
+def internode_with_low_latency(rank, num_ranks, ranks_per_node):
+    """DeepEP's LL-compatibility case: one Buffer with low_latency_mode=True and an NVL buffer across nodes serves
+    internode high-throughput and low-latency calls, interleaved, each bit-exact (HT gets its own symmetric buffer,
+    so no clean_low_latency_buffer is needed between them)."""
+    from ep_rt.testing import selfcheck_internode as sci, selfcheck_ll
+    from ep_rt.transport import internode_layout
+
+    G = ranks_per_node
+    ll_need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
+                  for c in selfcheck_ll.ll_cases(num_ranks)[:3])
+    rdma = max(ll_need, internode_layout.rdma_size_hint(2048 * 2, num_ranks, G, 1024))
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048 * 2, num_ranks, 1024), rdma,
+                 low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    seed = checker.shared_seed(buf.group)
+    ht_cases = [c for c in sci.internode_cases(num_ranks, G) if c.name in ("bf16 uniform", "fp8 row scales")]
+    out = []
+    for i in range(2):
+        for j, case in enumerate(ht_cases):
+            chk = sci.run_case(buf, case, seed + 10 * i + j, G)
+            out.append((f"HT {case.name} #{i}", chk.checks, chk.failures))
+        for j, case in enumerate(selfcheck_ll.ll_cases(num_ranks)[:3]):
+            chk = selfcheck_ll.run_ll_case(buf, case, seed + 100 + 10 * i + j)
+            out.append((f"LL {case.name} #{i}", chk.checks, chk.failures))
+    buf.destroy()
+    return {"seed": seed, "cases": out, "nodes": num_ranks // G}
