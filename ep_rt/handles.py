@@ -98,6 +98,17 @@ class LowLatencyHandle(_LowLatencyFields):
     facts: Optional[HandleFacts] = None
 
 
+class DispatchResult(NamedTuple):
+    """What an HT op's dispatch returns (intranode or internode): the outputs and the handle."""
+    recv_x: torch.Tensor
+    recv_x_scales: Optional[torch.Tensor]
+    recv_topk_idx: Optional[torch.Tensor]
+    recv_topk_weights: Optional[torch.Tensor]
+    num_recv_tokens_per_expert_list: list
+    handle: tuple
+    tensors: list  # everything the comm stream touched, for record_stream
+
+
 def with_facts(handle, facts: HandleFacts):
     handle.facts = facts
     return handle

@@ -127,7 +127,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
 
 
 def check_combine(buf, x, handle, topk_weights, bias, config):
-    R, dev = buf.group_size, buf.device
+    dev = buf.device
     handle = _handle_for(buf, handle, "combine")
     if getattr(buf._ht, "is_internode", False):
         rows, N = handle.recv_src_meta.size(0), handle.is_token_in_rank.size(0)

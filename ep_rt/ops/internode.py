@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import ctypes
 import time
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 
 from .. import validate
 from ..errors import BufferTooSmallError, EpRtError
-from ..handles import HandleFacts, InternodeHandle, next_serial, with_facts
+from ..handles import DispatchResult, HandleFacts, InternodeHandle, next_serial, with_facts
 from ..runtime import abi, driver
 from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
@@ -31,16 +31,6 @@ SLOT = "internode"
 _BLOCK, _FORWARD_BLOCK, _BARRIER_BLOCK = 512, 128, 256
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
-
-
-class DispatchResult(NamedTuple):
-    recv_x: torch.Tensor
-    recv_x_scales: Optional[torch.Tensor]
-    recv_topk_idx: Optional[torch.Tensor]
-    recv_topk_weights: Optional[torch.Tensor]
-    num_recv_tokens_per_expert_list: list
-    handle: InternodeHandle
-    tensors: list  # everything the comm stream touched, for record_stream
 
 
 class InternodeOp:

@@ -11,13 +11,12 @@ position among those sent to a rank (-1 if not sent) instead of DeepEP's ring-sl
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
 
 import torch
 
 from .. import validate
 from ..errors import BufferTooSmallError
-from ..handles import HandleFacts, IntranodeHandle, next_serial, with_facts
+from ..handles import DispatchResult, HandleFacts, IntranodeHandle, next_serial, with_facts
 from ..runtime import abi, modules
 from ..runtime.launch import Launcher
 from ..transport import nvl_layout
@@ -25,16 +24,6 @@ from ..transport.nvl import NvlBuffer
 
 _NOTIFY_BLOCK = 1024
 _DATA_BLOCK = 512
-
-
-class DispatchResult(NamedTuple):
-    recv_x: torch.Tensor
-    recv_x_scales: Optional[torch.Tensor]
-    recv_topk_idx: Optional[torch.Tensor]
-    recv_topk_weights: Optional[torch.Tensor]
-    num_recv_tokens_per_expert_list: list
-    handle: tuple
-    tensors: list  # everything the comm stream touched, for record_stream
 
 
 class IntranodeOp:

@@ -139,29 +139,51 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     chk.equal("cached_dispatch.recv_x_scales", cs, mine["recv_x_scales"], rows=n)
     chk.equal("cached_dispatch returns no topk/handle", [v is None for v in rest[:4]], [True] * 4)
 
-    # Combine: expert outputs derived from the reference's received rows, so combine is checked on its own.
+    check_combine(buffer, case, chk, seed, xs, ref, handle, config, reference.intranode_combine)
+    return chk
+
+
+def combine_inputs(case: Case, seed: int, xs, ref, device):
+    """Every rank's combine inputs: expert outputs (one row per row the reference dispatch delivered, drawn from the
+    seed, so combine is checked on its own), the delivered weights, the case's bias."""
     comb_xs, comb_ws, biases = [], [], []
-    for r in range(R):
+    for r in range(len(xs)):
         g = torch.Generator().manual_seed(seed * 1000 + 500 + r)
         rows = ref[r]["recv_x"].size(0)
-        comb_xs.append((torch.randn(rows, case.hidden, generator=g)).to(torch.bfloat16).to(dev))
-        comb_ws.append(ref[r]["recv_topk_weights"] if has_topk else None)
+        comb_xs.append(torch.randn(rows, case.hidden, generator=g).to(torch.bfloat16).to(device))
+        comb_ws.append(ref[r]["recv_topk_weights"] if case.num_topk > 0 else None)
         nr = xs[r][0].size(0) if isinstance(xs[r], tuple) else xs[r].size(0)
-        b0 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(dev)
-        b1 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(dev)
+        b0 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(device)
+        b1 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(device)
         biases.append({"none": None, "one": b0, "pair": (b0, b1)}[case.bias])
+    return comb_xs, comb_ws, biases
+
+
+def check_combine(buffer, case: Case, chk: Checker, seed: int, xs, ref, handle, config, reference_combine) -> None:
+    """Combine with the case's stream options against reference_combine (intranode or internode), bit for bit."""
+    me = buffer.rank
+    comb_xs, comb_ws, biases = combine_inputs(case, seed, xs, ref, buffer.device)
     prev = buffer.capture() if case.previous_event else None
     combined, combined_w, event = buffer.combine(
         comb_xs[me], handle, topk_weights=comb_ws[me], bias=biases[me], config=config, previous_event=prev,
         async_finish=case.async_finish, allocate_on_comm_stream=case.async_finish and case.previous_event)
     if case.async_finish:
         event.current_stream_wait()
-    ref_c = reference.intranode_combine(comb_xs, ref, comb_ws if has_topk else None, biases)[me]
+    ref_c = reference_combine(comb_xs, ref, comb_ws if case.num_topk > 0 else None, biases)[me]
     chk.equal("combine.combined_x", combined, ref_c["combined_x"])
     chk.equal("combine.combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
     torch.cuda.synchronize()
     buffer.raise_if_failed()
-    return chk
+
+
+def replay_inputs(seed: int, num_ranks: int, rows: int, num_tokens: int, hidden: int, device):
+    """Expert outputs [rows, hidden] and biases [num_tokens, hidden] of every rank for one graph replay."""
+    ys, biases = [], []
+    for r in range(num_ranks):
+        g = torch.Generator().manual_seed(seed * 1000 + 500 + r)
+        ys.append(torch.randn(rows, hidden, generator=g).to(torch.bfloat16).to(device))
+        biases.append(torch.randn(num_tokens, hidden, generator=g).to(torch.bfloat16).to(device))
+    return ys, biases
 
 
 def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
@@ -199,11 +221,7 @@ def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
         s = seed * 31 + rep
         xs, idxs, ws = make_inputs(case, s, R, dev)
         ref = reference.intranode_dispatch(xs, idxs, ws, E, case.num_sms, 1, W)
-        ys, biases = [], []
-        for r in range(R):
-            g = torch.Generator().manual_seed(s * 1000 + 500 + r)
-            ys.append(torch.randn(W, H, generator=g).to(torch.bfloat16).to(dev))
-            biases.append(torch.randn(N, H, generator=g).to(torch.bfloat16).to(dev))
+        ys, biases = replay_inputs(s, R, W, N, H, dev)
         ref_c = reference.intranode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
         x_in.copy_(xs[me])
         idx_in.copy_(idxs[me])

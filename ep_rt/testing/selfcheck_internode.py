@@ -13,7 +13,7 @@ import torch
 
 from .. import reference
 from .checker import Checker
-from .selfcheck_ht import Case, as_topk_idx_t, make_inputs
+from .selfcheck_ht import Case, as_topk_idx_t, check_combine, make_inputs, replay_inputs
 
 HANDLE = reference.INTERNODE_HANDLE_FIELDS
 
@@ -133,27 +133,7 @@ def run_case(buffer, case: Case, seed: int, G: int) -> Checker:
     chk.equal("cached_dispatch.recv_x_scales", cs, mine["recv_x_scales"], rows=n)
     chk.equal("cached_dispatch returns no topk/handle", [v is None for v in rest[:4]], [True] * 4)
 
-    comb_xs, comb_ws, biases = [], [], []
-    for r in range(R):
-        g = torch.Generator().manual_seed(seed * 1000 + 500 + r)
-        rows = ref[r]["recv_x"].size(0)
-        comb_xs.append(torch.randn(rows, case.hidden, generator=g).to(torch.bfloat16).to(dev))
-        comb_ws.append(ref[r]["recv_topk_weights"] if has_topk else None)
-        nr = xs[r][0].size(0) if isinstance(xs[r], tuple) else xs[r].size(0)
-        b0 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(dev)
-        b1 = torch.randn(nr, case.hidden, generator=g).to(torch.bfloat16).to(dev)
-        biases.append({"none": None, "one": b0, "pair": (b0, b1)}[case.bias])
-    prev = buffer.capture() if case.previous_event else None
-    combined, combined_w, event = buffer.combine(
-        comb_xs[me], handle, topk_weights=comb_ws[me], bias=biases[me], config=config, previous_event=prev,
-        async_finish=case.async_finish, allocate_on_comm_stream=case.async_finish and case.previous_event)
-    if case.async_finish:
-        event.current_stream_wait()
-    ref_c = reference.internode_combine(comb_xs, ref, comb_ws if has_topk else None, biases)[me]
-    chk.equal("combine.combined_x", combined, ref_c["combined_x"])
-    chk.equal("combine.combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
-    torch.cuda.synchronize()
-    buffer.raise_if_failed()
+    check_combine(buffer, case, chk, seed, xs, ref, handle, config, reference.internode_combine)
     return chk
 
 
@@ -191,11 +171,7 @@ def run_graph_case(buffer, seed: int, G: int, replays: int = 3) -> Checker:
         s = seed * 31 + rep
         xs, idxs, ws = make_inputs(case, s, R, dev)
         ref = reference.internode_dispatch(xs, idxs, ws, E, case.num_sms, G, 1, W)
-        ys, biases = [], []
-        for r in range(R):
-            g = torch.Generator().manual_seed(s * 1000 + 500 + r)
-            ys.append(torch.randn(W, H, generator=g).to(torch.bfloat16).to(dev))
-            biases.append(torch.randn(T, H, generator=g).to(torch.bfloat16).to(dev))
+        ys, biases = replay_inputs(s, R, W, T, H, dev)
         ref_c = reference.internode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
         x_in.copy_(xs[me])
         idx_in.copy_(idxs[me])

@@ -103,3 +103,13 @@ def test_internode_eight_ranks_on_one_gpu(ranks_per_node):
                         timeout_s=900)
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
+
+
+@gpus(1)
+def test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable():
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30"}
+    results = run_ranks(workers.internode_too_small, 4, args=(2,), env=env, timeout_s=300)
+    for rank, res in enumerate(results):
+        assert res["rdma"] is not None and "num_rdma_bytes >=" in res["rdma"], (rank, res)
+        checks, failures = res["after"]
+        assert checks > 0 and not failures, (rank, failures)

@@ -346,3 +346,32 @@ def internode_with_low_latency(rank, num_ranks, ranks_per_node):
             out.append((f"LL {case.name} #{i}", chk.checks, chk.failures))
     buf.destroy()
     return {"seed": seed, "cases": out, "nodes": num_ranks // G}
+
+
+def internode_too_small(rank, num_ranks, ranks_per_node):
+    """An RDMA buffer too small for a dispatch, and num_worst_tokens too small: every rank raises (before the data
+    moves, or once from the kernels' record), and the same Buffer then serves a dispatch that fits."""
+    from ep_rt.testing import selfcheck_internode as sci
+    from ep_rt.transport import internode_layout
+
+    G = ranks_per_node
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, 1024),
+                 internode_layout.rdma_size_hint(2048, num_ranks, G, 64), explicitly_destroy=True)
+    E = 16 * num_ranks
+    x = torch.randn(1024, 1024, device=buf.device).to(torch.bfloat16)
+    idx = torch.randint(0, E, (1024, 4), device=buf.device)
+    w = torch.rand(1024, 4, device=buf.device)
+    per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    args = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+    res = {}
+    try:
+        buf.dispatch(x, **args)
+        res["rdma"] = None
+    except BufferTooSmallError as e:
+        res["rdma"] = str(e)
+    small = [c for c in sci.internode_cases(num_ranks, G) if c.name == "one token"][0]
+    chk = sci.run_case(buf, small, 7, G)
+    res["after"] = (chk.checks, chk.failures)
+    buf.destroy()
+    return res
