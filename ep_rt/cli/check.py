@@ -37,14 +37,20 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few checks instead of the whole list")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark")
     parser.add_argument("--num-sms", type=int, default=24, help="SMs (channels) for the benchmark")
+    parser.add_argument("--internode", type=int, default=0, metavar="G",
+                        help="check (and benchmark) internode mode instead, on nodes of G ranks; on one host the "
+                             "nodes are emulated (EP_RT_RANKS_PER_NODE=G) and the benchmark's 'RDMA' figures "
+                             "measure NVLink, not a network")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return _cpu_demo()
     from ..testing import main_check
     from ..testing.spawn import run_ranks
 
-    num_ranks = args.ranks or torch.cuda.device_count()
-    results = run_ranks(main_check.main_rank, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800)
+    num_ranks = args.ranks or max(torch.cuda.device_count(), 2 * args.internode)  # internode: two nodes at least
+    body = main_check.internode_rank if args.internode else main_check.main_rank
+    env = {"EP_RT_RANKS_PER_NODE": str(args.internode)} if args.internode else None
+    results = run_ranks(body, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800, env=env)
     print(f"ep_rt on {num_ranks} ranks, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
           f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference")
     print(f"{'case':<56} {'checks':>7} " + " ".join(f"{'rank ' + str(r):>7}" for r in range(num_ranks)))

@@ -34,6 +34,33 @@ def main_rank(rank, num_ranks, quick, bench, num_sms):
                                            bench_mod.format_ll_rows(ll_bench, rank) if ll_bench else "") if x)}
 
 
+def internode_rank(rank, num_ranks, quick, bench, num_sms):
+    """One rank of `python -m ep_rt --internode G` (EP_RT_RANKS_PER_NODE set by the caller on one host): the internode
+    cases against ep_rt.reference.internode_*, graph replays, then the internode benchmark (labelled emulated)."""
+    from .. import Buffer, Config
+    from . import selfcheck_internode as sci
+
+    cfg = Config(num_sms)
+    buffer = Buffer(dist.group.WORLD, cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
+                    cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True)
+    G = buffer.topology.node_size
+    seed = shared_seed(buffer.group)
+    cases = sci.internode_cases(num_ranks, G)
+    if quick:
+        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
+                                                "every token spans every node", "bias pair")]
+    rows = []
+    for i, case in enumerate(cases):
+        chk = sci.run_case(buffer, case, seed + i, G)
+        rows.append(("internode " + case.name, chk.checks, chk.failures))
+    chk = sci.run_graph_case(buffer, seed + 500, G)
+    rows.append(("internode cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
+    bench_rows = bench_mod.bench_internode(buffer, num_sms=num_sms) if bench else []
+    buffer.destroy()
+    return {"seed": seed, "rows": rows,
+            "bench": bench_mod.format_internode_rows(bench_rows, rank) if bench_rows else ""}
+
+
 def low_latency_round(num_ranks, seed, quick, bench):
     """The LL part of `python -m ep_rt`: checks against ep_rt.reference_ll, graph replays, the LL benchmark."""
     from .. import Buffer
