@@ -6,7 +6,8 @@
 #        MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder);
 #        soak / soak4 / soak_base (BASE=<checkout>) run the LL soak; chaos (the chaos-transport GPU tests) and
 #        soak_chaos (the LL soak on emulated nodes through the chaos transport);
-#        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main")
+#        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main";
+#        internode (emulated nodes): internode internode_main internode_aggressive internode_chaos)
 set -uo pipefail
 OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
@@ -73,6 +74,14 @@ for step in $STEPS; do
                "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl > "$OUT/megatron_install.log" 2>&1
              run megatron 900 env PYTHONPATH="$MC_SITE:$PWD" python3 -m pytest -q -rs tests/gpu/test_megatron_gpu.py \
                tests/test_megatron_expectation.py tests/test_deep_ep_alias.py ;;
+    # Internode on emulated nodes (issue 11): the GPU tests, then the whole case list through the main command
+    # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
+    internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py ;;
+    internode_main) run internode_main 300 python3 -m ep_rt --ranks 4 --internode 2 ;;
+    internode_aggressive) run internode_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --ranks 4 \
+             --internode 2 --no-bench ;;
+    internode_chaos) run internode_chaos 600 env EP_RT_CHAOS_TRANSPORT=1 EP_RT_NET_TIMEOUT_S=120 python3 -m ep_rt \
+             --ranks 4 --internode 2 --no-bench ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$OUT/bench.json" ;;
   esac
