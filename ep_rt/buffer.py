@@ -367,8 +367,13 @@ class Buffer:
         config = config if config is not None else self.get_dispatch_config(self.group_size)
         args = ht_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
                                    topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
+        internode = getattr(self._ht, "is_internode", False)
+        if internode and handle is None and num_tokens_per_rdma_rank is not None:
+            # DeepEP's kernels read it; ep_rt's derive the same counts, but a wrong one is still the caller's error.
+            validate.tensor("num_tokens_per_rdma_rank", num_tokens_per_rdma_rank, dtype=torch.int32, ndim=1,
+                            device=self.device, rows=self.topology.num_nodes)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
-        if getattr(self._ht, "is_internode", False):
+        if internode:
             return self._internode_dispatch(args, handle, topk_idx, topk_weights, is_token_in_rank,
                                             num_tokens_per_expert, expert_alignment, num_worst_tokens, config, scope)
         if handle is not None:
