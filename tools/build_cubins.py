@@ -72,14 +72,15 @@ RAN_ON_HARDWARE = {
 
 # Variants added after the runs above (their kernels differ): marked only by a key that names the variant.
 UNRUN_VARIANTS = ("chaos",)
-# Families no GPU has run yet: no run above counts for them.
-UNRUN_FAMILIES: tuple = ()
+# Families whose runs are recorded per variant only (their variants ran at different times): no (flavour, arch) or
+# (flavour, arch, family) key above counts for them.
+VARIANT_KEYED_FAMILIES = ("internode",)
 
 
 def ran_on_hardware(flavour: str, arch: str, family: str, variant: str = "default"):
     if (flavour, arch, family, variant) in RAN_ON_HARDWARE:
         return RAN_ON_HARDWARE[(flavour, arch, family, variant)]
-    if variant in UNRUN_VARIANTS or family in UNRUN_FAMILIES or family == "internode":  # by variant key only
+    if variant in UNRUN_VARIANTS or family in VARIANT_KEYED_FAMILIES:
         return None
     return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
