@@ -10,7 +10,6 @@ graph: the kernels number their calls in device memory.
 from __future__ import annotations
 
 import ctypes
-import time
 from typing import Optional
 
 import torch
@@ -23,6 +22,7 @@ from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
 from ..transport import nvl_layout
 from ..transport.error_record import ErrorRecords
+from ..transport.host_wait import wait_for_token
 from ..transport.nvl import NvlBuffer
 from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
@@ -138,18 +138,8 @@ class InternodeOp:
         return cap
 
     def _wait_counters(self, token: int) -> None:
-        deadline = time.monotonic() + 1.5 * self.net_timeout_s + 2.0
-        spins = 0
-        while self.counters[abi.EP_RT_IN_HOST_TOKEN] != token:
-            spins += 1
-            if spins % 256 == 0:
-                self.raise_if_failed()
-                if time.monotonic() > deadline:
-                    raise self.errors.fail(SLOT, EpRtError(
-                        f"rank {self.rank} (node {self.topology.node}): host timed out after {self.net_timeout_s:.1f}"
-                        f" s in internode dispatch notify: the GPU never published the receive counts. A peer rank "
-                        f"did not make the same call, or the GPU is stuck behind earlier work. The Buffer is "
-                        f"unusable now; destroy it."))
+        wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, self.net_timeout_s, self.errors, SLOT,
+                       f"rank {self.rank} (node {self.topology.node})", "internode dispatch notify")
 
     def _too_small(self, what: str, need_rows: int, cap: int, record_bytes: int, nvl: bool) -> BufferTooSmallError:
         if nvl:

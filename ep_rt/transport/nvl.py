@@ -13,7 +13,6 @@ buffer, free host memory.
 from __future__ import annotations
 
 import ctypes
-import time
 
 import torch
 import torch.distributed as dist
@@ -23,6 +22,7 @@ from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
 from . import nvl_layout
 from .error_record import ErrorRecords
+from .host_wait import wait_for_token
 from .topology import Topology
 
 _BARRIER_BLOCK = 32
@@ -103,21 +103,8 @@ class NvlBuffer:
 
     def wait_host_counters(self, token: int, phase: str) -> None:
         """Spin until the notify kernel given `token` has published the host counters, with a timeout."""
-        counter, want = self.counters, token
-        # Later than the kernels' own deadline, so their error (which names the missing peer) comes first.
-        deadline = time.monotonic() + 1.5 * self.timeout_s + 2.0
-        spins = 0
-        while True:
-            if counter[abi.EP_RT_HOST_TOKEN] == want:
-                return
-            spins += 1
-            if spins % 256 == 0:
-                self.raise_if_failed()
-                if time.monotonic() > deadline:
-                    raise self.errors.fail(SLOT, EpRtError(
-                        f"rank {self.topology.rank}: host timed out after {self.timeout_s:.1f} s in {phase}: the GPU "
-                        f"never published the receive counts. A peer rank did not make the same call, or the GPU is "
-                        f"stuck behind earlier work. The Buffer is unusable now; destroy it."))
+        wait_for_token(self.counters, abi.EP_RT_HOST_TOKEN, token, self.timeout_s, self.errors, SLOT,
+                       f"rank {self.topology.rank}", phase)
 
     def barrier(self, stream, synchronize: bool = True) -> None:
         self.raise_if_failed()

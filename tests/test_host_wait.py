@@ -1,0 +1,44 @@
+"""The host's wait for a notify kernel's token (CPU: counters in a Python list, a fake error record)."""
+import threading
+import time
+
+import pytest
+
+from ep_rt.errors import CommTimeoutError, EpRtError
+from ep_rt.transport.host_wait import wait_for_token
+
+
+class _Records:
+    def __init__(self):
+        self.recorded, self.failed = None, {}
+
+    def raise_if_failed(self, slot):
+        if self.recorded is not None:
+            raise self.recorded
+
+    def fail(self, slot, err):
+        self.failed.setdefault(slot, err)
+        return self.failed[slot]
+
+
+def test_returns_once_the_token_is_published():
+    counters = [0, 0]
+    threading.Timer(0.05, counters.__setitem__, (1, 7)).start()
+    wait_for_token(counters, 1, 7, 5.0, _Records(), "internode", "rank 0", "internode dispatch notify")
+    assert counters[1] == 7
+
+
+def test_the_kernels_error_comes_first():
+    rec = _Records()
+    rec.recorded = CommTimeoutError("rank 0 (node 0): timed out waiting for rank 3 (node 1)")
+    with pytest.raises(CommTimeoutError, match="rank 3 \\(node 1\\)"):
+        wait_for_token([0], 0, 1, 5.0, rec, "internode", "rank 0", "internode dispatch notify")
+
+
+def test_a_host_timeout_fails_the_slot_and_names_rank_and_phase():
+    rec = _Records()
+    t0 = time.monotonic()
+    with pytest.raises(EpRtError, match="rank 2 \\(node 1\\): host timed out after 0.0 s in dispatch notify"):
+        wait_for_token([0], 0, 1, 0.01, rec, "nvl", "rank 2 (node 1)", "dispatch notify")
+    assert 1.9 < time.monotonic() - t0 < 10
+    assert "unusable" in str(rec.failed["nvl"])
