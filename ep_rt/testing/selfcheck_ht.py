@@ -6,6 +6,7 @@ the collective on its GPU, runs the reference for all ranks, and compares its ow
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 import torch
 
@@ -35,6 +36,75 @@ class Case:
     expert_alignment: int = 1
     tokens_by_rank: tuple = field(default=())  # overrides num_tokens per rank when given
     topk_idx_dtype: str = "int64"  # what topk_idx is passed as (int32 is read in place); outputs are topk_idx_t
+
+
+INTRANODE_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
+                    "is_token_in_rank", "send_pos")
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What the intranode and the internode checks differ in: the reference, the handle's fields (and which of
+    them have one row per received token), the layout's node size, and node-level routing families."""
+    G: int = 0              # ranks per node of a group across nodes; 0: one node (intranode)
+    route: Optional[Callable] = None  # (case, idxs, num_ranks, seed) -> idxs (selfcheck_internode's families)
+
+    @property
+    def internode(self) -> bool:
+        return self.G > 0
+
+    @property
+    def handle_fields(self) -> tuple:
+        return reference.INTERNODE_HANDLE_FIELDS if self.internode else INTRANODE_HANDLE
+
+    def layout(self, topk_idx, num_experts: int, num_ranks: int):
+        if self.internode:
+            return reference.dispatch_layout(topk_idx, num_experts, num_ranks, self.G)
+        return reference.dispatch_layout(topk_idx, num_experts, num_ranks)
+
+    def inputs(self, case: Case, seed: int, num_ranks: int, device):
+        xs, idxs, weights = make_inputs(case, seed, num_ranks, device)
+        if self.route is not None:
+            idxs = self.route(case, idxs, num_ranks, seed)
+        return xs, idxs, weights
+
+    def dispatch(self, xs, idxs, weights, num_experts: int, num_channels: int, expert_alignment: int,
+                 num_worst: int, with_topk: bool = True):
+        """The reference dispatch of every rank; the routing comes from idxs even without top-k."""
+        R = len(xs)
+        layouts = [self.layout(i, num_experts, R) for i in idxs]
+        routes = [lay[3] for lay in layouts]
+        if not with_topk:
+            idxs = weights = None
+        if self.internode:
+            return reference.internode_dispatch(xs, idxs, weights, num_experts, num_channels, self.G,
+                                                expert_alignment, num_worst, is_token_in_ranks=routes)
+        return reference.intranode_dispatch(xs, idxs, weights, num_experts, num_channels, expert_alignment,
+                                            num_worst, is_token_in_ranks=routes,
+                                            num_tokens_per_experts=[lay[2] for lay in layouts])
+
+    def combine(self, *args):
+        return (reference.internode_combine if self.internode else reference.intranode_combine)(*args)
+
+    def per_node_kwargs(self, per_node) -> dict:
+        return {"num_tokens_per_rdma_rank": per_node} if self.internode else {}
+
+    @staticmethod
+    def handle_rows(key: str, mine: dict):
+        """Rows of a handle field that are defined (the rest is num_worst_tokens padding); None: all."""
+        if key in ("recv_src_idx", "recv_src_meta"):
+            return mine["num_recv"]
+        if key == "send_nvl_head":
+            return mine["num_rdma_recv"]
+        return None
+
+    def check_handle(self, chk: Checker, prefix: str, handle, mine: dict) -> None:
+        chk.equal(f"{prefix}handle has {len(self.handle_fields)} fields", [len(handle)], [len(self.handle_fields)])
+        for i, key in enumerate(self.handle_fields):
+            chk.equal(f"{prefix}handle[{i}] {key}", handle[i], mine[key], rows=self.handle_rows(key, mine))
+
+
+INTRANODE = Mode()
 
 
 def make_inputs(case: Case, seed: int, num_ranks: int, device):
@@ -76,13 +146,13 @@ def _as_dispatch_x(x, dtype: str):
     return fp8, scales
 
 
-def run_case(buffer, case: Case, seed: int) -> Checker:
+def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE) -> Checker:
     """One full round on this rank: layout, dispatch, cached dispatch, combine; each against the reference."""
     from .. import Config
 
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
     chk = Checker(case)
-    xs, idxs, weights = make_inputs(case, seed, R, dev)
+    xs, idxs, weights = mode.inputs(case, seed, R, dev)
     x, topk_idx, topk_w = xs[me], idxs[me], weights[me]
     has_topk = case.num_topk > 0
 
@@ -93,7 +163,7 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
         allocate_on_comm_stream=case.async_finish and case.previous_event)
     if case.async_finish:
         event.current_stream_wait()
-    ref_layout = reference.dispatch_layout(topk_idx, case.num_experts, R)
+    ref_layout = mode.layout(topk_idx, case.num_experts, R)
     for name, got, want in zip(("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert",
                                 "is_token_in_rank"), (per_rank, per_node, per_expert, in_rank), ref_layout):
         chk.equal(f"layout.{name}", got, want)
@@ -109,15 +179,12 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
                   topk_idx=topk_idx if has_topk else None, topk_weights=topk_w if has_topk else None,
                   expert_alignment=case.expert_alignment, num_worst_tokens=num_worst, config=config,
                   previous_event=prev, async_finish=case.async_finish,
-                  allocate_on_comm_stream=case.async_finish and case.previous_event)
+                  allocate_on_comm_stream=case.async_finish and case.previous_event, **mode.per_node_kwargs(per_node))
     recv_x, recv_idx, recv_w, per_expert_list, handle, event = buffer.dispatch(x, **kwargs)
     if case.async_finish:
         event.current_stream_wait()
-    all_layouts = [reference.dispatch_layout(i, case.num_experts, R) for i in idxs]
-    ref = reference.intranode_dispatch(xs, idxs if has_topk else None, weights if has_topk else None,
-                                       case.num_experts, case.num_sms, case.expert_alignment, num_worst,
-                                       is_token_in_ranks=[lay[3] for lay in all_layouts],
-                                       num_tokens_per_experts=[lay[2] for lay in all_layouts])
+    ref = mode.dispatch(xs, idxs, weights, case.num_experts, case.num_sms, case.expert_alignment, num_worst,
+                        with_topk=has_topk)
     mine = ref[me]
     n = mine["num_recv"]
     got_x, got_s = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
@@ -128,9 +195,9 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
         chk.equal("dispatch.recv_topk_idx dtype is ep_rt.topk_idx_t", [str(recv_idx.dtype)], [str(topk_idx_t)])
     chk.equal("dispatch.recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
     chk.equal("dispatch.num_recv_tokens_per_expert_list", per_expert_list, mine["num_recv_tokens_per_expert_list"])
-    for i, key in enumerate(("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix",
-                             "recv_src_idx", "is_token_in_rank", "send_pos")):
-        chk.equal(f"dispatch.handle[{i}] {key}", handle[i], mine[key], rows=n if key == "recv_src_idx" else None)
+    mode.check_handle(chk, "dispatch.", handle, mine)
+    if num_worst:
+        chk.equal("dispatch.recv_x rows = num_worst_tokens", [got_x.size(0)], [num_worst])
 
     # Cached dispatch reuses the layout.
     cached_x, *rest = buffer.dispatch(x, handle=handle, config=config)
@@ -139,7 +206,7 @@ def run_case(buffer, case: Case, seed: int) -> Checker:
     chk.equal("cached_dispatch.recv_x_scales", cs, mine["recv_x_scales"], rows=n)
     chk.equal("cached_dispatch returns no topk/handle", [v is None for v in rest[:4]], [True] * 4)
 
-    check_combine(buffer, case, chk, seed, xs, ref, handle, config, reference.intranode_combine)
+    check_combine(buffer, case, chk, seed, xs, ref, handle, config, mode.combine)
     return chk
 
 
@@ -186,27 +253,30 @@ def replay_inputs(seed: int, num_ranks: int, rows: int, num_tokens: int, hidden:
     return ys, biases
 
 
-def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
+GRAPH_CASE = Case("cuda graph", num_tokens=384, hidden=2048, num_experts=64, num_worst_tokens=True, bias="one")
+
+
+def run_graph_case(buffer, seed: int, replays: int = 4, mode: Mode = INTRANODE, case: Case = GRAPH_CASE,
+                   eager_case: Case = Case("eager between replays", num_tokens=200)) -> Checker:
     """Layout, num_worst_tokens dispatch, cached dispatch and combine captured in one CUDA graph, replayed with
-    new routing and data copied in; every replay checked against the reference. An eager round runs between
-    replays, so graph replays and eager calls must agree on the call numbering."""
+    new routing and data copied in; every replay checked against the reference. An eager round (`eager_case`)
+    runs between replays, so graph replays and eager calls must agree on the call numbering."""
     from .. import Config
 
-    case = Case("cuda graph", num_tokens=384, hidden=2048, num_experts=64, num_worst_tokens=True, bias="one")
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
     N, H, E, W = case.num_tokens, case.hidden, case.num_experts, case.num_tokens * R
     config = Config(case.num_sms, 6, 256, 6, 128)
     chk = Checker(case)
-    xs, idxs, ws = make_inputs(case, seed, R, dev)
+    xs, idxs, ws = mode.inputs(case, seed, R, dev)
     x_in, idx_in, w_in = xs[me].clone(), idxs[me].clone(), ws[me].clone()
     y_in = torch.zeros(W, H, dtype=torch.bfloat16, device=dev)
     bias_in = torch.zeros(N, H, dtype=torch.bfloat16, device=dev)
 
     def step():
-        per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx_in, E)
+        per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx_in, E)
         recv_x, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
             x_in, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-            topk_idx=idx_in, topk_weights=w_in, num_worst_tokens=W, config=config)
+            topk_idx=idx_in, topk_weights=w_in, num_worst_tokens=W, config=config, **mode.per_node_kwargs(per_node))
         cached_x, *_ = buffer.dispatch(x_in, handle=handle, config=config)
         combined, combined_w, _ = buffer.combine(y_in, handle, topk_weights=recv_w, bias=bias_in, config=config)
         return recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w
@@ -219,10 +289,10 @@ def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
     recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w = out
     for rep in range(replays):
         s = seed * 31 + rep
-        xs, idxs, ws = make_inputs(case, s, R, dev)
-        ref = reference.intranode_dispatch(xs, idxs, ws, E, case.num_sms, 1, W)
+        xs, idxs, ws = mode.inputs(case, s, R, dev)
+        ref = mode.dispatch(xs, idxs, ws, E, case.num_sms, 1, W)
         ys, biases = replay_inputs(s, R, W, N, H, dev)
-        ref_c = reference.intranode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
+        ref_c = mode.combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
         x_in.copy_(xs[me])
         idx_in.copy_(idxs[me])
         w_in.copy_(ws[me])
@@ -234,15 +304,12 @@ def run_graph_case(buffer, seed: int, replays: int = 4) -> Checker:
         chk.equal(f"replay {rep} recv_x", recv_x, mine["recv_x"], rows=n)
         chk.equal(f"replay {rep} recv_topk_idx", recv_idx, as_topk_idx_t(mine["recv_topk_idx"]))
         chk.equal(f"replay {rep} recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
-        for i, key in enumerate(("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix",
-                                 "recv_src_idx", "is_token_in_rank", "send_pos")):
-            chk.equal(f"replay {rep} handle[{i}] {key}", handle[i], mine[key],
-                      rows=n if key == "recv_src_idx" else None)
+        mode.check_handle(chk, f"replay {rep} ", handle, mine)
         chk.equal(f"replay {rep} cached recv_x", cached_x, mine["recv_x"], rows=n)
         chk.equal(f"replay {rep} combined_x", combined, ref_c["combined_x"])
         chk.equal(f"replay {rep} combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
         if rep == 1:  # an eager round between replays
-            eager = run_case(buffer, Case("eager between replays", num_tokens=200), seed * 31 + 99)
+            eager = run_case(buffer, eager_case, seed * 31 + 99, mode)
             chk.checks += eager.checks
             chk.failures += [f"eager between replays: {f}" for f in eager.failures]
     del graph

@@ -11,11 +11,9 @@ from dataclasses import replace
 
 import torch
 
-from .. import reference
+from . import selfcheck_ht
 from .checker import Checker
-from .selfcheck_ht import Case, as_topk_idx_t, check_combine, make_inputs, replay_inputs
-
-HANDLE = reference.INTERNODE_HANDLE_FIELDS
+from .selfcheck_ht import Case, Mode
 
 
 def _route(case: Case, idxs, num_ranks: int, G: int, seed: int):
@@ -74,126 +72,19 @@ def internode_cases(num_ranks: int, G: int) -> list[Case]:
     ]
 
 
+def mode(G: int) -> Mode:
+    """selfcheck_ht's checks for nodes of G ranks: the internode reference, handle and routing families."""
+    return Mode(G=G, route=lambda case, idxs, num_ranks, seed: _route(case, idxs, num_ranks, G, seed))
+
+
 def run_case(buffer, case: Case, seed: int, G: int) -> Checker:
-    from .. import Config
-
-    R, me, dev = buffer.group_size, buffer.rank, buffer.device
-    chk = Checker(case)
-    xs, idxs, weights = make_inputs(case, seed, R, dev)
-    idxs = _route(case, idxs, R, G, seed)
-    x, topk_idx, topk_w = xs[me], idxs[me], weights[me]
-    has_topk = case.num_topk > 0
-
-    prev = buffer.capture() if case.previous_event else None
-    per_rank, per_node, per_expert, in_rank, event = buffer.get_dispatch_layout(
-        topk_idx, case.num_experts, previous_event=prev, async_finish=case.async_finish,
-        allocate_on_comm_stream=case.async_finish and case.previous_event)
-    if case.async_finish:
-        event.current_stream_wait()
-    ref_layout = reference.dispatch_layout(topk_idx, case.num_experts, R, G)
-    for name, got, want in zip(("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert",
-                                "is_token_in_rank"), (per_rank, per_node, per_expert, in_rank), ref_layout):
-        chk.equal(f"layout.{name}", got, want)
-
-    num_worst = 0
-    if case.num_worst_tokens:
-        num_worst = sum(case.tokens_by_rank) if case.tokens_by_rank else case.num_tokens * R
-    config = Config(case.num_sms, 6, 256, 6, 128)
-    prev = buffer.capture() if case.previous_event else None
-    recv_x, recv_idx, recv_w, per_expert_list, handle, event = buffer.dispatch(
-        x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
-        num_tokens_per_expert=per_expert, topk_idx=topk_idx if has_topk else None,
-        topk_weights=topk_w if has_topk else None, expert_alignment=case.expert_alignment,
-        num_worst_tokens=num_worst, config=config, previous_event=prev, async_finish=case.async_finish,
-        allocate_on_comm_stream=case.async_finish and case.previous_event)
-    if case.async_finish:
-        event.current_stream_wait()
-    routes = [reference.dispatch_layout(i, case.num_experts, R, G)[3] for i in idxs]
-    ref = reference.internode_dispatch(xs, idxs if has_topk else None, weights if has_topk else None,
-                                       case.num_experts, case.num_sms, G, case.expert_alignment, num_worst,
-                                       is_token_in_ranks=routes)
-    mine = ref[me]
-    n, n_fwd = mine["num_recv"], mine["num_rdma_recv"]
-    got_x, got_s = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
-    chk.equal("dispatch.recv_x", got_x, mine["recv_x"], rows=n)
-    chk.equal("dispatch.recv_x_scales", got_s, mine["recv_x_scales"], rows=n)
-    chk.equal("dispatch.recv_topk_idx", recv_idx, as_topk_idx_t(mine["recv_topk_idx"]))
-    chk.equal("dispatch.recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
-    chk.equal("dispatch.num_recv_tokens_per_expert_list", per_expert_list, mine["num_recv_tokens_per_expert_list"])
-    chk.equal("dispatch.handle has 10 fields", [len(handle)], [10])
-    for i, key in enumerate(HANDLE):
-        rows = n if key == "recv_src_meta" else n_fwd if key == "send_nvl_head" else None
-        chk.equal(f"dispatch.handle[{i}] {key}", handle[i], mine[key], rows=rows)
-    if num_worst:
-        chk.equal("dispatch.recv_x rows = num_worst_tokens", [got_x.size(0)], [num_worst])
-
-    cached_x, *rest = buffer.dispatch(x, handle=handle, config=config)
-    cx, cs = cached_x if isinstance(cached_x, tuple) else (cached_x, None)
-    chk.equal("cached_dispatch.recv_x", cx, mine["recv_x"], rows=n)
-    chk.equal("cached_dispatch.recv_x_scales", cs, mine["recv_x_scales"], rows=n)
-    chk.equal("cached_dispatch returns no topk/handle", [v is None for v in rest[:4]], [True] * 4)
-
-    check_combine(buffer, case, chk, seed, xs, ref, handle, config, reference.internode_combine)
-    return chk
+    return selfcheck_ht.run_case(buffer, case, seed, mode(G))
 
 
 def run_graph_case(buffer, seed: int, G: int, replays: int = 3) -> Checker:
-    """Layout, num_worst_tokens dispatch, cached dispatch and combine in one CUDA graph, replayed with fresh routing
-    and data each time, an eager round between replays; every replay checked against the reference."""
-    from .. import Config
-
-    R, me, dev = buffer.group_size, buffer.rank, buffer.device
+    """selfcheck_ht's CUDA-graph case (num_worst_tokens dispatch, cached dispatch and combine, replayed with fresh
+    routing and data, an eager round between replays) on nodes of G ranks."""
+    R = buffer.group_size
     case = Case("cuda graph", num_tokens=256, hidden=1024, num_experts=16 * R, num_worst_tokens=True, bias="one")
-    T, H, E, W = case.num_tokens, case.hidden, case.num_experts, case.num_tokens * R
-    config = Config(case.num_sms, 6, 256, 6, 128)
-    chk = Checker(case)
-    xs, idxs, ws = make_inputs(case, seed, R, dev)
-    x_in, idx_in, w_in = xs[me].clone(), idxs[me].clone(), ws[me].clone()
-    y_in = torch.zeros(W, H, dtype=torch.bfloat16, device=dev)
-    bias_in = torch.zeros(T, H, dtype=torch.bfloat16, device=dev)
-
-    def step():
-        per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx_in, E)
-        recv_x, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
-            x_in, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
-            num_tokens_per_expert=per_expert, topk_idx=idx_in, topk_weights=w_in, num_worst_tokens=W, config=config)
-        cached_x, *_ = buffer.dispatch(x_in, handle=handle, config=config)
-        combined, combined_w, _ = buffer.combine(y_in, handle, topk_weights=recv_w, bias=bias_in, config=config)
-        return recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w
-
-    step()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
-    recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w = out
-    for rep in range(replays):
-        s = seed * 31 + rep
-        xs, idxs, ws = make_inputs(case, s, R, dev)
-        ref = reference.internode_dispatch(xs, idxs, ws, E, case.num_sms, G, 1, W)
-        ys, biases = replay_inputs(s, R, W, T, H, dev)
-        ref_c = reference.internode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
-        x_in.copy_(xs[me])
-        idx_in.copy_(idxs[me])
-        w_in.copy_(ws[me])
-        y_in.copy_(ys[me])
-        bias_in.copy_(biases[me])
-        graph.replay()
-        torch.cuda.synchronize()
-        mine, n, n_fwd = ref[me], ref[me]["num_recv"], ref[me]["num_rdma_recv"]
-        chk.equal(f"replay {rep} recv_x", recv_x, mine["recv_x"], rows=n)
-        chk.equal(f"replay {rep} recv_topk_idx", recv_idx, as_topk_idx_t(mine["recv_topk_idx"]))
-        chk.equal(f"replay {rep} recv_topk_weights", recv_w, mine["recv_topk_weights"], rows=n)
-        for i, key in enumerate(HANDLE):
-            rows = n if key == "recv_src_meta" else n_fwd if key == "send_nvl_head" else None
-            chk.equal(f"replay {rep} handle[{i}] {key}", handle[i], mine[key], rows=rows)
-        chk.equal(f"replay {rep} cached recv_x", cached_x, mine["recv_x"], rows=n)
-        chk.equal(f"replay {rep} combined_x", combined, ref_c["combined_x"])
-        chk.equal(f"replay {rep} combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
-        if rep == 1:
-            eager = run_case(buffer, replace(case, name="eager between replays", num_worst_tokens=False), s + 99, G)
-            chk.checks += eager.checks
-            chk.failures += [f"eager between replays: {f}" for f in eager.failures]
-    del graph
-    buffer.raise_if_failed()
-    return chk
+    return selfcheck_ht.run_graph_case(buffer, seed, replays, mode(G), case,
+                                       replace(case, name="eager between replays", num_worst_tokens=False))
