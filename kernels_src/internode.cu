@@ -324,11 +324,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
     const In in(p);
     const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
-    const int64_t seq = in.seq(EP_RT_IN_WS_DISPATCH);
     if (p.cached &&
         !all_to_all_handshake(in, p.lay.cached_words, in.seq(EP_RT_IN_WS_CACHED), c == 0, EP_RT_PHASE_IN_HANDSHAKE))
         return;
-    (void)seq;
     const bool skip = !p.cached && *reinterpret_cast<volatile int64_t*>(in.ws + EP_RT_IN_WS_SKIP) != 0;
     const int32_t* rdma_cpm = reinterpret_cast<const int32_t*>(p.rdma_cpm);
     const int32_t* rdma_head = reinterpret_cast<const int32_t*>(p.send_rdma_head);
@@ -592,7 +590,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
 // position; put each (s, c) range back to the source (my rail peer on node s), or write it in place for my node.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forward(const InternodeParams p) {
     const In in(p);
-    const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
+    const int N = in.N, C = in.C, G = in.G, c = blockIdx.x;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
     const int64_t seq = in.seq(EP_RT_IN_WS_COMBINE);
     const ErrorSink sink = in.sink();
@@ -601,7 +599,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
     const int32_t* nvl_head = reinterpret_cast<const int32_t*>(p.send_nvl_head);
     const int64_t row_bytes = combine_row_bytes(p);
     const int H = p.hidden_bytes / 2, K = p.num_topk, hidden_int4 = H / 8;
-    (void)R;
 
     // The rows of every rank of my node are in its NVL buffer, with its receive prefix published.
     __shared__ int prefix[EP_RT_MAX_NVL_RANKS][EP_RT_IN_MAX_NODES];  // [l][s]: rows rank (m, l) got from ranks < s*G+j
