@@ -36,6 +36,8 @@ for step in $STEPS; do
              "tests/gpu/test_intranode_gpu.py::test_buffer_construction_peer_mapping_and_barrier" ;;
     suite) run suite 360 python3 -m pytest -q -rs tests/gpu/test_intranode_gpu.py -k "match_reference" ;;
     main)  run main 300 python3 -m ep_rt ;;
+    main_quick) run main_quick 300 python3 -m ep_rt --quick --no-bench ;;
+    catalogue) run catalogue 300 python3 -m pytest -q -rs tests/gpu/test_reliability_gpu.py -k catalogue ;;
     main_aggressive) run main_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --quick ;;
     rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping and not wheel" ;;
     ll)    run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;

@@ -39,10 +39,14 @@ class Ctx:
         self.x = torch.randn(N, H, generator=g).to(torch.bfloat16).to(dev)
         self.idx = torch.topk(torch.rand(N, E, generator=g), K).indices.to(dev)
         self.w = torch.rand(N, K, generator=g).to(dev)
-        self.per_rank, _, self.per_expert, self.in_rank, _ = buf.get_dispatch_layout(self.idx, E)
+        self.internode = getattr(buf._ht, "is_internode", False)
+        self.per_rank, self.per_node, self.per_expert, self.in_rank, _ = buf.get_dispatch_layout(self.idx, E)
         self.recv_x, _, self.recv_w, _, self.handle, _ = buf.dispatch(self.x, **self.dispatch_kwargs())
         self.rows = self.recv_x.size(0)
         self.y = torch.randn(self.rows, H, generator=g).to(torch.bfloat16).to(dev)
+        if not buf.low_latency_mode:
+            torch.cuda.synchronize()
+            return
         self.ll_x = torch.randn(100, LL_H, generator=g).to(torch.bfloat16).to(dev)
         self.ll_idx = torch.topk(torch.rand(100, LL_E, generator=g), 8).indices.to(dev)
         self.ll_w = torch.rand(100, 8, generator=g).to(dev)
@@ -55,6 +59,8 @@ class Ctx:
     def dispatch_kwargs(self, **over):
         kw = dict(num_tokens_per_rank=self.per_rank, is_token_in_rank=self.in_rank,
                   num_tokens_per_expert=self.per_expert, topk_idx=self.idx, topk_weights=self.w)
+        if self.internode:
+            kw["num_tokens_per_rdma_rank"] = self.per_node
         kw.update(over)
         return kw
 
@@ -365,26 +371,124 @@ def _worst_too_small(c):
 
 CASES = _cases()
 
+# The cases above that hold for an internode Buffer as they stand; those that name the intranode handle, the NVL
+# buffer's dispatch limit or the LL handle have internode counterparts below.
+_SHARED_PREFIXES = ("local tensor", "rdma local tensor", "layout ", "dispatch ", "cached dispatch ", "combine ",
+                    "num_worst_tokens too small")
+_INTRANODE_ONLY = {"cached dispatch handle of 5", "cached dispatch LL handle",
+                   "cached dispatch too large for the NVL buffer", "combine handle of 5", "combine LL handle",
+                   "combine handle None", "combine too large for the NVL buffer"}
 
-def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25) -> dict:
-    """Every case on this rank's Buffer, with good rounds in between; returns per-case outcomes."""
+
+def _rebuilt(handle, i, change):
+    """The handle as a plain tuple (as DeepEP code may rebuild it: no facts), entry i changed."""
+    entries = list(handle)
+    entries[i] = change(entries[i])
+    return tuple(entries)
+
+
+def _intranode_handle(c):
+    from ..handles import IntranodeHandle
+
+    return IntranodeHandle(*[torch.zeros(1, dtype=torch.int32, device=c.buf.device)] * 6)
+
+
+def _rdma_hidden(c, record_of) -> int:
+    """A hidden size (multiple of 16) whose records, `record_of(hidden)` bytes each, overflow a node's RDMA area
+    with the handle's longest (rank -> node) stream (the same on every rank)."""
+    from ..transport import internode_layout as lay
+
+    per_node = lay.half_bytes(c.buf.num_rdma_bytes) // c.buf.topology.num_nodes
+    hidden = 1024
+    while record_of(hidden) * c.handle.facts.max_stream <= per_node:
+        hidden *= 2
+    return hidden
+
+
+def _nvl_hidden(c) -> int:
+    """A combine hidden size whose input rows overflow the NVL buffer while its RDMA streams still fit, so the NVL
+    limit is the one that must be reported."""
+    from ..transport import internode_layout as lay
+
+    hidden = (c.buf.num_nvl_bytes // max(c.handle.facts.max_combine_rows, 1) // 2 + 64) // 8 * 8
+    cap = lay.capacity(c.buf.num_rdma_bytes, c.buf.topology.num_nodes, lay.combine_record_bytes(hidden, 0))
+    assert cap >= c.handle.facts.max_stream, "the catalogue's RDMA buffer is too small for its NVL case"
+    return hidden
+
+
+def _internode_only_cases() -> list[BadInput]:
+    from ..transport import internode_layout as lay
+
+    B, V, T, cuda = BufferTooSmallError, ValueError, TypeError, "cuda"
+    dispatch_record = lambda h: lay.dispatch_record_bytes(2 * h, 0, K)  # noqa: E731 (c.dispatch() sends top-k)
+    cached_record = lambda h: lay.dispatch_record_bytes(2 * h, 0, 0)  # noqa: E731
+    combine_record = lambda h: lay.combine_record_bytes(h, 0)  # noqa: E731 (c.combine() passes no weights)
+    return [
+        BadInput("internode rdma counts int64", lambda c: c.dispatch(num_tokens_per_rdma_rank=c.per_node.long()), T,
+                 "int32"),
+        BadInput("internode rdma counts rows", lambda c: c.dispatch(num_tokens_per_rdma_rank=torch.zeros(
+            c.buf.topology.num_nodes + 1, dtype=torch.int32, device=cuda)), V, "rows"),
+        BadInput("internode cached dispatch handle of 9", lambda c: c.buf.dispatch(c.x, handle=tuple(c.handle)[:9]), V,
+                 "10-tuple"),
+        BadInput("internode combine handle of 6", lambda c: c.combine(handle=tuple(c.handle)[:6]), V, "10-tuple"),
+        BadInput("internode combine handle None", lambda c: c.buf.combine(c.y, None), V, "10-tuple"),
+        BadInput("internode combine intranode handle", lambda c: c.combine(handle=_intranode_handle(c)), V,
+                 "comes from a high-throughput (intranode)"),
+        BadInput("internode cached dispatch rebuilt handle, wrong rows", lambda c: c.buf.dispatch(
+            c.x, handle=_rebuilt(c.handle, 2, lambda t: t[:-1].contiguous())), V, "gbl_channel_prefix_matrix"),
+        BadInput("internode combine rebuilt handle, send_nvl_head columns", lambda c: c.combine(
+            handle=_rebuilt(c.handle, 9, lambda t: t[:, :1].contiguous())), V, "ranks per node"),
+        BadInput("internode dispatch too large for the RDMA buffer", lambda c: c.dispatch(
+            x=_bf16(N, _rdma_hidden(c, dispatch_record))), B, "num_rdma_bytes"),
+        BadInput("internode cached dispatch too large for the RDMA buffer", lambda c: c.buf.dispatch(
+            _bf16(N, _rdma_hidden(c, cached_record)), handle=c.handle), B, "num_rdma_bytes"),
+        BadInput("internode combine too large for the RDMA buffer", lambda c: c.combine(
+            x=_bf16(c.rows, _rdma_hidden(c, combine_record))), B, "num_rdma_bytes"),
+        BadInput("internode combine too large for the NVL buffer", lambda c: c.combine(x=_bf16(c.rows, _nvl_hidden(c))),
+                 B, "num_nvl_bytes"),
+        BadInput("internode Buffer without LL: low_latency_dispatch", lambda c: c.buf.low_latency_dispatch(
+            c.x, c.idx, N, E), EpRtError, "low_latency_mode=True"),
+    ]
+
+
+def internode_cases() -> list[BadInput]:
+    """The catalogue for a Buffer whose ranks span several nodes (no LL mode)."""
+    shared = [c for c in CASES if c.name.startswith(_SHARED_PREFIXES) and c.name not in _INTRANODE_ONLY]
+    return shared + _internode_only_cases()
+
+
+def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25, internode: bool = False) -> dict:
+    """Every case on this rank's Buffer, with good rounds in between; returns per-case outcomes. internode: the
+    internode catalogue on a Buffer across (emulated) nodes, its good rounds checked against the internode
+    reference."""
     import torch.distributed as dist
 
-    from . import selfcheck_ht, selfcheck_ll
+    from . import selfcheck_ht, selfcheck_internode, selfcheck_ll
 
-    need_ll = Buffer.get_low_latency_rdma_size_hint(LL_T, LL_H, num_ranks, LL_E)
-    buf = Buffer(dist.group.WORLD, 16 << 20, need_ll, low_latency_mode=True, explicitly_destroy=True,
-                 timeout_s=60.0)
+    if internode:  # a small NVL buffer beside a large RDMA one, so either limit can be the one exceeded
+        buf = Buffer(dist.group.WORLD, 2 << 20, 64 << 20, explicitly_destroy=True, timeout_s=60.0)
+        if buf.topology.num_nodes < 2:
+            raise EpRtError("the internode catalogue needs ranks on several nodes (EP_RT_RANKS_PER_NODE)")
+        cases = internode_cases()
+    else:
+        need_ll = Buffer.get_low_latency_rdma_size_hint(LL_T, LL_H, num_ranks, LL_E)
+        buf = Buffer(dist.group.WORLD, 16 << 20, need_ll, low_latency_mode=True, explicitly_destroy=True,
+                     timeout_s=60.0)
+        cases = CASES
     ctx = Ctx(buf, seed)
     outcomes, rounds = [], []
 
     def good_round(i):
-        ht = selfcheck_ht.run_case(buf, selfcheck_ht.Case("good HT round", num_tokens=N, hidden=H,
-                                                          num_experts=E, num_topk=K), seed + 7 * i)
+        ht_case = selfcheck_ht.Case("good HT round", num_tokens=N, hidden=H, num_experts=E, num_topk=K)
+        if internode:
+            ht = selfcheck_internode.run_case(buf, ht_case, seed + 7 * i, buf.topology.node_size)
+            rounds.append((i, ht.checks, ht.failures))
+            return
+        ht = selfcheck_ht.run_case(buf, ht_case, seed + 7 * i)
         ll = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("good LL round"), seed + 7 * i + 1)
         rounds.append((i, ht.checks + ll.checks, ht.failures + ll.failures))
 
-    for i, case in enumerate(CASES):
+    for i, case in enumerate(cases):
         expect_error = not (case.only_rank0 and rank != 0)
         try:
             case.call(ctx)
@@ -396,6 +500,6 @@ def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25) -
             dist.barrier()
         if (i + 1) % check_every == 0:
             good_round(i)
-    good_round(len(CASES))
+    good_round(len(cases))
     buf.destroy()
-    return {"outcomes": outcomes, "rounds": rounds, "num_cases": len(CASES)}
+    return {"outcomes": outcomes, "rounds": rounds, "num_cases": len(cases)}

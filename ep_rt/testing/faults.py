@@ -151,3 +151,50 @@ def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: f
         out["call"] = _attempt(lambda: _call(kind, buf, seed + 1))
     out["destroy"] = _attempt(buf.destroy)
     return out
+
+
+def _internode_call(buf, seed: int, exit_after_dispatch: bool = False):
+    """One internode dispatch + combine of small random inputs; with exit_after_dispatch the process dies as soon
+    as dispatch has returned (its send, forward and receive kernels queued or running: mid-call for its peers)."""
+    s = HT_SHAPE
+    E = 4 * buf.group_size
+    g = torch.Generator(device=buf.device).manual_seed(seed + buf.rank)
+    x = torch.randn(s["tokens"], s["hidden"], generator=g, device=buf.device).to(torch.bfloat16)
+    idx = torch.topk(torch.rand(s["tokens"], E, generator=g, device=buf.device), s["topk"]).indices
+    w = torch.rand(s["tokens"], s["topk"], generator=g, device=buf.device)
+    per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node,
+                                                   is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                                                   topk_idx=idx, topk_weights=w)
+    if exit_after_dispatch:
+        os._exit(0)  # as a crash would: no teardown, no goodbye, kernels in flight
+    buf.combine(recv_x, handle, topk_weights=recv_w)
+    torch.cuda.synchronize()
+    buf.raise_if_failed()
+
+
+def killed_node(rank: int, num_ranks: int, ranks_per_node: int, mid_call: bool, seed: int) -> dict:
+    """Every rank of the last node dies, between two calls or in the middle of one (right after its dispatch
+    launched, before its combine). Each survivor must raise CommTimeoutError naming a rank of that node within the
+    network deadline, and its teardown must complete. The deadlines come from EP_RT_TIMEOUT_S / EP_RT_NET_TIMEOUT_S."""
+    import torch.distributed as dist
+
+    from .. import Buffer, env
+    from ..transport import internode_layout as lay
+
+    s = HT_SHAPE
+    hidden_bytes = 2 * s["hidden"]
+    buf = Buffer(dist.group.WORLD, lay.nvl_size_hint(hidden_bytes, num_ranks, s["tokens"]),
+                 lay.rdma_size_hint(hidden_bytes, num_ranks, ranks_per_node, s["tokens"]), explicitly_destroy=True)
+    assert buf.topology.num_nodes > 1, "killed_node needs emulated nodes (EP_RT_RANKS_PER_NODE)"
+    _internode_call(buf, seed)  # a good call first
+    dist.barrier()
+    dying = buf.topology.node == buf.topology.num_nodes - 1
+    if dying and not mid_call:
+        os._exit(0)
+    if not mid_call:
+        time.sleep(2.0)  # the node is gone before the next call starts
+    out = {"node": buf.topology.node, "net_timeout_s": env.net_timeout_s(env.timeout_s())}
+    out["call"] = _attempt(lambda: _internode_call(buf, seed + 1, exit_after_dispatch=dying))
+    out["destroy"] = _attempt(buf.destroy)
+    return out

@@ -3,6 +3,7 @@ one GPU into nodes, so inter-node traffic takes the NVSHMEM put path (which NVSH
 intra-node traffic the NVLink (IPC / nvshmem_ptr) path. Every case is bit-exact against ep_rt.reference.internode_*
 on fresh random inputs. Nothing here has run on a real network."""
 import pytest
+import torch
 
 from ep_rt.testing.spawn import run_ranks
 
@@ -50,6 +51,43 @@ def test_internode_missing_peer_raises_naming_rank_and_node():
         assert "timed out in internode dispatch notify" in res["error"], res
         assert "waiting for rank 3 (node 1)" in res["error"], res
         assert res["seconds"] < 6 * 3 + 20, res
+
+
+@gpus(1)
+@pytest.mark.parametrize("mid_call", [False, True], ids=["between_calls", "mid_call"])
+def test_internode_killed_node(mid_call):
+    """Both ranks of node 1 die (os._exit), between two calls or right after launching a dispatch: each survivor
+    raises CommTimeoutError naming a rank of node 1 within the network deadline, and its teardown completes."""
+    from ep_rt.testing import faults
+
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "3", "EP_RT_NET_TIMEOUT_S": "6"}
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    results = run_ranks(faults.killed_node, 4, args=(2, mid_call, seed), env=env, timeout_s=300, may_exit=(2, 3))
+    assert results[2] is None and results[3] is None, results[2:]
+    for rank, res in enumerate(results[:2]):
+        call, bound = res["call"], 3 * res["net_timeout_s"] + 20
+        assert call["error"] and call["timeout"], (rank, res)
+        assert "waiting for rank" in call["error"] and "(node 1)" in call["error"], (rank, call)
+        assert call["seconds"] < bound, (rank, call)
+        assert res["destroy"]["seconds"] < bound, (rank, res)
+
+
+@gpus(1)
+def test_internode_bad_input_catalogue():
+    """The bad-input catalogue on an internode Buffer (2 nodes x 2 ranks): every case raises its error with a clear
+    message on every rank alike, and the good rounds between them stay bit-exact with the internode reference."""
+    from ep_rt.testing import bad_inputs
+
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30"}
+    seed = int(torch.randint(0, 1 << 30, ()).item())
+    results = run_ranks(bad_inputs.run_catalogue, 4, args=(seed, 25, True), env=env, timeout_s=900)
+    for rank, res in enumerate(results):
+        assert res["num_cases"] == len(bad_inputs.internode_cases())
+        bad = [f"{name}: {detail}" for name, ok, detail in res["outcomes"] if not ok]
+        assert not bad, f"rank {rank} (seed {seed}):\n" + "\n".join(bad)
+        assert len(res["rounds"]) >= res["num_cases"] // 25
+        for i, checks, failures in res["rounds"]:
+            assert checks > 0 and not failures, (rank, i, failures[:5])
 
 
 CHAOS_CASES = ["bf16 uniform", "fp8 ue8m0 packed scales", "num_worst_tokens", "bias pair",
