@@ -86,6 +86,13 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
             f"node for this call's token size, so that call moved no data (its outputs are undefined). Every rank "
             f"finished the call and the Buffer stays usable; construct a Buffer with a larger num_rdma_bytes "
             f"(Config.get_rdma_buffer_size_hint) for calls of that size.")
+    if code == ERR_CAPACITY and phase == 17:  # a combine from a handle without ep_rt's facts (a rebuilt tuple)
+        return BufferTooSmallError(
+            f"{me}: {where}: this combine returns {detail0} tokens to one node{chan} but the RDMA buffer holds "
+            f"{detail1} per node at this hidden size, so the tokens past that were dropped (the outputs are "
+            f"incomplete; a handle rebuilt as a plain tuple skips the check that refuses such a call up front). Every "
+            f"rank finished the call and the Buffer stays usable; construct a Buffer with a larger num_rdma_bytes "
+            f"(Config.get_rdma_buffer_size_hint) for calls of that size.")
     if code == ERR_TIMEOUT and peer < 0:  # no peer: the kernel's own blocks never all met at its grid barrier
         return CommTimeoutError(
             f"rank {rank}: timed out in {where} waiting for the other blocks of its own kernel (arrival counter "

@@ -111,6 +111,34 @@ __device__ __forceinline__ void advance(const In& in, int kind, int64_t seq) {
     if (threadIdx.x == 0) *reinterpret_cast<volatile int64_t*>(in.ws + kind) = seq;
 }
 
+// A caller's error found mid-call (a dispatch that does not fit its buffers or num_worst_tokens, a handle without
+// facts too large for them) is reported by the call's last kernel, after every wait and signal of the call. The
+// kernels stop at the first recorded error, so an error recorded earlier would leave signal words ahead of their
+// consumed counts; after the Buffer is rearmed every later wait on them would pass one call early.
+constexpr int kWsDeferred = 18;  // int64 words 18..20: code | phase << 8 | (peer + 1) << 16 | (channel + 1) << 40,
+                                 // detail0, detail1 (0 when none; the reporter clears it)
+static_assert(kWsDeferred + 3 <= EP_RT_IN_WS_WORDS, "the workspace holds the deferred error");
+
+__device__ __forceinline__ void defer_error(const In& in, int code, int phase, int peer, int channel, int64_t detail0,
+                                            int64_t detail1) {
+    const unsigned long long word = (unsigned long long)code | ((unsigned long long)phase << 8) |
+                                    ((unsigned long long)(peer + 1) << 16) | ((unsigned long long)(channel + 1) << 40);
+    if (atomicCAS(reinterpret_cast<unsigned long long*>(in.ws + kWsDeferred), 0ull, word) == 0ull) {
+        reinterpret_cast<volatile int64_t*>(in.ws)[kWsDeferred + 1] = detail0;
+        reinterpret_cast<volatile int64_t*>(in.ws)[kWsDeferred + 2] = detail1;
+    }
+}
+
+// In the last block of a call's last kernel, after its waits: report the deferred error, if any.
+__device__ __forceinline__ void report_deferred(const In& in) {
+    volatile int64_t* w = reinterpret_cast<volatile int64_t*>(in.ws) + kWsDeferred;
+    if (threadIdx.x != 0 || w[0] == 0) return;
+    const uint64_t word = uint64_t(w[0]);
+    report_error(in.sink(), int(word & 0xff), int((word >> 8) & 0xff), int((word >> 16) & 0xffffff) - 1,
+                 int((word >> 40) & 0xffff) - 1, w[1], w[2]);
+    w[0] = 0;
+}
+
 // Every rank signals word [me] of `region` on every rank, then the block waits for all R words (network deadline).
 // Called by block 0 only for the signals; every block may wait.
 __device__ bool all_to_all_handshake(const In& in, int64_t region, int64_t seq, bool send, int phase) {
@@ -284,11 +312,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
         if (max_stream_s > p.lay.cap) {
             skip = 1;
             if (p.host_token == 0)
-                report_error(sink, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, -1, max_stream_s, p.lay.cap);
+                defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, -1, max_stream_s, p.lay.cap);
         } else if (p.host_token == 0 && (max_recv_s > p.num_out_rows || max_fwd_s > p.num_out_rows)) {
             skip = 1;
-            report_error(sink, EP_RT_ERR_WORST_TOKENS, EP_RT_PHASE_IN_NOTIFY, -1, -1, max(max_recv_s, max_fwd_s),
-                         p.num_out_rows);
+            defer_error(in, EP_RT_ERR_WORST_TOKENS, EP_RT_PHASE_IN_NOTIFY, -1, -1, max(max_recv_s, max_fwd_s),
+                        p.num_out_rows);
         }
         in.ws[EP_RT_IN_WS_SKIP] = skip;
     }
@@ -349,8 +377,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
                 const int64_t stream_pos = pos + (c > 0 ? rdma_cpm[n * C + c - 1] : 0);
                 if (stream_pos >= p.lay.cap) {  // only a cached dispatch from a handle without facts gets here
                     if (lane == 0)
-                        report_error(in.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, c, stream_pos + 1,
-                                     p.lay.cap);
+                        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, c, stream_pos + 1,
+                                    p.lay.cap);
                     continue;
                 }
                 uint8_t* r = in.record(n == in.m ? p.lay.recv : p.lay.stage, n, stream_pos);
@@ -540,6 +568,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
     if (!last_block(in.ws + EP_RT_IN_WS_TICKET + 1)) return;
     if (p.cached) advance(in, EP_RT_IN_WS_CACHED, in.seq(EP_RT_IN_WS_CACHED));
     advance(in, EP_RT_IN_WS_DISPATCH, seq);
+    report_deferred(in);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -571,8 +600,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
                         reinterpret_cast<const float*>(p.topk_weights)[int64_t(i) * K + k];
         }
     } else if (c == 0 && threadIdx.x == 0) {  // the host checks this first; here for handles without facts
-        report_error(in.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_HANDSHAKE, in.me, -1, num_recv,
-                     p.nvl_capacity_rows);
+        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_HANDSHAKE, in.me, -1, num_recv,
+                    p.nvl_capacity_rows);
     }
     if (!last_block(in.ws + EP_RT_IN_WS_TICKET + 2)) return;
     int32_t* pub = reinterpret_cast<int32_t*>(in.local(p.lay.ready_prefix));
@@ -616,7 +645,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
 
     for (int k = 0; k < N; ++k) {
         const int s = (in.m + 1 + k + c) % N;
-        const int first = c > 0 ? recv_rdma_cpm[s * C + c - 1] : 0, last = recv_rdma_cpm[s * C + c];
+        const int cap = int(p.lay.cap);
+        const int first = min(c > 0 ? recv_rdma_cpm[s * C + c - 1] : 0, cap);
+        const int last = min(recv_rdma_cpm[s * C + c], cap);
+        if (recv_rdma_cpm[s * C + c] > cap && threadIdx.x == 0)  // only a handle without facts gets here
+            defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_FORWARD, -1, c, recv_rdma_cpm[s * C + c], cap);
         const int row_base = s > 0 ? recv_rdma_prefix[s - 1] : 0;
         const int64_t area = s == in.m ? p.lay.recv : p.lay.stage;
         for (int i = first + warp; i < last; i += num_warps) {
@@ -626,8 +659,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
 #pragma unroll
             for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
                 const int q = l < G ? head[l] : -1;
-                rows[l] = q >= 0 ? reinterpret_cast<const uint8_t*>(p.nvl_peers[l]) + int64_t(prefix[l][s] + q) * row_bytes
-                                 : nullptr;
+                // (rows past the NVL capacity were never published: only a handle without facts gets there,
+                // and its publish kernel defers the error)
+                rows[l] = q >= 0 && prefix[l][s] + q < p.nvl_capacity_rows
+                              ? reinterpret_cast<const uint8_t*>(p.nvl_peers[l]) + int64_t(prefix[l][s] + q) * row_bytes
+                              : nullptr;
             }
             for (int v = lane; v < hidden_int4; v += kWarp) {
                 float acc[8];
@@ -710,9 +746,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
             if (b1) add(ld_input_v4(b1 + v));
             for (int n = 0; n < N; ++n) {
                 const int pos = head[n];
-                if (pos < 0) continue;
-                const uint8_t* r = in.record(p.lay.recv, n, pos + (c > 0 ? rdma_cpm[n * C + c - 1] : 0));
-                add(ld_peer_written_v4(reinterpret_cast<const int4*>(r) + v));
+                const int64_t at = pos + (c > 0 ? rdma_cpm[n * C + c - 1] : 0);
+                if (pos < 0 || at >= p.lay.cap) continue;  // (past cap: dropped by the forwarder, which reports it)
+                add(ld_peer_written_v4(reinterpret_cast<const int4*>(in.record(p.lay.recv, n, at)) + v));
             }
             int4 packed;
             __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
@@ -725,8 +761,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
                 float w = 0.0f;
                 for (int n = 0; n < N; ++n) {
                     const int pos = head[n];
-                    if (pos < 0) continue;
-                    const uint8_t* r = in.record(p.lay.recv, n, pos + (c > 0 ? rdma_cpm[n * C + c - 1] : 0));
+                    const int64_t at = pos + (c > 0 ? rdma_cpm[n * C + c - 1] : 0);
+                    if (pos < 0 || at >= p.lay.cap) continue;
+                    const uint8_t* r = in.record(p.lay.recv, n, at);
                     w += __int_as_float(ld_peer_written_b32(reinterpret_cast<const int32_t*>(r + p.hidden_bytes) + k));
                 }
                 reinterpret_cast<float*>(p.combined_topk_weights)[int64_t(t) * K + k] = w;
@@ -735,6 +772,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
     }
     if (!last_block(in.ws + EP_RT_IN_WS_TICKET + 3)) return;
     advance(in, EP_RT_IN_WS_COMBINE, seq);
+    report_deferred(in);
 }
 
 // ------------------------------------------------------------------------------------------------

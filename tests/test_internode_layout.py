@@ -82,3 +82,10 @@ def test_internode_errors_name_rank_node_peer_and_phase():
     assert "rank 0 (node 0)" in msg and "rank 3 (node 1)" in msg and "notify" in msg and "EP_RT_NET_TIMEOUT_S" in msg
     cap = describe_kernel_error(abi.EP_RT_ERR_CAPACITY, abi.EP_RT_PHASE_IN_NOTIFY, 1, -1, -1, 900, 800, 2)
     assert isinstance(cap, BufferTooSmallError) and "num_rdma_bytes" in str(cap)
+
+
+def test_a_combine_dropped_past_the_rdma_area_is_a_buffer_error_naming_the_channel():
+    err = describe_kernel_error(abi.EP_RT_ERR_CAPACITY, abi.EP_RT_PHASE_IN_COMBINE_FORWARD, 2, -1, 5, 300, 19, 2)
+    assert isinstance(err, BufferTooSmallError)
+    msg = str(err)
+    assert "rank 2 (node 1)" in msg and "channel 5" in msg and "300 tokens" in msg and "num_rdma_bytes" in msg

@@ -90,6 +90,27 @@ def test_internode_bad_input_catalogue():
             assert checks > 0 and not failures, (rank, i, failures[:5])
 
 
+@gpus(1)
+def test_internode_caller_errors_found_by_the_kernels_keep_the_protocol_in_step():
+    """The errors the kernels report for the caller (the Buffer stays usable) must not leave a signal word ahead of
+    its consumed count: a later wait would pass one call early and read stale rows (the bug the internode catalogue
+    found: after num_worst_tokens too small, a combine three rounds later was wrong)."""
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "20", "EP_RT_NET_TIMEOUT_S": "40"}
+    results = run_ranks(workers.internode_recoverable_errors, 4, args=(2,), env=env, timeout_s=600)
+    for rank, res in enumerate(results):
+        for name, error, out_of_step in res["calls"]:
+            assert error is not None, (rank, name, "no error raised")
+            assert not out_of_step, (rank, name, "(node, channel, words, consumed, ...)", out_of_step[:4])
+        want = {"num_worst_tokens too small": "num_worst_tokens=1",
+                "num_worst dispatch too large for the RDMA buffer": "num_rdma_bytes",
+                "cached dispatch of a rebuilt handle, too large for the RDMA buffer": "num_rdma_bytes",
+                "combine of a rebuilt handle, too large for the NVL buffer": "num_nvl_bytes"}
+        for name, error, _ in res["calls"]:
+            assert want[name] in error, (rank, name, error)
+    problems = _problems(results)
+    assert not problems, "\n".join(problems[:40])
+
+
 CHAOS_CASES = ["bf16 uniform", "fp8 ue8m0 packed scales", "num_worst_tokens", "bias pair",
                "every token spans every node", "many channels (64 SMs)", "2 SMs"]
 

@@ -375,3 +375,77 @@ def internode_too_small(rank, num_ranks, ranks_per_node):
     res["after"] = (chk.checks, chk.failures)
     buf.destroy()
     return res
+
+
+def _internode_counters(buf):
+    """Per (other node, channel): the dispatch and combine signal words in my symmetric buffer and the counts my
+    kernels consumed of them (int64 lists). In step after every call, failed or not, unless a peer timed out."""
+    from ep_rt.runtime import abi
+
+    op = buf._ht
+    n = abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS
+    words = {}
+    for kind in ("dispatch_words", "combine_words"):
+        iface = {"shape": (op.N * abi.EP_RT_MAX_CHANNELS,), "typestr": "<i8", "version": 3, "strides": None,
+                 "data": (op.sym_base + op.control[kind], False)}
+        words[kind] = torch.as_tensor(type("W", (), {"__cuda_array_interface__": iface})(), device=buf.device).clone()
+    torch.cuda.synchronize()
+    consumed = op.consumed.cpu()
+    out = []
+    for s in range(op.N):
+        if s == buf.topology.node:
+            continue
+        for c in range(abi.EP_RT_MAX_CHANNELS):
+            i = s * abi.EP_RT_MAX_CHANNELS + c
+            out.append((s, c, int(words["dispatch_words"][i]), int(consumed[i]),
+                        int(words["combine_words"][i]), int(consumed[n + i])))
+    return [row for row in out if row[2] != row[3] or row[4] != row[5]]
+
+
+def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
+    """Caller errors the internode kernels find mid-call (num_worst_tokens too small; with num_worst_tokens, a
+    dispatch too large for the RDMA buffer; from a handle rebuilt without facts, a cached dispatch too large for the
+    RDMA buffer and a combine too large for the NVL buffer): each raises on the ranks concerned after the call, the
+    signal words stay in step with their consumed counts, and the next calls are bit-exact."""
+    from ep_rt.errors import KernelError
+    from ep_rt.testing import selfcheck_internode as sci
+    from ep_rt.transport import internode_layout
+
+    G, T, H, E = ranks_per_node, 256, 1024, 16 * num_ranks
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, T),
+                 internode_layout.rdma_size_hint(2 * H, num_ranks, G, T), explicitly_destroy=True)
+    seed = checker.shared_seed(buf.group)
+    good = sci.selfcheck_ht.Case("good round", num_tokens=T, hidden=H, num_experts=E, num_sms=8)
+    g = torch.Generator(device=buf.device).manual_seed(seed + rank)
+    x = torch.randn(T, H, generator=g, device=buf.device).to(torch.bfloat16)
+    idx = torch.topk(torch.rand(T, E, generator=g, device=buf.device), 4).indices
+    w = torch.rand(T, 4, generator=g, device=buf.device)
+    per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    kw = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
+              num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, config=Config(8))
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, **kw)
+    rebuilt = tuple(handle)  # a plain tuple: no facts, so the host cannot refuse what does not fit
+    wide = 16 * H            # rows 16x wider: neither buffer holds this call's streams / combine rows
+    calls = {
+        "num_worst_tokens too small": lambda: buf.dispatch(x, num_worst_tokens=1, **kw),
+        "num_worst dispatch too large for the RDMA buffer": lambda: buf.dispatch(
+            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), num_worst_tokens=T * num_ranks, **kw),
+        "cached dispatch of a rebuilt handle, too large for the RDMA buffer": lambda: buf.dispatch(
+            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), handle=rebuilt, config=Config(8)),
+        "combine of a rebuilt handle, too large for the NVL buffer": lambda: buf.combine(
+            torch.zeros(recv_x.size(0), wide, dtype=torch.bfloat16, device=buf.device), rebuilt, config=Config(8)),
+    }
+    res = {"cases": [], "calls": []}
+    for i, (name, call) in enumerate(calls.items()):
+        error = None
+        try:
+            call()
+            torch.cuda.synchronize()
+            buf.raise_if_failed()
+        except (KernelError, BufferTooSmallError) as e:
+            error = f"{type(e).__name__}: {e}"
+        res["calls"].append((name, error, _internode_counters(buf)))
+        chk = sci.run_case(buf, good, seed + i, G)
+        res["cases"].append((f"good round after {name}", chk.checks, chk.failures))
+    buf.destroy()
+    return res
