@@ -393,36 +393,24 @@ def _intranode_handle(c):
     return IntranodeHandle(*[torch.zeros(1, dtype=torch.int32, device=c.buf.device)] * 6)
 
 
-def _rdma_hidden(c, record_of) -> int:
-    """A hidden size (multiple of 16) whose records, `record_of(hidden)` bytes each, overflow a node's RDMA area
-    with the handle's longest (rank -> node) stream (the same on every rank)."""
-    from ..transport import internode_layout as lay
-
-    per_node = lay.half_bytes(c.buf.num_rdma_bytes) // c.buf.topology.num_nodes
-    hidden = 1024
-    while record_of(hidden) * c.handle.facts.max_stream <= per_node:
-        hidden *= 2
-    return hidden
+def _rdma_hidden(c) -> int:
+    """A hidden size (multiple of 16) whose bf16 rows alone, times the handle's longest (rank -> node) stream (the
+    same on every rank), exceed the whole RDMA buffer: any record layout overflows a node's area."""
+    return (c.buf.num_rdma_bytes // (2 * max(c.handle.facts.max_stream, 1)) + 1024) // 16 * 16
 
 
 def _nvl_hidden(c) -> int:
-    """A combine hidden size whose input rows overflow the NVL buffer while its RDMA streams still fit, so the NVL
-    limit is the one that must be reported."""
-    from ..transport import internode_layout as lay
-
-    hidden = (c.buf.num_nvl_bytes // max(c.handle.facts.max_combine_rows, 1) // 2 + 64) // 8 * 8
-    cap = lay.capacity(c.buf.num_rdma_bytes, c.buf.topology.num_nodes, lay.combine_record_bytes(hidden, 0))
-    assert cap >= c.handle.facts.max_stream, "the catalogue's RDMA buffer is too small for its NVL case"
+    """A combine hidden size whose input rows overflow the NVL buffer while its RDMA streams fit with a 2x margin
+    (a node's area is under num_rdma_bytes / 2 / nodes), so the NVL limit is the one that must be reported."""
+    f = c.handle.facts
+    hidden = (c.buf.num_nvl_bytes // max(f.max_combine_rows, 1) // 2 + 64) // 8 * 8
+    per_node = c.buf.num_rdma_bytes // 2 // c.buf.topology.num_nodes
+    assert 2 * f.max_stream * (2 * hidden + 16) <= per_node, "the catalogue's RDMA buffer is too small for its NVL case"
     return hidden
 
 
 def _internode_only_cases() -> list[BadInput]:
-    from ..transport import internode_layout as lay
-
     B, V, T, cuda = BufferTooSmallError, ValueError, TypeError, "cuda"
-    dispatch_record = lambda h: lay.dispatch_record_bytes(2 * h, 0, K)  # noqa: E731 (c.dispatch() sends top-k)
-    cached_record = lambda h: lay.dispatch_record_bytes(2 * h, 0, 0)  # noqa: E731
-    combine_record = lambda h: lay.combine_record_bytes(h, 0)  # noqa: E731 (c.combine() passes no weights)
     return [
         BadInput("internode rdma counts int64", lambda c: c.dispatch(num_tokens_per_rdma_rank=c.per_node.long()), T,
                  "int32"),
@@ -438,12 +426,12 @@ def _internode_only_cases() -> list[BadInput]:
             c.x, handle=_rebuilt(c.handle, 2, lambda t: t[:-1].contiguous())), V, "gbl_channel_prefix_matrix"),
         BadInput("internode combine rebuilt handle, send_nvl_head columns", lambda c: c.combine(
             handle=_rebuilt(c.handle, 9, lambda t: t[:, :1].contiguous())), V, "ranks per node"),
-        BadInput("internode dispatch too large for the RDMA buffer", lambda c: c.dispatch(
-            x=_bf16(N, _rdma_hidden(c, dispatch_record))), B, "num_rdma_bytes"),
+        BadInput("internode dispatch too large for the RDMA buffer", lambda c: c.dispatch(x=_bf16(N, _rdma_hidden(c))),
+                 B, "num_rdma_bytes"),
         BadInput("internode cached dispatch too large for the RDMA buffer", lambda c: c.buf.dispatch(
-            _bf16(N, _rdma_hidden(c, cached_record)), handle=c.handle), B, "num_rdma_bytes"),
+            _bf16(N, _rdma_hidden(c)), handle=c.handle), B, "num_rdma_bytes"),
         BadInput("internode combine too large for the RDMA buffer", lambda c: c.combine(
-            x=_bf16(c.rows, _rdma_hidden(c, combine_record))), B, "num_rdma_bytes"),
+            x=_bf16(c.rows, _rdma_hidden(c))), B, "num_rdma_bytes"),
         BadInput("internode combine too large for the NVL buffer", lambda c: c.combine(x=_bf16(c.rows, _nvl_hidden(c))),
                  B, "num_nvl_bytes"),
         BadInput("internode Buffer without LL: low_latency_dispatch", lambda c: c.buf.low_latency_dispatch(
