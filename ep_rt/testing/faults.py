@@ -183,7 +183,8 @@ def killed_node(rank: int, num_ranks: int, ranks_per_node: int, mid_call: bool, 
 
     # Generous for HT_SHAPE (128 tokens of 512 bf16 to every rank would need under 4 MiB of either).
     buf = Buffer(dist.group.WORLD, 16 << 20, 32 << 20, explicitly_destroy=True)
-    assert buf.topology.num_nodes > 1, "killed_node needs emulated nodes (EP_RT_RANKS_PER_NODE)"
+    assert buf.topology.num_nodes > 1 and buf.topology.node_size == ranks_per_node, \
+        f"killed_node needs nodes of {ranks_per_node} ranks (EP_RT_RANKS_PER_NODE), got {buf.topology.describe()}"
     _internode_call(buf, seed)  # a good call first
     dist.barrier()
     dying = buf.topology.node == buf.topology.num_nodes - 1
