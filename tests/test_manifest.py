@@ -321,7 +321,13 @@ def test_check_sees_a_changed_pin_or_hardware_mark(tree, monkeypatch):
     problems, _ = build_cubins.check(src, out, BUILT)
     assert problems and all("ran_on_hardware" in p for p in problems)
     assert {p.split(":")[0] for p in problems} == {"cu13/sm_90/safe/alpha.cubin", "cu13/sm_90/aggressive/alpha.cubin",
-                                                  "cu13/sm_90/default/beta.cubin"}
+                                                  "cu13/sm_90/default/beta.cubin", "manifest.json"}
+    # A note that changes while the marks stay (a later run of the same cubins) must be written into the manifest.
+    monkeypatch.undo()
+    first = next(iter(build_cubins.RAN_ON_HARDWARE))
+    monkeypatch.setitem(build_cubins.RAN_ON_HARDWARE, first, "a later run")
+    problems, _ = build_cubins.check(src, out, BUILT)
+    assert [p.split(":")[0] for p in problems] == ["manifest.json"] and "hardware_runs" in problems[0]
 
 
 # ---------------------------------------------------------------- partial and full rebuilds

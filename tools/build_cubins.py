@@ -60,11 +60,12 @@ RAN_ON_HARDWARE = {
     ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
     ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
     ("cu12", "sm_90", "intranode"): "H200 (nvidia-h200, driver 580, 2026-12-01): intranode suite bit-exact, both variants",
-    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): internode suite on emulated "
-                                            "nodes (2 x 2, 4 x 1) bit-exact, graph replays, missing peer",
-    ("cu13", "sm_90", "internode", "aggressive"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): 5 internode cases, 2 x 2",
-    ("cu13", "sm_90", "internode", "chaos"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): 7 internode cases under the "
-                                             "chaos transport, 2 x 2",
+    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, a7d8862): internode suite on emulated "
+                                            "nodes (2 x 2, 4 x 1, 2 x 4, 4 x 2) bit-exact, graph replays, faults",
+    ("cu13", "sm_90", "internode", "aggressive"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list, "
+                                                  "2 x 2",
+    ("cu13", "sm_90", "internode", "chaos"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list "
+                                             "under the chaos transport, 2 x 2",
     ("cu13", "sm_90", "low_latency", "chaos"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): probe and LL suite under the "
                                                "chaos transport, 2 x 1 and 2 x 2",
 }
@@ -83,6 +84,13 @@ def ran_on_hardware(flavour: str, arch: str, family: str, variant: str = "defaul
     if variant in UNRUN_VARIANTS or family in VARIANT_KEYED_FAMILIES:
         return None
     return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
+
+
+def hardware_runs() -> dict:
+    """RAN_ON_HARDWARE as the manifest records it (what ran where, by key)."""
+    return {"/".join(key): text for key, text in sorted(RAN_ON_HARDWARE.items())}
+
+
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"
@@ -397,7 +405,7 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None):
     manifest = {
         "schema": manifest_lib.SCHEMA,
         "toolchains": described,
-        "hardware_runs": {"/".join(key): text for key, text in sorted(RAN_ON_HARDWARE.items())},
+        "hardware_runs": hardware_runs(),
         "structs": structs,
         "constants": constants,
         "cubins": sorted(entries, key=lambda e: e["path"]),
@@ -471,6 +479,9 @@ def check(src, out, flavours=()):
     problems += [f"{p.relative_to(out).as_posix()}: cubin file not in the manifest: {REBUILD_HINT}"
                  for p in sorted(out.rglob("*.cubin")) if p.relative_to(out).as_posix() not in listed]
     problems += check_structs(src, manifest)
+    if manifest.get("hardware_runs") != hardware_runs():
+        problems.append(f"manifest.json: its ran_on_hardware notes (hardware_runs) differ from "
+                        f"build_cubins.RAN_ON_HARDWARE: {REBUILD_HINT}")
     return problems, len(entries)
 
 
