@@ -259,9 +259,10 @@ def topk_bits(rank, num_ranks):
     return {"topk_idx_t": str(ep_rt.topk_idx_t), "cases": out}
 
 
-def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True):
+def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True,
+                    max_shape=(7168 * 2, 4096)):
     """The internode suite on emulated nodes (EP_RT_RANKS_PER_NODE set by the test): every case bit-exact against
-    ep_rt.reference.internode_*, then CUDA-graph replays."""
+    ep_rt.reference.internode_*, then CUDA-graph replays. Buffers sized for max_shape = (hidden bytes, tokens)."""
     from ep_rt.testing import selfcheck_internode as sci
     from ep_rt.transport import internode_layout
 
@@ -270,8 +271,8 @@ def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive
     cases = sci.internode_cases(num_ranks, G)
     if case_names is not None:
         cases = [c for c in cases if c.name in case_names]
-    nvl = internode_layout.nvl_size_hint(7168 * 2, num_ranks, 4096)
-    rdma = internode_layout.rdma_size_hint(7168 * 2, num_ranks, G, 4096)
+    nvl = internode_layout.nvl_size_hint(max_shape[0], num_ranks, max_shape[1])
+    rdma = internode_layout.rdma_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
     assert buf.topology.num_nodes == num_ranks // G, buf.topology.describe()
     seed = checker.shared_seed(buf.group)
