@@ -60,8 +60,9 @@ RAN_ON_HARDWARE = {
     ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
     ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
     ("cu12", "sm_90", "intranode"): "H200 (nvidia-h200, driver 580, 2026-12-01): intranode suite bit-exact, both variants",
-    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, a7d8862): internode suite on emulated "
-                                            "nodes (2 x 2, 4 x 1, 2 x 4, 4 x 2) bit-exact, graph replays, faults",
+    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, a7d8862 and aa81821): internode suite on "
+                                            "emulated nodes (2 x 2, 4 x 1, 2 x 4, 4 x 2, 2 x 8) bit-exact, graph "
+                                            "replays, faults",
     ("cu13", "sm_90", "internode", "aggressive"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list, "
                                                   "2 x 2",
     ("cu13", "sm_90", "internode", "chaos"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list "
