@@ -21,6 +21,7 @@ from ..runtime import abi, driver
 from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
 from ..transport import nvl_layout
+from ..transport.device_view import device_tensor
 from ..transport.error_record import ErrorRecords
 from ..transport.host_wait import wait_for_token
 from ..transport.nvl import NvlBuffer
@@ -105,10 +106,7 @@ class InternodeOp:
 
     def rdma_tensor(self) -> torch.Tensor:
         """The caller's num_rdma_bytes of the symmetric buffer as uint8 (no copy)."""
-        iface = {"shape": (self.num_rdma_bytes,), "typestr": "|u1", "data": (self.sym_base, False), "version": 3,
-                 "strides": None}
-        holder = type("SymView", (), {"__cuda_array_interface__": iface})()
-        return torch.as_tensor(holder, device=self.device)
+        return device_tensor(self.sym_base, (self.num_rdma_bytes,), self.device)
 
     def barrier(self, stream) -> None:
         """All ranks meet (network deadline); raises CommTimeoutError naming a missing peer."""

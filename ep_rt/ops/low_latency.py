@@ -17,6 +17,7 @@ from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
 from ..transport import ll_layout
+from ..transport.device_view import device_tensor
 from ..transport.error_record import ErrorRecords
 from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
@@ -282,10 +283,7 @@ class LowLatencyOp:
     # ---- buffers --------------------------------------------------------------------------------
     def rdma_tensor(self) -> torch.Tensor:
         """The caller's num_rdma_bytes of the symmetric buffer as uint8 (no copy)."""
-        iface = {"shape": (self.num_rdma_bytes,), "typestr": "|u1", "data": (self.sym, False), "version": 3,
-                 "strides": None}
-        holder = type("SymView", (), {"__cuda_array_interface__": iface})()
-        return torch.as_tensor(holder, device=self.device)
+        return device_tensor(self.sym, (self.num_rdma_bytes,), self.device)
 
     def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:
         """bf16 view [L, R*T, hidden] of the staging area the next LL call (a combine) reads with zero_copy."""
@@ -293,10 +291,7 @@ class LowLatencyOp:
         L, RT = num_experts // self.num_ranks, self.num_ranks * T
         row = ll_layout.combine_slot_bytes(hidden, use_logfmt=False)  # zero_copy is never LogFMT
         base = self.sym + offsets["send"][self.idx]
-        iface = {"shape": (L, RT, hidden), "typestr": "<i2", "data": (base, False), "version": 3,
-                 "strides": (RT * row, row, 2)}
-        holder = type("SymView", (), {"__cuda_array_interface__": iface})()
-        return torch.as_tensor(holder, device=self.device).view(torch.bfloat16)
+        return device_tensor(base, (L, RT, hidden), self.device, "<i2", (RT * row, row, 2)).view(torch.bfloat16)
 
     def barrier(self, stream=None) -> None:
         """A barrier over the unmasked ranks with a deadline (ep_rt_ll_barrier), then a host sync; in shrink mode a

@@ -22,6 +22,7 @@ from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
 from . import nvl_layout
 from .error_record import ErrorRecords
+from .device_view import device_tensor
 from .host_wait import wait_for_token
 from .topology import Topology
 
@@ -146,11 +147,5 @@ class NvlBuffer:
 _abandoned: list[int] = []  # NVL buffers left to process exit (see NvlBuffer.destroy)
 
 
-class _CudaArray:
-    def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
-                                         "version": 3, "strides": None}
-
-
 def _tensor_at(ptr: int, nbytes: int, device_index: int) -> torch.Tensor:
-    return torch.as_tensor(_CudaArray(ptr, nbytes), device=torch.device("cuda", device_index))
+    return device_tensor(ptr, (nbytes,), torch.device("cuda", device_index))

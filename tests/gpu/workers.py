@@ -382,14 +382,14 @@ def _internode_counters(buf):
     """Per (other node, channel): the dispatch and combine signal words in my symmetric buffer and the counts my
     kernels consumed of them (int64 lists). In step after every call, failed or not, unless a peer timed out."""
     from ep_rt.runtime import abi
+    from ep_rt.transport.device_view import device_tensor
 
     op = buf._ht
     n = abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS
     words = {}
     for kind in ("dispatch_words", "combine_words"):
-        iface = {"shape": (op.N * abi.EP_RT_MAX_CHANNELS,), "typestr": "<i8", "version": 3, "strides": None,
-                 "data": (op.sym_base + op.control[kind], False)}
-        words[kind] = torch.as_tensor(type("W", (), {"__cuda_array_interface__": iface})(), device=buf.device).clone()
+        words[kind] = device_tensor(op.sym_base + op.control[kind], (op.N * abi.EP_RT_MAX_CHANNELS,), buf.device,
+                                    "<i8").clone()
     torch.cuda.synchronize()
     consumed = op.consumed.cpu()
     out = []
@@ -416,6 +416,12 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
     buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, T),
                  internode_layout.rdma_size_hint(2 * H, num_ranks, G, T), explicitly_destroy=True)
     seed = checker.shared_seed(buf.group)
+    # get_local_buffer_tensor(use_rdma_buffer=True): a view of this rank's RDMA area (written before any call)
+    view = buf.get_local_buffer_tensor(torch.int32, size=(4096,), offset=512, use_rdma_buffer=True)
+    view.copy_(torch.arange(4096, dtype=torch.int32, device=buf.device) + rank)
+    again = buf.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)[512:512 + 4 * 4096].view(torch.int32)
+    want = torch.arange(4096, dtype=torch.int32) + rank
+    rdma_view_ok = again.numel() == 4096 and bool(torch.equal(again.cpu(), want))
     good = sci.selfcheck_ht.Case("good round", num_tokens=T, hidden=H, num_experts=E, num_sms=8)
     g = torch.Generator(device=buf.device).manual_seed(seed + rank)
     x = torch.randn(T, H, generator=g, device=buf.device).to(torch.bfloat16)
@@ -436,7 +442,7 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
         "combine of a rebuilt handle, too large for the NVL buffer": lambda: buf.combine(
             torch.zeros(recv_x.size(0), wide, dtype=torch.bfloat16, device=buf.device), rebuilt, config=Config(8)),
     }
-    res = {"cases": [], "calls": []}
+    res = {"cases": [], "calls": [], "rdma_view_ok": rdma_view_ok}
     for i, (name, call) in enumerate(calls.items()):
         error = None
         try:
