@@ -20,3 +20,16 @@ def test_internode_catalogue_excludes_only_existing_cases_and_keeps_the_rest_of_
     for kind in ("handle of", "handle None", "too large for the", "intranode handle"):
         assert any(kind in n and n.startswith("internode") for n in internode), kind
     assert len(internode) >= 75
+
+
+def test_catalogue_problems_names_every_kind_of_failure():
+    good = {"outcomes": [("a", True, "ValueError: x")], "rounds": [(0, 10, [])], "num_cases": 25}
+    assert bad_inputs.catalogue_problems([good, good]) == []
+    no_error = {**good, "outcomes": [("a", False, "no error raised")]}
+    mismatch = {**good, "rounds": [(0, 10, ["combine.combined_x: 3 elements differ"])]}
+    no_checks = {**good, "rounds": [(0, 0, [])]}
+    missing = {**good, "rounds": []}
+    for res, text in ((no_error, "rank 1 a: no error raised"), (mismatch, "combined_x"),
+                      (no_checks, "0 checks"), (missing, "0 good rounds for 25 cases")):
+        problems = bad_inputs.catalogue_problems([good, res])
+        assert len(problems) == 1 and text in problems[0], problems

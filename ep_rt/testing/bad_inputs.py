@@ -445,6 +445,19 @@ def internode_cases() -> list[BadInput]:
     return shared + _internode_only_cases()
 
 
+def catalogue_problems(results: list, check_every: int = 25) -> list[str]:
+    """What went wrong on any rank of run_catalogue's results: a case without its error, a missing good round, a
+    good round with no checks or with a mismatch (empty: the catalogue passed)."""
+    problems = []
+    for rank, res in enumerate(results):
+        problems += [f"rank {rank} {name}: {detail}" for name, ok, detail in res["outcomes"] if not ok]
+        if len(res["rounds"]) < res["num_cases"] // check_every:
+            problems.append(f"rank {rank}: {len(res['rounds'])} good rounds for {res['num_cases']} cases")
+        problems += [f"rank {rank} good round after case {i}: {checks} checks, {failures[:5]}"
+                     for i, checks, failures in res["rounds"] if checks <= 0 or failures]
+    return problems
+
+
 def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25, internode: bool = False) -> dict:
     """Every case on this rank's Buffer, with good rounds in between; returns per-case outcomes. internode: the
     internode catalogue on a Buffer across (emulated) nodes, its good rounds checked against the internode
