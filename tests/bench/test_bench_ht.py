@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ep_rt import Buffer, Config
-from ep_rt.testing.bench import KernelTimer, ht_inputs
+from ep_rt.testing.bench import ht_inputs
 
 from . import two_ranks
 
@@ -59,22 +59,8 @@ def test_ht(benchmark, pair, case):
     buf, sets = pair
     two_ranks.announce(case)
     fn, nbytes = _calls(buf, case, sets)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=buf.device)
-    timer = KernelTimer()
-
-    def setup():
-        flush.zero_()
-        torch.cuda.synchronize()
-
-    def call():
-        fn()
-        torch.cuda.synchronize()
-
-    buf._ht.timer = timer
-    benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
-    buf._ht.timer = None
     kernel = "combine" if case.startswith("combine") else "dispatch"
-    times = timer.collect()[kernel][WARMUP:]
+    times = two_ranks.timed_ht_kernels(benchmark, buf, fn, ROUNDS, WARMUP)[kernel][WARMUP:]
     kernel_us = statistics.median(times)
     benchmark.extra_info.update(kernel=kernel, kernel_us_median=round(kernel_us, 1), num_sms=SMS,
                                 gbps_deepep_formula=round(nbytes / kernel_us / 1e3, 1))

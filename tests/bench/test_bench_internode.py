@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from ep_rt import Buffer, Config
-from ep_rt.testing.bench import IN_KERNELS, KernelTimer, ht_inputs
+from ep_rt.testing.bench import IN_KERNELS, ht_inputs
 
 from . import two_ranks
 
@@ -67,21 +67,7 @@ def test_internode(benchmark, pair, case):
     buf, sets = pair
     two_ranks.announce(case)
     fn, row_bytes, num_recv, rdma_tokens = _calls(buf, case, sets)
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=buf.device)
-    timer = KernelTimer()
-
-    def setup():
-        flush.zero_()
-        torch.cuda.synchronize()
-
-    def call():
-        fn()
-        torch.cuda.synchronize()
-
-    buf._ht.timer = timer
-    benchmark.pedantic(call, setup=setup, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
-    buf._ht.timer = None
-    got = timer.collect()
+    got = two_ranks.timed_ht_kernels(benchmark, buf, fn, ROUNDS, WARMUP)
     kernels = IN_KERNELS["combine" if case.startswith("combine") else "dispatch"]
     sums = [sum(v) for v in zip(*(got[k] for k in kernels))][WARMUP:]
     kernel_us = statistics.median(sums)

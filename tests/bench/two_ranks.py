@@ -46,3 +46,27 @@ def pair(setup, make_call, calls_per_case):
 
 def announce(case: str) -> None:
     dist.broadcast_object_list([case], src=0)
+
+
+def timed_ht_kernels(benchmark, buf, fn, rounds: int, warmup: int) -> dict:
+    """pytest-benchmark rounds of fn() on rank 0 (L2 flushed before each, synchronised after), with the HT op's
+    kernels timed by CUDA events (ep_rt.testing.bench.KernelTimer): {kernel name: [us per round, warm-up first]}."""
+    from ep_rt.testing.bench import KernelTimer
+
+    flush = torch.empty(256 << 20, dtype=torch.uint8, device=buf.device)
+    timer = KernelTimer()
+
+    def setup():
+        flush.zero_()
+        torch.cuda.synchronize()
+
+    def call():
+        fn()
+        torch.cuda.synchronize()
+
+    buf._ht.timer = timer
+    try:
+        benchmark.pedantic(call, setup=setup, rounds=rounds, warmup_rounds=warmup, iterations=1)
+    finally:
+        buf._ht.timer = None
+    return timer.collect()
