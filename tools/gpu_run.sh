@@ -1,37 +1,101 @@
 #!/usr/bin/env bash
-# The whole GPU job for one device-tool call, from the repository root of a checkout (no install: the
-# checkout on PYTHONPATH). Steps run in order of importance, each under its own time limit, logs in $OUT.
-# Usage: tools/gpu_run.sh [COMMIT]   (STEPS="tests main bench" by default; smoke/suite/rest are subsets;
-#        issue 12: doctor, cli (tune/doctor/topk_idx_t GPU tests), bench_cli, megatron (needs the wheels in
-#        MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder);
-#        soak / soak4 / soak_base (BASE=<checkout>) run the LL soak; chaos (the chaos-transport GPU tests) and
-#        soak_chaos (the LL soak on emulated nodes through the chaos transport);
-#        on an 8-GPU node: STEPS="ep8 ep8_main ep4_main";
-#        internode (emulated nodes): internode internode_main internode_aggressive internode_chaos)
+# The whole GPU job of one device-tool call, from the repository root of the copy the device tool made (no
+# install: the checkout on PYTHONPATH). It refuses to start unless the files here are the commit they claim to be
+# (a digest of every file, computed here, equal to the one computed from git on the CPU side) and the cubins are
+# up to date (tools/build_cubins.py --check).
+#
+# Usage:  bash tools/gpu_run.sh COMMIT DIGEST
+#   COMMIT  the commit the checkout is, as the CPU side names it (git rev-parse --short HEAD)
+#   DIGEST  that commit's tree digest, computed on the CPU side in the checkout:
+#             python3 tools/tree_digest.py --commit COMMIT
+#   e.g.    CPU side:  C=$(git rev-parse --short HEAD); D=$(python3 tools/tree_digest.py --commit "$C")
+#           device:    STEPS="tests main" bash tools/gpu_run.sh $C $D
+# Environment:
+#   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
+#          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
+#          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
+#          soak_ht, cu12, retest (RETEST="pytest ids"), doctor, cli, bench_cli, megatron (wheels in
+#          MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
+#          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
+#   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
+#          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
+#   OUT    where the results go (default /tmp/ep_rt_gpu_run)
+# Output: each call of this script is one attempt, named by its UTC start time (e.g. 20261201T141923Z); nothing of
+# an earlier attempt is overwritten. In $OUT/<attempt>/:
+#   env.txt       attempt, date, commit, both digests, GPUs, versions, the cubin check
+#   summary.txt   per step: the command, then "ok", "FAILED (exit N)" or "TIMEOUT" and its seconds, the log's
+#                 tail; at the end "result: ..." (written only by this script: never edit it by hand)
+#   logs.tar.gz   every file of the attempt: env.txt, summary.txt, tree_digest.txt (the per-file list), each
+#                 step's log, bench json. The device tool brings back at most 8 files from $OUT, none deeper than
+#                 $OUT/a/b/file, so the step logs travel in this archive, rewritten after every step (a call killed
+#                 mid-way still brings back the steps before). File it unpacked as docs/gpu_runs/<date>_<commit>/<attempt>/.
+# Exit: 0 every step ok; 1 a step failed or timed out; 2 refused (wrong tree, stale cubins, bad usage).
 set -uo pipefail
-OUT=${OUT:-/tmp/ep_rt_gpu_run}; mkdir -p "$OUT"
+
+if [ $# -ne 2 ] || ! [[ $2 =~ ^[0-9a-f]{64}$ ]]; then
+  echo "gpu_run.sh: needs COMMIT and its tree DIGEST (64 hex digits)" >&2
+  sed -n '7,13p' "$0" >&2
+  exit 2
+fi
+COMMIT=$1 EXPECTED=$2
+OUT=${OUT:-/tmp/ep_rt_gpu_run}
+STEPS=${STEPS:-tests main main_aggressive bench}
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # NVLink multicast stays off on these machines (shared hosts); EP_RT needs none of it.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
-STEPS=${STEPS:-tests main main_aggressive bench}
 # A peer that never comes fails a wait after this long (the tests that test timeouts set their own).
 export EP_RT_TIMEOUT_S=${EP_RT_TIMEOUT_S:-30}
-{
-  echo "date: $(date -u +%FT%TZ)"; echo "commit: ${1:-unknown}"
-  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
-  nvidia-smi topo -m
-  python3 -c "import torch, cuda.bindings, importlib.metadata as m; from ep_rt.runtime import driver; from ep_rt.transport import nvshmem; v = lambda n: next((d.version for d in m.distributions() if d.metadata['Name'] == n), 'none'); print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| driver', driver.driver_version(), '| nvshmem-cu12', v('nvidia-nvshmem-cu12'), '| nvshmem-cu13', v('nvidia-nvshmem-cu13'), '| host library flavour', nvshmem.host_flavour(), '| EP_RT_CUBIN_FLAVOUR', __import__('os').environ.get('EP_RT_CUBIN_FLAVOUR', 'unset'), '| pytest-benchmark', m.version('pytest-benchmark'))"
-  python3 tools/build_cubins.py --check
-} > "$OUT/env.txt" 2>&1
-run() {  # name, limit_s, command...
-  local name=$1 limit=$2; shift 2
-  echo "=== $name: $*" | tee -a "$OUT/summary.txt"
-  timeout -k 10 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "=== $name: exit $?" | tee -a "$OUT/summary.txt"
-  tail -n 5 "$OUT/$name.log" | tee -a "$OUT/summary.txt"
+
+# ---- the attempt: its own folder of results and of logs, never an earlier attempt's ----------------------
+LOG_ROOT=${LOG_ROOT:-/tmp/ep_rt_gpu_logs}  # the step logs (outside $OUT: see Output above)
+ATTEMPT=$(date -u +%Y%m%dT%H%M%SZ)
+base=$ATTEMPT; n=1
+while [ -e "$OUT/$ATTEMPT" ] || [ -e "$LOG_ROOT/$ATTEMPT" ]; do n=$((n + 1)); ATTEMPT=$base-$n; done
+RES=$OUT/$ATTEMPT LOGS=$LOG_ROOT/$ATTEMPT
+mkdir -p "$RES" "$LOGS"
+SUMMARY=$LOGS/summary.txt
+: > "$SUMMARY"
+
+say() { echo "$*" | tee -a "$SUMMARY"; }
+pack() {  # the attempt's files into $RES (the archive replaced whole, never half-written)
+  cp "$SUMMARY" "$RES/summary.txt"
+  [ -f "$LOGS/env.txt" ] && cp "$LOGS/env.txt" "$RES/env.txt"
+  tar czf "$RES/logs.tar.gz.part" -C "$LOGS" . && mv "$RES/logs.tar.gz.part" "$RES/logs.tar.gz"
 }
-for step in $STEPS; do
-  case $step in
+refuse() { say "REFUSED: $*"; say "result: refused, no step ran"; pack; exit 2; }
+CURRENT=setup
+trap 'say "=== KILLED by a signal during $CURRENT"; say "result: killed during $CURRENT"; pack; exit 143' TERM INT
+
+# ---- one step -----------------------------------------------------------------------------------------------
+# run NAME LIMIT_S COMMAND...: the command under its time limit, its log $LOGS/NAME.log (a second run of a name
+# gets its own log), its verdict in summary.txt. A new step is one more line in the case below.
+DRY=0 FAILED_STEPS="" NUM_STEPS=0
+run() {
+  local name=$1 limit=$2; shift 2
+  [ "$DRY" = 1 ] && return 0
+  local log=$LOGS/$name.log k=1 start rc secs verdict
+  while [ -e "$log" ]; do k=$((k + 1)); log=$LOGS/$name.$k.log; done
+  CURRENT=$name NUM_STEPS=$((NUM_STEPS + 1))
+  say "=== $name: $* (limit ${limit} s, started $(date -u +%T) UTC)"
+  pack
+  start=$(date +%s)
+  timeout -k 10 "$limit" "$@" > "$log" 2>&1
+  rc=$?
+  secs=$(($(date +%s) - start))
+  case $rc in
+    0) verdict="ok" ;;
+    124|137) verdict="TIMEOUT (limit ${limit} s, exit $rc)" ;;
+    *) verdict="FAILED (exit $rc)" ;;
+  esac
+  [ "$rc" = 0 ] || FAILED_STEPS="$FAILED_STEPS $name"
+  say "=== $name: $verdict after ${secs} s, log $(basename "$log")"
+  tail -n 5 "$log" | tee -a "$SUMMARY"
+  CURRENT=between-steps
+  pack
+}
+
+step() {  # one named step; returns 3 for a name it does not know
+  case $1 in
     smoke) run smoke 120 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
              "tests/gpu/test_intranode_gpu.py::test_buffer_construction_peer_mapping_and_barrier" ;;
     suite) run suite 360 python3 -m pytest -q -rs tests/gpu/test_intranode_gpu.py -k "match_reference" ;;
@@ -48,8 +112,8 @@ for step in $STEPS; do
     soak)  run soak 420 python3 tools/ll_soak.py --ranks 2 --rounds "${SOAK_ROUNDS:-3000}" --timeout 400 ;;
     soak4) run soak4 420 python3 tools/ll_soak.py --ranks 4 --rounds "${SOAK_ROUNDS4:-1500}" --timeout 400 ;;
     # The same soak on another checkout (BASE, e.g. the commit before a fix, with ep_rt/soak_ll.py copied in).
-    soak_base) run soak_base 300 env PYTHONPATH="$BASE" EP_RT_TIMEOUT_S=10 python3 tools/ll_soak.py --ranks 2 \
-             --rounds "${SOAK_ROUNDS:-3000}" --timeout 240 ;;
+    soak_base) run soak_base 300 env PYTHONPATH="${BASE:?soak_base needs BASE}" EP_RT_TIMEOUT_S=10 \
+             python3 tools/ll_soak.py --ranks 2 --rounds "${SOAK_ROUNDS:-3000}" --timeout 240 ;;
     soak_emul) run soak_emul 300 env EP_RT_RANKS_PER_NODE=1 python3 tools/ll_soak.py --ranks 2 \
              --rounds "${SOAK_ROUNDS_EMUL:-1000}" --timeout 240 ;;   # the LL put path (emulated nodes)
     # The chaos transport (docs/CHAOS_TRANSPORT.md): its probe, the LL suite on emulated nodes, then the LL soak.
@@ -66,16 +130,15 @@ for step in $STEPS; do
     # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).
     cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py \
              tests/gpu/test_layout_gpu.py tests/gpu/test_intranode_gpu.py -k "not more_ranks" ;;
-    retest) run retest 300 python3 -m pytest -q -rs ${RETEST} ;;
+    retest) run retest 300 python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
-    bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$OUT/bench_cli.json" ;;
+    bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$LOGS/bench_cli.json" ;;
     # megatron-core from carried wheels into a folder of its own (no network there), then its client test.
-    megatron) MC_SITE=/tmp/ep_rt_megatron_site
-             python3 -m pip install -q --no-deps --no-index --target "$MC_SITE" \
-               "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl > "$OUT/megatron_install.log" 2>&1
-             run megatron 900 env PYTHONPATH="$MC_SITE:$PWD" python3 -m pytest -q -rs tests/gpu/test_megatron_gpu.py \
-               tests/test_megatron_expectation.py tests/test_deep_ep_alias.py ;;
+    megatron) run megatron_install 300 python3 -m pip install -q --no-deps --no-index --target /tmp/ep_rt_megatron_site \
+               "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl
+             run megatron 900 env PYTHONPATH="/tmp/ep_rt_megatron_site:$PWD" python3 -m pytest -q -rs \
+               tests/gpu/test_megatron_gpu.py tests/test_megatron_expectation.py tests/test_deep_ep_alias.py ;;
     # Internode on emulated nodes (issue 11): the GPU tests, then the whole case list through the main command
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
     internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py ;;
@@ -87,6 +150,51 @@ for step in $STEPS; do
     internode_chaos) run internode_chaos 600 env EP_RT_CHAOS_TRANSPORT=1 EP_RT_NET_TIMEOUT_S=120 python3 -m ep_rt \
              --ranks 4 --internode 2 --no-bench ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
-             --benchmark-json="$OUT/bench.json" ;;
+             --benchmark-json="$LOGS/bench.json" ;;
+    *) return 3 ;;
   esac
+}
+
+# ---- what ran: the tree by content and the cubins (refused at once if wrong), then the machine --------------
+skip_args=()
+for s in ${SKIP:-}; do skip_args+=(--skip "$s"); done
+DIGEST=$(python3 tools/tree_digest.py --list "$LOGS/tree_digest.txt" ${skip_args[@]+"${skip_args[@]}"} \
+  2> "$LOGS/tree_digest.err")
+DIGEST_RC=$?
+python3 tools/build_cubins.py --check > "$LOGS/cubin_check.txt" 2>&1
+CUBINS_RC=$?
+{
+  echo "attempt: $ATTEMPT"; echo "date: $(date -u +%FT%TZ)"; echo "commit: $COMMIT"
+  echo "expected tree digest (from git, CPU side): $EXPECTED"
+  echo "tree digest (of the files here): ${DIGEST:-none} (tools/tree_digest.py exit $DIGEST_RC)"
+  cat "$LOGS/tree_digest.err"
+  echo "skipped paths: ${SKIP:-none}"; echo "steps: $STEPS"
+  echo "tools/build_cubins.py --check (exit $CUBINS_RC):"; cat "$LOGS/cubin_check.txt"
+} > "$LOGS/env.txt" 2>&1
+say "attempt $ATTEMPT: commit $COMMIT, steps: $STEPS"
+
+[ "$DIGEST_RC" = 0 ] || refuse "tools/tree_digest.py failed here (exit $DIGEST_RC): $(cat "$LOGS/tree_digest.err")"
+[ "$DIGEST" = "$EXPECTED" ] || refuse "the files here are not commit $COMMIT: tree digest $DIGEST, expected $EXPECTED" \
+  "(an uncommitted change, an untracked file, or a carried path missing from SKIP; diff tree_digest.txt in" \
+  "logs.tar.gz with: python3 tools/tree_digest.py --commit $COMMIT --list FILE)"
+[ "$CUBINS_RC" = 0 ] || refuse "tools/build_cubins.py --check failed (exit $CUBINS_RC): the cubins do not match" \
+  "their sources (env.txt lists them)"
+DRY=1  # every step known and its settings given (BASE, RETEST), before any runs
+for s in $STEPS; do
+  err=$( (step "$s") 2>&1 ) || refuse "step '$s' is unknown or lacks a setting ${err:+($err)}; tools/gpu_run.sh lists the steps"
 done
+DRY=0
+say "tree digest $DIGEST = commit $COMMIT's; cubins up to date"
+{
+  nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
+  nvidia-smi topo -m
+  python3 -c "import torch, cuda.bindings, importlib.metadata as m; from ep_rt.runtime import driver; from ep_rt.transport import nvshmem; v = lambda n: next((d.version for d in m.distributions() if d.metadata['Name'] == n), 'none'); print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| driver', driver.driver_version(), '| nvshmem-cu12', v('nvidia-nvshmem-cu12'), '| nvshmem-cu13', v('nvidia-nvshmem-cu13'), '| host library flavour', nvshmem.host_flavour(), '| EP_RT_CUBIN_FLAVOUR', __import__('os').environ.get('EP_RT_CUBIN_FLAVOUR', 'unset'), '| pytest-benchmark', m.version('pytest-benchmark'))"
+} >> "$LOGS/env.txt" 2>&1
+
+for s in $STEPS; do step "$s"; done
+if [ -z "$FAILED_STEPS" ]; then
+  say "result: all $NUM_STEPS steps ok"
+  pack; exit 0
+fi
+say "result: failed or timed out:$FAILED_STEPS (of $NUM_STEPS steps)"
+pack; exit 1
