@@ -1,5 +1,5 @@
-"""What every GPU check shares: one fresh seed per run, agreed by all ranks, and a bit-exact comparer that
-collects failures instead of stopping at the first."""
+"""What every GPU check shares: one fresh seed per run, agreed by all ranks, a strict case filter, and a bit-exact
+comparer (dtype and shape first) that collects failures instead of stopping at the first."""
 from __future__ import annotations
 
 import os
@@ -26,9 +26,22 @@ def expert_recv_counts(idxs, rank: int, num_local_experts: int, device) -> torch
 
 
 def _bits(t):
-    if t is None:
-        return None
+    """The same bytes as integers of the same width, so equal bits compare equal (NaN payloads, -0.0 too)."""
     return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64)
+
+
+def select(cases, names, also=()):
+    """The cases whose names are in `names`, in the cases' own order; `also`: further names the caller handles
+    itself (a graph case, say). A name that is neither raises, listing the known names, so a renamed case cannot
+    drop out of a filtered run unseen. names None: every case."""
+    if names is None:
+        return list(cases)
+    names = [names] if isinstance(names, str) else list(names)
+    known = [c.name for c in cases] + list(also)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown case names {unknown}; known: {known}")
+    return [c for c in cases if c.name in names]
 
 
 class Checker:
@@ -36,6 +49,9 @@ class Checker:
         self.case, self.failures, self.checks = case, [], 0
 
     def equal(self, what: str, got, want, rows=None) -> None:
+        """got must be want bit for bit, with want's dtype and shape. rows: only the first `rows` rows are defined
+        (the API leaves the rest undefined, e.g. past num_recv with num_worst_tokens): both must still have want's
+        whole shape, and only those rows are compared."""
         self.checks += 1
         if got is None or want is None:
             if (got is None) != (want is None):
@@ -46,11 +62,22 @@ class Checker:
             if list(got) != want:
                 self.failures.append(f"{what}: got {list(got)[:8]}..., want {want[:8]}...")
             return
-        got, want = got.to(want.device), want
-        if rows is not None:
-            got, want = got[:rows], want[:rows]
+        if not isinstance(got, torch.Tensor):
+            self.failures.append(f"{what}: got a {type(got).__name__}, want a tensor")
+            return
+        if got.dtype != want.dtype:
+            self.failures.append(f"{what}: dtype {got.dtype} != {want.dtype}")
+            return
         if got.shape != want.shape:
             self.failures.append(f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}")
-        elif not torch.equal(_bits(got), _bits(want)):
+            return
+        got = got.to(want.device)
+        if rows is not None:
+            if want.dim() == 0 or not 0 <= rows <= want.size(0):
+                self.failures.append(f"{what}: {rows} defined rows, but the expected tensor has shape "
+                                     f"{tuple(want.shape)}")
+                return
+            got, want = got[:rows], want[:rows]
+        if not torch.equal(_bits(got), _bits(want)):
             bad = (_bits(got) != _bits(want)).nonzero()
             self.failures.append(f"{what}: {bad.size(0)} elements differ, first at {bad[0].tolist()}")

@@ -5,8 +5,13 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from . import bench as bench_mod, bench_main, selfcheck_ll
-from .checker import shared_seed
+from .checker import select, shared_seed
 from .selfcheck_ht import run_case, run_graph_case, standard_cases
+
+# The cases of --quick (a name that is not a case raises: checker.select).
+QUICK_HT = ("bf16 HT shape", "fp8 row scales", "num_worst_tokens", "holes (-1 in topk_idx)", "bias pair")
+QUICK_INTERNODE = ("bf16 HT shape", "fp8 row scales", "num_worst_tokens", "every token spans every node", "bias pair")
+QUICK_LL = ("fp8", "hooks", "LL reference shape (128 x 7168, top-8, 288 experts)")
 
 
 def main_rank(rank, num_ranks, quick, bench, num_sms):
@@ -16,10 +21,7 @@ def main_rank(rank, num_ranks, quick, bench, num_sms):
     hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
     buffer = Buffer(dist.group.WORLD, hint, explicitly_destroy=True)
     seed = shared_seed(buffer.group)
-    cases = standard_cases(num_ranks)
-    if quick:
-        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
-                                                "holes (-1 in topk_idx)", "bias pair")]
+    cases = select(standard_cases(num_ranks), QUICK_HT if quick else None)
     rows = []
     for i, case in enumerate(cases):
         chk = run_case(buffer, case, seed + i)
@@ -45,10 +47,7 @@ def internode_rank(rank, num_ranks, quick, bench, num_sms):
                     cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True)
     G = buffer.topology.node_size
     seed = shared_seed(buffer.group)
-    cases = sci.internode_cases(num_ranks, G)
-    if quick:
-        cases = [c for c in cases if c.name in ("bf16 HT shape", "fp8 row scales", "num_worst_tokens",
-                                                "every token spans every node", "bias pair")]
+    cases = select(sci.internode_cases(num_ranks, G), QUICK_INTERNODE if quick else None)
     rows = []
     for i, case in enumerate(cases):
         chk = sci.run_case(buffer, case, seed + i, G)
@@ -65,9 +64,7 @@ def low_latency_round(num_ranks, seed, quick, bench):
     """The LL part of `python -m ep_rt`: checks against ep_rt.reference_ll, graph replays, the LL benchmark."""
     from .. import Buffer
 
-    cases = selfcheck_ll.ll_cases(num_ranks)
-    if quick:
-        cases = [c for c in cases if c.name in ("fp8", "hooks", "LL reference shape (128 x 7168, top-8, 288 experts)")]
+    cases = select(selfcheck_ll.ll_cases(num_ranks), QUICK_LL if quick else None)
     need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts) for c in cases)
     buffer = Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
     rows = []

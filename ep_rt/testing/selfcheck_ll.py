@@ -145,13 +145,15 @@ def to_packed(y: torch.Tensor, src_info: torch.Tensor, layout_range: torch.Tenso
 
 
 def _blocks(chk: Checker, what: str, got_x, got_scales, got_src, got_range, want, L: int, R: int) -> None:
-    """Compare the valid rows of every local expert (rows past the count are undefined on the GPU)."""
+    """Compare the valid rows of every local expert (rows past the count are undefined on the GPU); the whole
+    [R * T, ...] block of each expert must still have the reference's shape and dtype."""
     for l in range(L):
         n = int(want["packed_recv_count"][l])
-        chk.equal(f"{what} src_info[{l}]", got_src[l, :n], want["packed_recv_src_info"][l, :n])
-        chk.equal(f"{what} x[{l}]", got_x[l, :n], want["packed_recv_x"][l, :n])
-        if got_scales is not None:
-            chk.equal(f"{what} scales[{l}]", got_scales[l, :n], want["packed_recv_x_scales"][l, :n])
+        chk.equal(f"{what} src_info[{l}]", got_src[l], want["packed_recv_src_info"][l], rows=n)
+        chk.equal(f"{what} x[{l}]", got_x[l], want["packed_recv_x"][l], rows=n)
+        if got_scales is not None or want["packed_recv_x_scales"] is not None:
+            chk.equal(f"{what} scales[{l}]", None if got_scales is None else got_scales[l],
+                      want["packed_recv_x_scales"][l] if want["packed_recv_x_scales"] is not None else None, rows=n)
 
 
 def _logfmt_term_slack(y: torch.Tensor) -> torch.Tensor:

@@ -33,11 +33,13 @@ def test_internode_matches_reference(num_ranks, ranks_per_node):
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
 
+AGGRESSIVE_CASES = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "bias pair", "every token spans every node"]
+
+
 @gpus(1)
 def test_internode_aggressive_variant():
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "20", "EP_RT_NET_TIMEOUT_S": "40"}
-    names = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "bias pair", "every token spans every node"]
-    results = run_ranks(workers.internode_suite, 4, args=(2, names, True, False), env=env, timeout_s=600)
+    results = run_ranks(workers.internode_suite, 4, args=(2, AGGRESSIVE_CASES, True, False), env=env, timeout_s=600)
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 

@@ -58,9 +58,7 @@ GRAPH_CASE = "cuda graph replays (num_worst_tokens)"
 
 def suite(rank, num_ranks, case_names=None, aggressive=False):
     os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
-    cases = selfcheck.standard_cases(num_ranks)
-    if case_names is not None:
-        cases = [c for c in cases if c.name in case_names]
+    cases = checker.select(selfcheck.standard_cases(num_ranks), case_names, also=(GRAPH_CASE,))
     need = Config(24).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
     buf = Buffer(dist.group.WORLD, need, explicitly_destroy=True)
     seed = checker.shared_seed(buf.group)
@@ -252,7 +250,7 @@ def topk_bits(rank, num_ranks):
     out = suite(rank, num_ranks, TOPK_BITS_HT_CASES + (GRAPH_CASE,))["cases"]
     buf = ll_buffer(num_ranks)
     seed = checker.shared_seed(buf.group)
-    for i, case in enumerate(c for c in selfcheck_ll.ll_cases(num_ranks) if c.name in TOPK_BITS_LL_CASES):
+    for i, case in enumerate(checker.select(selfcheck_ll.ll_cases(num_ranks), TOPK_BITS_LL_CASES)):
         chk = selfcheck_ll.run_ll_case(buf, case, seed + i)
         out.append(("LL " + case.name, chk.checks, chk.failures))
     buf.destroy()
@@ -268,9 +266,7 @@ def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive
 
     os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
     G = ranks_per_node
-    cases = sci.internode_cases(num_ranks, G)
-    if case_names is not None:
-        cases = [c for c in cases if c.name in case_names]
+    cases = checker.select(sci.internode_cases(num_ranks, G), case_names)
     nvl = internode_layout.nvl_size_hint(max_shape[0], num_ranks, max_shape[1])
     rdma = internode_layout.rdma_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
@@ -322,6 +318,9 @@ def _destroy_quietly(buf):
         pass
 
 
+INTERNODE_LL_COMPAT_CASES = ("bf16 uniform", "fp8 row scales")
+
+
 def internode_with_low_latency(rank, num_ranks, ranks_per_node):
     """DeepEP's LL-compatibility case: one Buffer with low_latency_mode=True and an NVL buffer across nodes serves
     internode high-throughput and low-latency calls, interleaved, each bit-exact (HT gets its own symmetric buffer,
@@ -336,7 +335,7 @@ def internode_with_low_latency(rank, num_ranks, ranks_per_node):
     buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048 * 2, num_ranks, 1024), rdma,
                  low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
     seed = checker.shared_seed(buf.group)
-    ht_cases = [c for c in sci.internode_cases(num_ranks, G) if c.name in ("bf16 uniform", "fp8 row scales")]
+    ht_cases = checker.select(sci.internode_cases(num_ranks, G), INTERNODE_LL_COMPAT_CASES)
     out = []
     for i in range(2):
         for j, case in enumerate(ht_cases):
