@@ -1,5 +1,8 @@
-"""The bad-input catalogue's structure (CPU): names unique, and the internode catalogue leaves out only cases that
+"""The bad-input catalogue on the CPU: names unique, exact sizes, which cases may launch kernels, the outcome of a
+case (its error, its message and the launch counter), and that the internode catalogue leaves out only cases that
 exist (a renamed intranode case must not silently drop out of, or into, the internode run)."""
+import pytest
+
 from ep_rt.testing import bad_inputs
 
 
@@ -33,3 +36,56 @@ def test_catalogue_problems_names_every_kind_of_failure():
                       (no_checks, "0 checks"), (missing, "0 good rounds for 25 cases")):
         problems = bad_inputs.catalogue_problems([good, res])
         assert len(problems) == 1 and text in problems[0], problems
+
+
+def test_the_catalogues_have_their_exact_sizes():
+    """The README and the GPU tests name these counts; a case added or dropped must change them on purpose."""
+    assert len(bad_inputs.CASES) == 147
+    assert len(bad_inputs.internode_cases()) == 81
+
+
+def test_the_cases_that_launch_kernels_are_exactly_those_whose_errors_kernels_find():
+    """Every other case must raise before any ep_rt kernel runs (docs/INTERNODE_DESIGN.md "Errors" for the two
+    internode ones); those that launch say why, and the GPU run checks the counter moved for them."""
+    launching = {c.name for c in bad_inputs.CASES if c.launches}
+    assert launching == {"LL expert id == num_experts", "LL expert id -3", "num_worst_tokens too small"}
+    assert all(c.completes for c in bad_inputs.CASES if c.launches)
+    internode = {c.name for c in bad_inputs.internode_cases() if c.launches}
+    assert internode == {"num_worst_tokens too small", "internode dispatch too large for the RDMA buffer"}
+    with pytest.raises(ValueError, match="say why"):
+        bad_inputs.BadInput("x", lambda c: None, ValueError, "x", completes=True)
+
+
+def _case(launches=""):
+    return bad_inputs.BadInput("c", lambda c: None, ValueError, "must be 2-D", launches=launches)
+
+
+def test_case_outcome_checks_the_error_its_message_and_the_launch_counter():
+    right = ValueError("topk_idx must be 2-D")
+    assert bad_inputs.case_outcome(_case(), right, 0) == (True, "ValueError: topk_idx must be 2-D")
+    ok, detail = bad_inputs.case_outcome(_case(), right, 2)
+    assert not ok and "2 kernel(s) launched before the error" in detail
+    ok, detail = bad_inputs.case_outcome(_case("the kernels find it"), right, 0)
+    assert not ok and "no kernel launched" in detail
+    assert bad_inputs.case_outcome(_case("the kernels find it"), right, 3)[0]
+    assert not bad_inputs.case_outcome(_case(), TypeError("must be 2-D"), 0)[0]           # wrong type
+    assert not bad_inputs.case_outcome(_case(), ValueError("bad"), 0)[0]                  # unclear message
+    assert bad_inputs.case_outcome(_case(), None, 0) == (False, "no error raised")
+    assert bad_inputs.case_outcome(_case(), None, 5, expect_error=False)[0]               # a rank with good input
+    assert not bad_inputs.case_outcome(_case(), right, 0, expect_error=False)[0]
+
+
+def test_ctx_bad_counts_from_the_bad_call_only(monkeypatch):
+    """A case with setup calls that launch (a hook's dispatch) marks its bad call: the count at the mark and at the
+    error are what the catalogue compares."""
+    counter = iter(range(10, 100))
+    monkeypatch.setattr(bad_inputs, "launch_count", lambda: next(counter))
+    ctx = object.__new__(bad_inputs.Ctx)
+    ctx.mark = ctx.at_error = None
+
+    def fails():
+        raise ValueError("already called")
+    with pytest.raises(ValueError):
+        ctx.bad(fails)
+    assert (ctx.mark, ctx.at_error) == (10, 11)
+    assert ctx.bad(lambda: "fine") == "fine" and ctx.mark == 12

@@ -2,7 +2,8 @@
 """The LL soak (ep_rt/soak_ll.py) from the command line, for A/B runs of whole checkouts in one device call:
     PYTHONPATH=<checkout> python tools/ll_soak.py --ranks 2 --rounds 3000 [--seed S]
     EP_RT_RANKS_PER_NODE=1 python tools/ll_soak.py --chaos ...   the put path through the chaos transport
-Prints one JSON line per rank; exit code 0 only if every rank finished every round with no mismatch."""
+Prints one JSON line per rank, then PASSED, or FAILED with every problem (rounds missing, mismatches, leaks);
+exit code 0 only if every rank finished every round with no mismatch and no memory growth."""
 import argparse
 import json
 import os
@@ -40,12 +41,14 @@ def main() -> int:
     except Exception as e:  # a rank raised or the run timed out: that is a failed soak, with its reason
         print(f"FAILED: {type(e).__name__}: {str(e)[-3000:]}")
         return 1
-    ok = True
     for rank, res in enumerate(results):
         print(json.dumps({"rank": rank, **res}))
-        ok &= res["first_bad"] is None and res["rounds"] == args.rounds and not any(res["bad"])
-    print("PASSED" if ok else "FAILED: mismatches")
-    return 0 if ok else 1
+    problems = soak_ll.problems(results, args.rounds)
+    if problems:
+        print("FAILED: " + "; ".join(problems))
+        return 1
+    print("PASSED")
+    return 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,19 @@ from . import driver
 from .modules import LoadedModule
 
 _streams: dict[int, object] = {}
+_launches = 0  # kernels this process launched through a Launcher (the bad-input catalogue reads it)
+
+
+def launch_count() -> int:
+    """How many kernels this process has launched through Launchers (every ep_rt kernel goes through one): a
+    test reads it before and after a call to tell whether any ep_rt kernel ran. Launches by torch or by NVSHMEM's
+    host library are not counted."""
+    return _launches
+
+
+def _counted() -> None:
+    global _launches
+    _launches += 1
 
 
 def driver_stream(torch_stream) -> object:
@@ -52,6 +65,7 @@ class Launcher:
         else:
             driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),
                               self._args_address, self.name)
+        _counted()
 
     def snapshot(self):
         """A launch with the current parameters frozen (for receive hooks that run after later calls).
@@ -72,5 +86,6 @@ class Launcher:
                                   ctypes.addressof(args), name)
             else:
                 driver.launch(function, grid, block, 0, driver_stream(stream), ctypes.addressof(args), name)
+            _counted()
 
         return launch

@@ -1,10 +1,14 @@
 """A catalogue of bad inputs across every public call, run on a live Buffer (issue 15's reliability suite).
 
 Each case makes one bad call and names the exception it must raise and a fragment of its message. Every case
-raises before any kernel runs, on every rank alike (so no rank is left waiting), except the few marked
-`completes`: the call runs on every rank and the kernel reports the caller's error at the next call, after which
-the Buffer stays usable. After every batch of cases a good high-throughput and low-latency round is checked
-against the reference: the Buffer stayed usable.
+raises before any kernel runs, on every rank alike (so no rank is left waiting): the process's ep_rt launch
+counter (runtime.launch.launch_count) must not move between the bad call and its error. The few cases that
+launch by design say why in `launches`, and for them the counter must move: those marked `completes` (the call
+runs on every rank and the kernel reports the caller's error at the next call, after which the Buffer stays
+usable), and the internode dispatch whose stream sizes only its notify kernel can count (docs/INTERNODE_DESIGN.md
+"Errors"). A case whose bad call follows calls that launch (a hook's dispatch) marks the bad call with Ctx.bad.
+After every batch of cases a good high-throughput and low-latency round is checked against the reference: the
+Buffer stayed usable.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import torch
 
 from .. import Buffer, Config
 from ..errors import BufferTooSmallError, EpRtError, KernelError
+from ..runtime.launch import launch_count
 
 N, H, K, E = 64, 256, 4, 16          # the HT inputs of the catalogue
 LL_T, LL_H, LL_E = 128, 1024, 32      # the LL inputs (selfcheck_ll's default case shape)
@@ -28,6 +33,11 @@ class BadInput:
     match: str      # a fragment of the message
     completes: bool = False  # the call runs; the error comes from the kernel at the next call (raise_if_failed)
     only_rank0: bool = False  # only rank 0's input is bad (the others must see no error)
+    launches: str = ""  # why ep_rt kernels run between the bad call and its error, by design; empty: none may
+
+    def __post_init__(self):
+        if self.completes and not self.launches:
+            raise ValueError(f"{self.name}: a case that completes launches kernels; say why in `launches`")
 
 
 class Ctx:
@@ -35,6 +45,7 @@ class Ctx:
 
     def __init__(self, buf: Buffer, seed: int):
         self.buf, dev, R = buf, buf.device, buf.group_size
+        self.mark = self.at_error = None  # launch counts around the bad call (Ctx.bad), for cases with setup calls
         g = torch.Generator().manual_seed(seed + buf.rank)
         self.x = torch.randn(N, H, generator=g).to(torch.bfloat16).to(dev)
         self.idx = torch.topk(torch.rand(N, E, generator=g), K).indices.to(dev)
@@ -55,6 +66,16 @@ class Ctx:
         self.ll_y = torch.zeros(L, R * LL_T, LL_H, dtype=torch.bfloat16, device=dev)
         buf.low_latency_combine(self.ll_y, self.ll_idx, self.ll_w, self.ll_handle)
         torch.cuda.synchronize()
+
+    def bad(self, call, *args, **kwargs):
+        """Make the case's bad call after setup calls that launch kernels: the launch check then counts from here
+        to its error only."""
+        self.mark = launch_count()
+        try:
+            return call(*args, **kwargs)
+        except Exception:
+            self.at_error = launch_count()
+            raise
 
     def dispatch_kwargs(self, **over):
         kw = dict(num_tokens_per_rank=self.per_rank, is_token_in_rank=self.in_rank,
@@ -91,6 +112,9 @@ def _replaced(handle, i):
 
 def _bf16(*shape, dev="cuda"):
     return torch.zeros(*shape, dtype=torch.bfloat16, device=dev)
+
+
+_LL_IDS = "the LL send kernel checks the ids (a host check would sync every decode step and break graph capture)"
 
 
 def _cases() -> list[BadInput]:
@@ -321,10 +345,11 @@ def _cases() -> list[BadInput]:
         BadInput("a call whose buffer still has an uncalled hook", _hook_pending, EpRtError, "never called"),
         # ---- caller errors the kernels report (the call completes on every rank; the Buffer stays usable) ----
         BadInput("LL expert id == num_experts", lambda c: _ll_bad_id(c, LL_E), KE, "topk_idx holds expert id",
-                 completes=True, only_rank0=True),
+                 completes=True, only_rank0=True, launches=_LL_IDS),
         BadInput("LL expert id -3", lambda c: _ll_bad_id(c, -3), KE, "topk_idx holds expert id", completes=True,
-                 only_rank0=True),
-        BadInput("num_worst_tokens too small", _worst_too_small, KE, "num_worst_tokens", completes=True),
+                 only_rank0=True, launches=_LL_IDS),
+        BadInput("num_worst_tokens too small", _worst_too_small, KE, "num_worst_tokens", completes=True,
+                 launches="with num_worst_tokens the host never reads the receive counts: the kernels find it"),
     ]
     return cases
 
@@ -338,7 +363,7 @@ def _hook_twice(c):
     _, _, _, _, hook = c.ll_dispatch(return_recv_hook=True)
     hook()
     try:
-        hook()
+        c.bad(hook)
     finally:
         c.ll_combine()  # a good combine on the other buffer keeps both buffers in use alike on every rank
 
@@ -348,7 +373,7 @@ def _hook_pending(c):
     # (the combine takes the earlier, finished handle: this dispatch's outputs exist only once its hook ran)
     hook2 = c.buf.low_latency_combine(c.ll_y, c.ll_idx, c.ll_w, c.ll_handle, return_recv_hook=True)[2]
     try:
-        c.ll_dispatch()  # the first call's buffer: its hook was never called
+        c.bad(c.ll_dispatch)  # the first call's buffer: its hook was never called
     finally:
         hook1()
         hook2()
@@ -427,7 +452,8 @@ def _internode_only_cases() -> list[BadInput]:
         BadInput("internode combine rebuilt handle, send_nvl_head columns", lambda c: c.combine(
             handle=_rebuilt(c.handle, 9, lambda t: t[:, :1].contiguous())), V, "ranks per node"),
         BadInput("internode dispatch too large for the RDMA buffer", lambda c: c.dispatch(x=_bf16(N, _rdma_hidden(c))),
-                 B, "num_rdma_bytes"),
+                 B, "num_rdma_bytes", launches="the notify kernel counts the (rank -> node) streams; the host raises "
+                                                "on the counts before any data kernel (INTERNODE_DESIGN.md Errors)"),
         BadInput("internode cached dispatch too large for the RDMA buffer", lambda c: c.buf.dispatch(
             _bf16(N, _rdma_hidden(c)), handle=c.handle), B, "num_rdma_bytes"),
         BadInput("internode combine too large for the RDMA buffer", lambda c: c.combine(
@@ -456,6 +482,23 @@ def catalogue_problems(results: list, check_every: int = 25) -> list[str]:
         problems += [f"rank {rank} good round after case {i}: {checks} checks, {failures[:5]}"
                      for i, checks, failures in res["rounds"] if checks <= 0 or failures]
     return problems
+
+
+def case_outcome(case: BadInput, error, launched: int, expect_error: bool = True) -> tuple[bool, str]:
+    """(ok, detail) of one case on one rank: `error` the exception its call raised (None: none), `launched` the
+    ep_rt kernels launched between its bad call and the error."""
+    if error is None:
+        return (not expect_error), "no error raised"
+    detail = f"{type(error).__name__}: {error}"
+    if not expect_error:
+        return False, f"raised where no error was expected: {detail}"
+    if not isinstance(error, case.error) or case.match.lower() not in str(error).lower():
+        return False, f"expected {case.error.__name__} with {case.match!r}, got {detail}"
+    if launched and not case.launches:
+        return False, f"{launched} kernel(s) launched before the error, which must come before any kernel: {detail}"
+    if case.launches and not launched:
+        return False, f"no kernel launched, though the case says it launches ({case.launches}): {detail}"
+    return True, detail
 
 
 def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25, internode: bool = False) -> dict:
@@ -491,12 +534,15 @@ def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25, i
 
     for i, case in enumerate(cases):
         expect_error = not (case.only_rank0 and rank != 0)
+        ctx.mark = ctx.at_error = None
+        before, error = launch_count(), None
         try:
             case.call(ctx)
-            outcomes.append((case.name, not expect_error, "no error raised"))
         except Exception as e:  # the case passes when it raised the right error with a clear message
-            ok = expect_error and isinstance(e, case.error) and case.match.lower() in str(e).lower()
-            outcomes.append((case.name, ok, f"{type(e).__name__}: {e}"))
+            error = e
+        at_error = launch_count() if ctx.at_error is None else ctx.at_error
+        launched = at_error - (before if ctx.mark is None else ctx.mark)
+        outcomes.append((case.name, *case_outcome(case, error, launched, expect_error)))
         if case.completes:
             dist.barrier()
         if (i + 1) % check_every == 0:

@@ -65,6 +65,23 @@ def _expected(row: torch.Tensor, reached: torch.Tensor, biases) -> torch.Tensor:
     return acc.to(torch.bfloat16)
 
 
+def problems(results: list, rounds: int) -> list[str]:
+    """What failed on any rank of ht_soak's results (empty: the soak passed): rounds not all run, mismatches in the
+    cheap checks (counts, combined, weights), failures of the full reference cases (or none run), leaks."""
+    out = []
+    for rank, res in enumerate(results):
+        if res["rounds"] != rounds:
+            out.append(f"rank {rank}: {res['rounds']} of {rounds} rounds ran")
+        if any(res["bad"]):
+            out.append(f"rank {rank}: mismatches {res['bad']} (counts, combined, weights)")
+        if res["full_failures"]:
+            out.append(f"rank {rank}: full reference cases failed: {res['full_failures'][:3]}")
+        if res["counts"]["full"] == 0:
+            out.append(f"rank {rank}: no full reference case ran")
+        out += [f"rank {rank}: leak: {leak}" for leak in res["leaks"]]
+    return out
+
+
 def ht_soak(rank: int, num_ranks: int, rounds: int, seed: int, full_every: int = 100, sample_every: int = 100) -> dict:
     import torch.distributed as dist
 

@@ -151,6 +151,20 @@ class _Tally:
         return self.per_round.sum(0)
 
 
+def problems(results: list, rounds: int) -> list[str]:
+    """What failed on any rank of ll_soak's results (empty: the soak passed): rounds not all run, mismatches, or
+    memory that grew (memory.leaks)."""
+    out = []
+    for rank, res in enumerate(results):
+        if res["rounds"] != rounds:
+            out.append(f"rank {rank}: {res['rounds']} of {rounds} rounds ran")
+        if any(res["bad"]) or res["first_bad"] is not None:
+            out.append(f"rank {rank}: mismatches {res['bad']} (counts, combined, LogFMT combined); first: "
+                       f"{res['first_bad']}")
+        out += [f"rank {rank}: leak: {leak}" for leak in res["leaks"]]
+    return out
+
+
 def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int = 50, features=FEATURES) -> dict:
     import torch.distributed as dist
 

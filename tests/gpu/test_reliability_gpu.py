@@ -19,8 +19,10 @@ def _seed():
 
 @gpus(1)
 def test_bad_input_catalogue():
+    """All 147 cases on 2 ranks: each raises its error before any ep_rt kernel launched (the launch counter did not
+    move between the call and its error; the cases that launch by design must have launched), then good rounds."""
     results = run_ranks(bad_inputs.run_catalogue, 2, args=(_seed(),), timeout_s=900)
-    assert all(res["num_cases"] >= 100 for res in results)
+    assert [res["num_cases"] for res in results] == [147, 147]
     problems = bad_inputs.catalogue_problems(results)
     assert not problems, "\n".join(problems)
 
@@ -60,8 +62,7 @@ def test_killed_peer(kind, shrink):
 def test_ht_soak_3000_rounds_without_growth():
     rounds = int(os.environ.get("EP_RT_SOAK_ROUNDS", "3000"))
     results = run_ranks(soak_ht.ht_soak, 2, args=(rounds, _seed()), timeout_s=1800)
-    for rank, res in enumerate(results):
-        assert res["rounds"] == rounds and res["bad"] == [0, 0, 0], res
-        assert not res["full_failures"] and res["counts"]["full"] > 0, res
+    problems = soak_ht.problems(results, rounds)
+    assert not problems, "\n".join(problems)
+    for res in results:
         assert res["counts"]["cached"] > 0 and res["counts"]["num_worst"] > 0 and res["counts"]["fp8"] > 0, res
-        assert not res["leaks"], res
