@@ -97,10 +97,6 @@ class Buffer:
         if topo.num_nodes > 1 and not internode and not low_latency_mode:
             raise ValueError(f"the ranks span {topo.describe()}: high-throughput mode across nodes needs "
                              f"num_rdma_bytes > 0 (see Config.get_rdma_buffer_size_hint)")
-        if internode and low_latency_mode and not allow_nvlink_for_low_latency_mode:
-            raise ValueError("allow_nvlink_for_low_latency_mode=False turns off NVSHMEM's NVLink (P2P) transport, "
-                             "which ep_rt's internode high-throughput kernels need to read the buffers of the ranks "
-                             "of their node; use it with a low-latency-only Buffer (num_nvl_bytes=0)")
         self._errors = self._own(ErrorRecords())
         self._session = None
         if topo.num_nodes == 1 or internode:  # the NVL buffer of my node (also the device barrier)

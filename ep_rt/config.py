@@ -53,7 +53,7 @@ class Config:
         G = _ranks_per_node(num_ranks_per_node)
         if num_ranks > G:
             _check_nodes(num_ranks, G)
-            return internode_layout.nvl_size_hint(hidden_bytes, num_ranks, num_max_tokens_per_rank)
+            return internode_layout.nvl_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
         return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
 
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096,

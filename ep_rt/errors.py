@@ -60,8 +60,9 @@ PHASES = {
     16: "internode combine handshake",
     17: "internode combine (waiting for this node's ranks' rows, as a forwarder)",
     18: "internode combine (waiting for a node's partial sums)",
+    19: "internode dispatch notify (waiting for the counts this node's forwarders relay)",
 }
-INTERNODE_PHASES = range(12, 19)
+INTERNODE_PHASES = range(12, 20)
 
 
 def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: int, detail0: int,
@@ -93,6 +94,12 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
             f"incomplete; a handle rebuilt as a plain tuple skips the check that refuses such a call up front). Every "
             f"rank finished the call and the Buffer stays usable; construct a Buffer with a larger num_rdma_bytes "
             f"(Config.get_rdma_buffer_size_hint) for calls of that size.")
+    if code == ERR_CAPACITY and phase == 14:  # the records the forwarders push into one rank's NVL buffer
+        return BufferTooSmallError(
+            f"{me}: {where}: one rank receives {detail0} tokens but the NVL buffers hold {detail1} of this call's "
+            f"token records, so that call moved no data past that (its outputs are undefined). Every rank finished "
+            f"the call and the Buffer stays usable; construct a Buffer with a larger num_nvl_bytes "
+            f"(Config.get_nvl_buffer_size_hint) for calls of that size.")
     if code == ERR_TIMEOUT and peer < 0:  # no peer: the kernel's own blocks never all met at its grid barrier
         return CommTimeoutError(
             f"rank {rank}: timed out in {where} waiting for the other blocks of its own kernel (arrival counter "

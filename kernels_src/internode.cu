@@ -4,18 +4,25 @@
 //
 // Design (docs/INTERNODE_DESIGN.md): once counts are exchanged every token's place is known, so nothing is a ring.
 // A token of rank src travels once to each node n it reaches (hop 1: a put from src's staging area to the
-// receive area [src's node][stream position] of its rail peer f = n * G + src % G), and each rank of node n pulls
-// the tokens meant for it from f's receive area over NVLink (hop 2) straight into its outputs. Combine mirrors
-// it: every rank copies its rows into its NVL buffer, the forwarder sums a token's rows of its node (f32 -> bf16)
-// and puts the partial back to the source, which sums bias and nodes in f32.
+// receive area [src's node][stream position] of its rail peer f = n * G + src % G); f reads its own receive area
+// and pushes each record over NVLink into the NVL buffer of every rank of node n it is for, at its final row
+// (hop 2), and each rank copies its rows from its own NVL buffer into its outputs. Combine mirrors it: every rank
+// copies its rows into its NVL buffer, the forwarder sums a token's rows of its node (f32 -> bf16) and puts the
+// partial back to the source, which sums bias and nodes in f32.
+//
+// The network rules (include/ep_rt/net.cuh): the network carries only rail traffic (each rank talks to its rail
+// peers, PE pe_base + node * pe_stride, never to itself or a node peer, which it reaches through the NVL buffers);
+// a NIC-written byte is read only by the GPU that owns it (no kernel gets a mapping of another rank's symmetric
+// buffer); data-before-flag only from put-with-signal; no quiet, no fence. Sources are reused on evidence of
+// receipt: every call starts with an all-to-all (the notify, or a handshake) that each rank enters only after its
+// previous call's kernels ended, and every rank's previous call waited, through the forwarders, for everything
+// every other rank sent it; so when a rank rewrites a staging area, its last contents have arrived.
 //
 // Each call is a few kernels on one stream. A kernel waits only for other ranks' kernels (or earlier kernels of its
-// own rank), never for a later kernel of its own rank, so no residency is assumed. Reuse: every dispatch starts
-// with an all-to-all (the notify, or the cached handshake) and every combine with a handshake, which each rank
-// enters only after its previous call's kernels ended; so no area is written while a reader of the previous call
-// may still read it. Network signals: only put-with-signal (SIGNAL_ADD), signal_op ADD and quiet (net.cuh); one
-// word per (sender, chunk) and call, waited for its exact count; no NVSHMEM barrier or collective in a kernel.
-// Call numbers live in device memory (workspace), so every kernel here can be captured in a CUDA graph.
+// own rank), never for a later kernel of its own rank, so no residency is assumed. Network signals: put-with-signal
+// (SIGNAL_ADD) and signal ops (ADD); one word per (sender, chunk) and call, waited for its exact count; no NVSHMEM
+// barrier or collective in a kernel. Call numbers live in device memory (workspace), so every kernel here can be
+// captured in a CUDA graph.
 #include <cuda_bf16.h>
 
 #include "ep_rt/copy.cuh"
@@ -43,18 +50,22 @@ struct In {
     }
     __device__ ErrorSink sink() const { return ErrorSink{p.error, reinterpret_cast<int32_t*>(ws + EP_RT_IN_WS_CLAIM), me}; }
     __device__ int64_t seq(int kind) const { return *reinterpret_cast<volatile int64_t*>(ws + kind) + 1; }
+    // My symmetric buffer (the network writes into it; only I read it).
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
-    // A symmetric offset on rank r of my node, through its NVLink mapping.
-    __device__ uint8_t* on_peer(int r, int64_t off) const {
-        return reinterpret_cast<uint8_t*>(reinterpret_cast<const uint64_t*>(p.sym_peers)[r] + off);
-    }
     __device__ uint64_t* word(int64_t region, int index) const {
         return reinterpret_cast<uint64_t*>(local(region)) + index;
     }
     __device__ uint8_t* record(int64_t area, int node, int64_t pos) const {
         return local(area) + (int64_t(node) * p.lay.cap + pos) * p.lay.record_bytes;
     }
+    // The internode NVL area of local rank l of my node (l == j: mine), through its NVLink (IPC) mapping.
+    __device__ uint8_t* nvl(int l, int64_t off) const { return reinterpret_cast<uint8_t*>(p.nvl_peers[l] + off); }
+    __device__ int64_t* nvl_word(int l, int64_t off, int index) const {
+        return reinterpret_cast<int64_t*>(nvl(l, off)) + index;
+    }
+    // My rail peer on node n: its rank, and its NVSHMEM PE.
     __device__ int rail(int node) const { return node * G + j; }
+    __device__ int pe(int node) const { return p.pe_base + node * p.pe_stride; }
 };
 
 __device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int channel, int& begin, int& end) {
@@ -76,10 +87,35 @@ struct Rec {
     }
 };
 
-// Wait until the u64 signal word holds at least `seq` (one ADD per call: the exact count of this call).
-__device__ __forceinline__ bool wait_word(const uint64_t* w, int64_t seq, int64_t timeout_ns, const ErrorSink& sink,
-                                          int phase, int peer, int channel) {
-    return wait_flag(reinterpret_cast<const int64_t*>(w), seq, timeout_ns, sink, phase, peer, channel);
+// Notify slots (int32 words, params.h): the header, rank totals [R], node totals [N], stream counts [C], then per
+// local rank of the destination node (network slot: G of them; relayed slot: one) channel counts [C] and expert
+// counts [L].
+struct Slot {
+    int tot, node, stream, per, per_words, relayed_words, net_words;
+    __device__ Slot(int R, int N, int C, int G, int L) {
+        tot = EP_RT_IN_SLOT_HEADER, node = tot + R, stream = node + N, per = stream + C, per_words = C + L;
+        relayed_words = per + per_words;
+        net_words = per + G * per_words;
+    }
+};
+
+// A signal word the network writes, waited for at least `seq` (one ADD per call: the exact count of this call).
+__device__ __noinline__ bool wait_word(const uint64_t* w, int64_t seq, int64_t timeout_ns, const ErrorSink& sink,
+                                       int phase, int peer, int channel) {
+    const uint64_t start = globaltimer_ns();
+    int spins = 0;
+    while (true) {
+        const int64_t v = int64_t(net_signal_load(w));
+        if (v - seq >= 0) return true;
+        if (++spins == 64) {
+            spins = 0;
+            if (int64_t(globaltimer_ns() - start) > timeout_ns) {
+                report_error(sink, EP_RT_ERR_TIMEOUT, phase, peer, channel, seq, v);
+                return false;
+            }
+            if (error_raised(sink)) return false;
+        }
+    }
 }
 
 // Wait for the next signal on a per-(sender, channel) word: one more than this rank has consumed from it (a word
@@ -90,6 +126,12 @@ __device__ __forceinline__ bool wait_next(const uint64_t* w, int64_t* consumed, 
     if (!wait_word(w, want, timeout_ns, sink, phase, peer, channel)) return false;
     *consumed = want;
     return true;
+}
+
+// One thread: publish `seq` in an NVL word of my node (after this block's stores, which it announces).
+__device__ __forceinline__ void release_nvl(int64_t* flag, int64_t seq) {
+    __threadfence_system();
+    st_release_sys(flag, seq);
 }
 
 // The last block of the grid to arrive here (tickets in the workspace); true in exactly one block.
@@ -115,23 +157,22 @@ __device__ __forceinline__ void advance(const In& in, int kind, int64_t seq) {
 // facts too large for them) is reported by the call's last kernel, after every wait and signal of the call. The
 // kernels stop at the first recorded error, so an error recorded earlier would leave signal words ahead of their
 // consumed counts; after the Buffer is rearmed every later wait on them would pass one call early.
-constexpr int kWsDeferred = 18;  // int64 words 18..20: code | phase << 8 | (peer + 1) << 16 | (channel + 1) << 40,
-                                 // detail0, detail1 (0 when none; the reporter clears it)
-static_assert(kWsDeferred + 3 <= EP_RT_IN_WS_WORDS, "the workspace holds the deferred error");
+// Words EP_RT_IN_WS_DEFERRED..+2: code | phase << 8 | (peer + 1) << 16 | (channel + 1) << 40, detail0, detail1.
+static_assert(EP_RT_IN_WS_DEFERRED + 3 <= EP_RT_IN_WS_WORDS, "the workspace holds the deferred error");
 
 __device__ __forceinline__ void defer_error(const In& in, int code, int phase, int peer, int channel, int64_t detail0,
                                             int64_t detail1) {
     const unsigned long long word = (unsigned long long)code | ((unsigned long long)phase << 8) |
                                     ((unsigned long long)(peer + 1) << 16) | ((unsigned long long)(channel + 1) << 40);
-    if (atomicCAS(reinterpret_cast<unsigned long long*>(in.ws + kWsDeferred), 0ull, word) == 0ull) {
-        reinterpret_cast<volatile int64_t*>(in.ws)[kWsDeferred + 1] = detail0;
-        reinterpret_cast<volatile int64_t*>(in.ws)[kWsDeferred + 2] = detail1;
+    if (atomicCAS(reinterpret_cast<unsigned long long*>(in.ws + EP_RT_IN_WS_DEFERRED), 0ull, word) == 0ull) {
+        reinterpret_cast<volatile int64_t*>(in.ws)[EP_RT_IN_WS_DEFERRED + 1] = detail0;
+        reinterpret_cast<volatile int64_t*>(in.ws)[EP_RT_IN_WS_DEFERRED + 2] = detail1;
     }
 }
 
 // In the last block of a call's last kernel, after its waits: report the deferred error, if any.
 __device__ __forceinline__ void report_deferred(const In& in) {
-    volatile int64_t* w = reinterpret_cast<volatile int64_t*>(in.ws) + kWsDeferred;
+    volatile int64_t* w = reinterpret_cast<volatile int64_t*>(in.ws) + EP_RT_IN_WS_DEFERRED;
     if (threadIdx.x != 0 || w[0] == 0) return;
     const uint64_t word = uint64_t(w[0]);
     report_error(in.sink(), int(word & 0xff), int((word >> 8) & 0xff), int((word >> 16) & 0xffffff) - 1,
@@ -139,17 +180,28 @@ __device__ __forceinline__ void report_deferred(const In& in) {
     w[0] = 0;
 }
 
-// Every rank signals word [me] of `region` on every rank, then the block waits for all R words (network deadline).
-// Called by block 0 only for the signals; every block may wait.
-__device__ bool all_to_all_handshake(const In& in, int64_t region, int64_t seq, bool send, int phase) {
-    if (send) {
-        for (int r = threadIdx.x; r < in.R; r += blockDim.x) net_signal_add(in.word(region, in.me), 1, r);
-        __syncthreads();
-        if (threadIdx.x == 0) net_quiet();  // delivered before we wait for the replies (net.cuh's contract)
-    }
+// Every rank has entered this call of `kind` (numbered seq): first the rails (block 0 signals my rail peer on every
+// other node and waits for theirs over the network), then the node (block 0 tells every rank of my node, itself
+// included, through its NVL word; every block waits for the G words of my node). A node peer's word comes after
+// its own rail wait, so after the G words every rank of every node is known to have entered. Every block calls it.
+__device__ bool handshake(const In& in, int kind, int64_t seq, int phase) {
+    const int64_t hs_net = in.p.lay.hs_words + int64_t(kind) * in.N * 8;
+    const int64_t hs_nvl = in.p.nvl.hs + int64_t(kind) * EP_RT_MAX_NVL_RANKS * 8;
     bool ok = true;
-    for (int r = threadIdx.x; r < in.R; r += blockDim.x)
-        ok = ok && wait_word(in.word(region, r), seq, in.p.net_timeout_ns, in.sink(), phase, r, -1);
+    if (blockIdx.x == 0) {
+        for (int n = threadIdx.x; n < in.N; n += blockDim.x)
+            if (n != in.m) net_signal_add(in.word(hs_net, in.m), 1, in.pe(n));
+        __syncthreads();
+        if (threadIdx.x == 0) net_flush();  // delivered before we wait for the replies (net.cuh's rule)
+        for (int n = threadIdx.x; n < in.N; n += blockDim.x)
+            if (n != in.m)
+                ok = ok && wait_word(in.word(hs_net, n), seq, in.p.net_timeout_ns, in.sink(), phase, in.rail(n), -1);
+        if (__syncthreads_or(!ok)) return false;
+        if (threadIdx.x < in.G) release_nvl(in.nvl_word(threadIdx.x, hs_nvl, in.j), seq);
+    }
+    if (threadIdx.x < in.G)
+        ok = wait_flag(in.nvl_word(in.j, hs_nvl, threadIdx.x), seq, in.p.net_timeout_ns, in.sink(), phase,
+                       in.m * in.G + threadIdx.x, -1);
     return !__syncthreads_or(!ok);
 }
 
@@ -158,9 +210,10 @@ __device__ bool all_to_all_handshake(const In& in, int64_t region, int64_t seq, 
 // ------------------------------------------------------------------------------------------------
 // Count + notify (grid C). Every block counts its channel's tokens per destination rank and per destination node,
 // and writes send_rdma_head (position in the channel's stream to each node). The last block derives the sender
-// prefix matrices, puts to every rank its slot (counts for it, and the totals everyone needs to make the same
-// capacity decisions), waits for every rank's slot, then derives the receive-side handle fields and the counts
-// the host needs.
+// prefix matrices, puts one slot to my rail peer on every other node (counts for each of its node's ranks, and the
+// totals everyone needs to make the same capacity decisions), relays the slots that reach me to the ranks of my
+// node they are for, waits for every source rank's relayed slot, then derives the receive-side handle fields, the
+// start rows my node's forwarders need (published in my NVL area) and the counts the host needs.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const InternodeParams p) {
     const In in(p);
     const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
@@ -209,13 +262,13 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     }
     __syncthreads();
 
-    // ---- slots: build mine for every destination d in my staging, put it into d's slot [me] ----
+    // ---- one network slot per node n: mine for the ranks of node n; node m's stays here (I am its rail peer) ----
     const int L = p.num_experts / R;
-    const int o_rank = EP_RT_IN_SLOT_HEADER, o_node = o_rank + R, o_ch = o_node + N, o_stream = o_ch + C,
-              o_expert = o_stream + C, slot_words = o_expert + L;
+    const Slot sl(R, N, C, G, L);
     const int32_t* per_expert = reinterpret_cast<const int32_t*>(p.num_tokens_per_expert);
-    for (int d = warp; d < R; d += num_warps) {
-        int32_t* slot = reinterpret_cast<int32_t*>(in.local(p.lay.notify_send + int64_t(d) * EP_RT_IN_NOTIFY_SLOT_BYTES));
+    for (int n = warp; n < N; n += num_warps) {
+        int32_t* slot = reinterpret_cast<int32_t*>(in.local((n == in.m ? p.lay.notify_recv + int64_t(n) * p.lay.slot_bytes
+                                                                       : p.lay.notify_send + int64_t(n) * p.lay.slot_bytes)));
         if (lane == 0) {
             slot[EP_RT_IN_SLOT_HIDDEN_BYTES] = p.hidden_bytes;
             slot[EP_RT_IN_SLOT_NUM_TOPK] = p.num_topk;
@@ -223,39 +276,63 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
             slot[EP_RT_IN_SLOT_NUM_EXPERTS] = p.num_experts;
             slot[EP_RT_IN_SLOT_NUM_SCALES] = p.num_scales;
         }
-        for (int r = lane; r < R; r += kWarp) slot[o_rank + r] = gbl_cpm[r * C + C - 1];
-        for (int n = lane; n < N; n += kWarp) slot[o_node + n] = rdma_cpm[n * C + C - 1];
-        for (int cc = lane; cc < C; cc += kWarp) {
-            slot[o_ch + cc] = gbl_cpm[d * C + cc] - (cc > 0 ? gbl_cpm[d * C + cc - 1] : 0);
-            const int n = d / G;
-            slot[o_stream + cc] = rdma_cpm[n * C + cc] - (cc > 0 ? rdma_cpm[n * C + cc - 1] : 0);
+        for (int r = lane; r < R; r += kWarp) slot[sl.tot + r] = gbl_cpm[r * C + C - 1];
+        for (int q = lane; q < N; q += kWarp) slot[sl.node + q] = rdma_cpm[q * C + C - 1];
+        for (int cc = lane; cc < C; cc += kWarp)
+            slot[sl.stream + cc] = rdma_cpm[n * C + cc] - (cc > 0 ? rdma_cpm[n * C + cc - 1] : 0);
+        for (int l = 0; l < G; ++l) {
+            const int d = n * G + l;
+            int32_t* part = slot + sl.per + l * sl.per_words;
+            for (int cc = lane; cc < C; cc += kWarp)
+                part[cc] = gbl_cpm[d * C + cc] - (cc > 0 ? gbl_cpm[d * C + cc - 1] : 0);
+            for (int e = lane; e < L; e += kWarp) part[C + e] = per_expert != nullptr ? per_expert[d * L + e] : 0;
         }
-        for (int l = lane; l < L; l += kWarp) slot[o_expert + l] = per_expert != nullptr ? per_expert[d * L + l] : 0;
         __threadfence();
         __syncwarp();
-        net_put_signal_warp(in.local(p.lay.notify_recv + int64_t(in.me) * EP_RT_IN_NOTIFY_SLOT_BYTES), slot,
-                            size_t(slot_words) * 4, in.word(p.lay.notify_words, in.me), 1, d);
+        if (n != in.m)
+            net_put_signal_warp(in.local(p.lay.notify_recv + int64_t(in.m) * p.lay.slot_bytes), slot,
+                                size_t(sl.net_words) * 4, in.word(p.lay.notify_words, in.m), 1, in.pe(n));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) net_flush();  // before I wait for anything my slots cause
+
+    // ---- wait for my rail peers' slots, then relay each source's part to the rank of my node it is for ----
+    bool ok = true;
+    for (int s = threadIdx.x; s < N; s += blockDim.x)
+        if (s != in.m)
+            ok = ok && wait_word(in.word(p.lay.notify_words, s), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_NOTIFY,
+                                 in.rail(s), -1);
+    if (__syncthreads_or(!ok)) return;
+    for (int q = warp; q < N * G; q += num_warps) {
+        const int s = q / G, l = q % G, src = s * G + in.j;
+        const int32_t* from = reinterpret_cast<const int32_t*>(in.local(p.lay.notify_recv + int64_t(s) * p.lay.slot_bytes));
+        int32_t* to = reinterpret_cast<int32_t*>(in.nvl(l, p.nvl.slots + int64_t(src) * p.nvl.slot_bytes));
+        // (the header says how long the source's slot is; a mismatch is reported by the receiver)
+        const int their_c = ld_peer_written_b32(from + EP_RT_IN_SLOT_NUM_CHANNELS);
+        const int their_l = ld_peer_written_b32(from + EP_RT_IN_SLOT_NUM_EXPERTS) / R;
+        const Slot ts(R, N, min(max(their_c, 0), EP_RT_MAX_CHANNELS), G, min(max(their_l, 0), EP_RT_MAX_LOCAL_EXPERTS));
+        for (int w = lane; w < ts.per; w += kWarp) to[w] = ld_peer_written_b32(from + w);
+        for (int w = lane; w < ts.per_words; w += kWarp) to[ts.per + w] = ld_peer_written_b32(from + ts.per + l * ts.per_words + w);
+        __syncwarp();
+        if (lane == 0) release_nvl(in.nvl_word(l, p.nvl.slot_flags, src), seq);
     }
 
-    __syncthreads();
-    if (threadIdx.x == 0) net_quiet();  // my slots are delivered (and my staging reusable) before I wait
-
-    // ---- wait for every source's slot ----
-    bool ok = true;
+    // ---- wait for every source rank's relayed slot (from its rail peer on my node) ----
     for (int s = threadIdx.x; s < R; s += blockDim.x)
-        ok = ok && wait_word(in.word(p.lay.notify_words, s), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_NOTIFY, s, -1);
+        ok = ok && wait_flag(in.nvl_word(in.j, p.nvl.slot_flags, s), seq, p.net_timeout_ns, sink,
+                             EP_RT_PHASE_IN_NOTIFY_RELAY, in.m * G + s % G, -1);
     const bool failed = __syncthreads_or(!ok);
     auto slot_of = [&](int s) {
-        return reinterpret_cast<const volatile int32_t*>(in.local(p.lay.notify_recv + int64_t(s) * EP_RT_IN_NOTIFY_SLOT_BYTES));
+        return reinterpret_cast<const volatile int32_t*>(in.nvl(in.j, p.nvl.slots + int64_t(s) * p.nvl.slot_bytes));
     };
     if (!failed) {
         for (int s = threadIdx.x; s < R; s += blockDim.x) {
-            const volatile int32_t* sl = slot_of(s);
-            if (sl[EP_RT_IN_SLOT_HIDDEN_BYTES] != p.hidden_bytes || sl[EP_RT_IN_SLOT_NUM_TOPK] != p.num_topk ||
-                sl[EP_RT_IN_SLOT_NUM_CHANNELS] != C || sl[EP_RT_IN_SLOT_NUM_EXPERTS] != p.num_experts ||
-                sl[EP_RT_IN_SLOT_NUM_SCALES] != p.num_scales)
-                report_error(sink, EP_RT_ERR_MISMATCH, EP_RT_PHASE_IN_NOTIFY, s, -1, sl[EP_RT_IN_SLOT_HIDDEN_BYTES],
-                             sl[EP_RT_IN_SLOT_NUM_TOPK]);
+            const volatile int32_t* q = slot_of(s);
+            if (q[EP_RT_IN_SLOT_HIDDEN_BYTES] != p.hidden_bytes || q[EP_RT_IN_SLOT_NUM_TOPK] != p.num_topk ||
+                q[EP_RT_IN_SLOT_NUM_CHANNELS] != C || q[EP_RT_IN_SLOT_NUM_EXPERTS] != p.num_experts ||
+                q[EP_RT_IN_SLOT_NUM_SCALES] != p.num_scales)
+                report_error(sink, EP_RT_ERR_MISMATCH, EP_RT_PHASE_IN_NOTIFY, s, -1, q[EP_RT_IN_SLOT_HIDDEN_BYTES],
+                             q[EP_RT_IN_SLOT_NUM_TOPK]);
         }
     }
     if (__syncthreads_or(failed || error_raised(sink))) return;
@@ -266,9 +343,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     __shared__ int max_stream_s, max_recv_s, max_fwd_s;
     if (threadIdx.x == 0) {
         int acc = 0;
-        for (int s = 0; s < R; ++s) gbl_prefix[s] = (acc += slot_of(s)[o_rank + in.me]);
+        for (int s = 0; s < R; ++s) gbl_prefix[s] = (acc += slot_of(s)[sl.tot + in.me]);
         acc = 0;
-        for (int s = 0; s < N; ++s) rdma_prefix[s] = (acc += slot_of(in.rail(s))[o_node + in.m]);
+        for (int s = 0; s < N; ++s) rdma_prefix[s] = (acc += slot_of(in.rail(s))[sl.node + in.m]);
         max_stream_s = max_recv_s = max_fwd_s = 0;
     }
     __syncthreads();
@@ -276,43 +353,49 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     int32_t* recv_gbl_cpm = reinterpret_cast<int32_t*>(p.recv_gbl_cpm);
     int32_t* recv_rdma_prefix = reinterpret_cast<int32_t*>(p.recv_rdma_prefix);
     int32_t* recv_rdma_cpm = reinterpret_cast<int32_t*>(p.recv_rdma_cpm);
+    int32_t* pub = reinterpret_cast<int32_t*>(in.nvl(in.j, p.nvl.pub));  // my start rows, for my node's forwarders
     for (int s = threadIdx.x; s < R; s += blockDim.x) {
         recv_gbl_prefix[s] = gbl_prefix[s];
         int acc = s > 0 ? gbl_prefix[s - 1] : 0;
-        const volatile int32_t* sl = slot_of(s);
+        const volatile int32_t* q = slot_of(s);
         for (int cc = 0; cc < C; ++cc) {
             recv_gbl_cpm[s * C + cc] = acc;
-            acc += sl[o_ch + cc];
+            pub[s * EP_RT_MAX_CHANNELS + cc] = acc;
+            acc += q[sl.per + cc];
         }
     }
     for (int s = threadIdx.x; s < N; s += blockDim.x) {
         recv_rdma_prefix[s] = rdma_prefix[s];
-        const volatile int32_t* sl = slot_of(in.rail(s));
+        const volatile int32_t* q = slot_of(in.rail(s));
         int acc = 0;
-        for (int cc = 0; cc < C; ++cc) recv_rdma_cpm[s * C + cc] = (acc += sl[o_stream + cc]);
+        for (int cc = 0; cc < C; ++cc) recv_rdma_cpm[s * C + cc] = (acc += q[sl.stream + cc]);
     }
     // Global maxima, the same on every rank: the longest (rank -> node) stream, the most rows a rank receives and
     // the most a rank forwards.
     for (int d = threadIdx.x; d < R; d += blockDim.x) {
         int into = 0, fwd = 0, stream = 0;
-        for (int s = 0; s < R; ++s) into += slot_of(s)[o_rank + d];
-        for (int n = 0; n < N; ++n) fwd += slot_of(n * G + d % G)[o_node + d / G];
-        for (int n = 0; n < N; ++n) stream = max(stream, int(slot_of(d)[o_node + n]));
+        for (int s = 0; s < R; ++s) into += slot_of(s)[sl.tot + d];
+        for (int n = 0; n < N; ++n) fwd += slot_of(n * G + d % G)[sl.node + d / G];
+        for (int n = 0; n < N; ++n) stream = max(stream, int(slot_of(d)[sl.node + n]));
         atomicMax(&max_recv_s, into);
         atomicMax(&max_fwd_s, fwd);
         atomicMax(&max_stream_s, stream);
     }
     __syncthreads();
+    if (threadIdx.x == 0) release_nvl(in.nvl_word(in.j, p.nvl.pub_flag, 0), in.seq(EP_RT_IN_WS_DISPATCH));
     const int num_recv = gbl_prefix[R - 1], num_rdma_recv = rdma_prefix[N - 1];
     if (threadIdx.x == 0) {
         // Capacity decisions every rank makes alike: a dispatch that does not fit moves no data (the host raises
         // before launching it, or with num_worst_tokens the error is reported here and the Buffer stays usable).
-        // (With the host waiting for the counts, the host raises and nothing more is launched.)
         int skip = 0;
         if (max_stream_s > p.lay.cap) {
             skip = 1;
             if (p.host_token == 0)
                 defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, -1, max_stream_s, p.lay.cap);
+        } else if (max_recv_s > p.nvl_capacity_rows) {
+            skip = 1;
+            if (p.host_token == 0)
+                defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_FORWARD, -1, -1, max_recv_s, p.nvl_capacity_rows);
         } else if (p.host_token == 0 && (max_recv_s > p.num_out_rows || max_fwd_s > p.num_out_rows)) {
             skip = 1;
             defer_error(in, EP_RT_ERR_WORST_TOKENS, EP_RT_PHASE_IN_NOTIFY, -1, -1, max(max_recv_s, max_fwd_s),
@@ -325,7 +408,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
         const int a = p.expert_alignment;
         for (int l = threadIdx.x; l < L; l += blockDim.x) {
             int sum = 0;
-            for (int s = 0; s < R; ++s) sum += slot_of(s)[o_expert + l];
+            for (int s = 0; s < R; ++s) sum += slot_of(s)[sl.per + C + l];
             host[EP_RT_IN_HOST_EXPERT_COUNTS + l] = (sum + a - 1) / a * a;
         }
         __syncthreads();
@@ -348,13 +431,22 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
 // Send (grid C): block c writes a record of each of its channel's tokens for each node the token reaches, at the
 // token's stream position, then puts each node's contiguous range to my rail peer there (one put-with-signal per
 // (channel, node), a bare signal for an empty range). Records for my own node go straight into my receive area.
+// A cached dispatch starts with the handshake and publishes the handle's start rows for my node's forwarders.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const InternodeParams p) {
     const In in(p);
     const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
-    if (p.cached &&
-        !all_to_all_handshake(in, p.lay.cached_words, in.seq(EP_RT_IN_WS_CACHED), c == 0, EP_RT_PHASE_IN_HANDSHAKE))
-        return;
+    if (p.cached) {
+        if (!handshake(in, EP_RT_IN_HS_CACHED, in.seq(EP_RT_IN_WS_CACHED), EP_RT_PHASE_IN_HANDSHAKE)) return;
+        if (c == 0) {
+            int32_t* pub = reinterpret_cast<int32_t*>(in.nvl(in.j, p.nvl.pub));
+            const int32_t* recv_gbl_cpm = reinterpret_cast<const int32_t*>(p.recv_gbl_cpm);
+            for (int i = threadIdx.x; i < R * C; i += blockDim.x)
+                pub[(i / C) * EP_RT_MAX_CHANNELS + i % C] = recv_gbl_cpm[i];
+            __syncthreads();
+            if (threadIdx.x == 0) release_nvl(in.nvl_word(in.j, p.nvl.pub_flag, 0), in.seq(EP_RT_IN_WS_DISPATCH));
+        }
+    }
     const bool skip = !p.cached && *reinterpret_cast<volatile int64_t*>(in.ws + EP_RT_IN_WS_SKIP) != 0;
     const int32_t* rdma_cpm = reinterpret_cast<const int32_t*>(p.rdma_cpm);
     const int32_t* rdma_head = reinterpret_cast<const int32_t*>(p.send_rdma_head);
@@ -413,67 +505,123 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
         uint64_t* sig = in.word(p.lay.dispatch_words, in.m * EP_RT_MAX_CHANNELS + c);
         if (count > 0) {
             net_put_signal_block(in.record(p.lay.recv, in.m, first), in.record(p.lay.stage, n, first),
-                                 size_t(count) * p.lay.record_bytes, sig, 1, in.rail(n));
+                                 size_t(count) * p.lay.record_bytes, sig, 1, in.pe(n));
         } else if (threadIdx.x == 0) {
-            net_signal_add(sig, 1, in.rail(n));
+            net_signal_add(sig, 1, in.pe(n));
         }
     }
     __syncthreads();
-    if (threadIdx.x == 0) net_quiet();  // my staging is reusable, and every put of this call is delivered
+    if (threadIdx.x == 0) net_flush();
 }
 
 // ------------------------------------------------------------------------------------------------
-// Forward (grid N, one block per source node s): as the rail peer of node s's rank with my local index, wait for
-// each channel's word, record where that block's tokens go inside my node (send_nvl_head), publish my
-// recv_rdma_channel_prefix_matrix, and relay "block (s, c) is here" to my node with an NVLink-visible flag.
-extern "C" __global__ void __launch_bounds__(128) ep_rt_internode_forward(const InternodeParams p) {
+// Forward (grid N * C, block (s, c)): as the rail peer of source rank src = s * G + j, wait for its channel c's
+// records in my receive area (mine: the NIC wrote them into my memory), then push each record into the NVL buffer
+// of every rank of my node its mask names, at its final row there (that rank's start row of block (src, c), which
+// it published, plus the records before it for that rank), record where it went (send_nvl_head), and tell each
+// rank of my node that block (src, c) is in its buffer.
+extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const InternodeParams p) {
     const In in(p);
-    const int C = in.C, G = in.G, s = blockIdx.x;
-    const int lane = threadIdx.x % kWarp;
+    const int C = in.C, G = in.G, s = blockIdx.x / C, c = blockIdx.x % C, src = s * G + in.j;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
     const int64_t seq = in.seq(EP_RT_IN_WS_DISPATCH);
     const ErrorSink sink = in.sink();
     const int32_t* recv_rdma_cpm = reinterpret_cast<const int32_t*>(p.recv_rdma_cpm);
     const int32_t* recv_rdma_prefix = reinterpret_cast<const int32_t*>(p.recv_rdma_prefix);
     int32_t* nvl_head = reinterpret_cast<int32_t*>(p.send_nvl_head);
-    int32_t* published = reinterpret_cast<int32_t*>(in.local(p.lay.relay_prefix));
     const bool skip = !p.cached && *reinterpret_cast<volatile int64_t*>(in.ws + EP_RT_IN_WS_SKIP) != 0;
     const Rec rec(p.hidden_bytes, p.num_scales, p.num_topk);
     const int row_base = s > 0 ? recv_rdma_prefix[s - 1] : 0;
+    __shared__ int start[EP_RT_MAX_NVL_RANKS], base[EP_RT_MAX_NVL_RANKS];  // rank l's start row of (src, c), and
+                                                                          // the rows of src before channel c
+    __shared__ int warp_counts[EP_RT_MAX_NVL_RANKS][32];
 
-    for (int cc = threadIdx.x; cc < C; cc += blockDim.x)
-        published[s * EP_RT_MAX_CHANNELS + cc] = recv_rdma_cpm[s * C + cc];
-    int running = 0;  // per local rank l = lane < G: tokens of this source already sent to rank (my node, l)
-    for (int cc = 0; cc < C; ++cc) {
-        if (s != in.m && threadIdx.x == 0)
-            wait_next(in.word(p.lay.dispatch_words, s * EP_RT_MAX_CHANNELS + cc),
-                      reinterpret_cast<int64_t*>(p.consumed) + s * EP_RT_MAX_CHANNELS + cc, p.net_timeout_ns, sink,
-                      EP_RT_PHASE_IN_FORWARD, in.rail(s), cc);
-        if (__syncthreads_or(error_raised(sink))) return;
-        const int first = cc > 0 ? recv_rdma_cpm[s * C + cc - 1] : 0;
-        const int last = min(recv_rdma_cpm[s * C + cc], int(p.lay.cap));  // (capacity: reported by the sender)
-        if (!p.cached && !skip && threadIdx.x < kWarp) {  // one warp walks the block in order
-            for (int i0 = first; i0 < last; i0 += kWarp) {
-                const int i = i0 + lane;
-                const int mask = i < last ? reinterpret_cast<const volatile int32_t*>(in.record(p.lay.recv, s, i) + rec.meta)[1] : 0;
-                for (int l = 0; l < G; ++l) {
-                    const bool bit = (mask >> l) & 1;
-                    const unsigned ballot = __ballot_sync(0xffffffffu, bit);
-                    const int before = __popc(ballot & ((1u << lane) - 1u));
-                    const int base = __shfl_sync(0xffffffffu, running, l);
-                    if (i < last && row_base + i < p.num_fwd_rows)
-                        nvl_head[int64_t(row_base + i) * G + l] = bit ? base + before : -1;
-                    if (lane == l) running += __popc(ballot);
-                }
-            }
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            __threadfence_system();
-            st_release_sys(reinterpret_cast<int64_t*>(in.local(p.lay.relay)) + s * EP_RT_MAX_CHANNELS + cc, seq);
+    bool ok = true;
+    if (s != in.m && threadIdx.x == 0)
+        ok = wait_next(in.word(p.lay.dispatch_words, s * EP_RT_MAX_CHANNELS + c),
+                       reinterpret_cast<int64_t*>(p.consumed) + s * EP_RT_MAX_CHANNELS + c, p.net_timeout_ns, sink,
+                       EP_RT_PHASE_IN_FORWARD, in.rail(s), c);
+    if (threadIdx.x >= kWarp && threadIdx.x < kWarp + G) {  // the start rows of every rank of my node
+        const int l = threadIdx.x - kWarp;
+        ok = wait_flag(in.nvl_word(l, p.nvl.pub_flag, 0), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_FORWARD,
+                       in.m * G + l, c);
+        if (ok) {
+            const volatile int32_t* pub = reinterpret_cast<const volatile int32_t*>(in.nvl(l, p.nvl.pub));
+            start[l] = pub[src * EP_RT_MAX_CHANNELS + c];
+            base[l] = start[l] - pub[src * EP_RT_MAX_CHANNELS];
         }
     }
+    if (__syncthreads_or(!ok || error_raised(sink))) return;
+
+    const int first = min(c > 0 ? recv_rdma_cpm[s * C + c - 1] : 0, int(p.lay.cap));
+    const int last = min(recv_rdma_cpm[s * C + c], int(p.lay.cap));  // (capacity: reported by the sender)
+    int running = 0;  // lane l < G of every warp: records of this block already sent to rank (my node, l)
+    if (!skip) {
+        // Tiles of blockDim records: each warp ballots its 32 per local rank, a block scan gives each warp its
+        // first row per rank, then each warp pushes its selected records one after another.
+        for (int i0 = first; i0 < last; i0 += blockDim.x) {
+            const int i = i0 + threadIdx.x;
+            const uint8_t* r = in.record(p.lay.recv, s, i);
+            const int mask = i < last ? ld_peer_written_b32(reinterpret_cast<const int32_t*>(r + rec.meta) + 1) : 0;
+            unsigned ballots[EP_RT_MAX_NVL_RANKS];
+#pragma unroll
+            for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
+                ballots[l] = __ballot_sync(0xffffffffu, l < G && ((mask >> l) & 1));
+                if (lane == 0 && l < G) warp_counts[l][warp] = __popc(ballots[l]);
+            }
+            __syncthreads();
+            int before[EP_RT_MAX_NVL_RANKS];  // rows of rank l taken by the warps before mine in this tile
+            int tile_total = 0;                // lane l: this tile's rows of rank l
+#pragma unroll
+            for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
+                before[l] = 0;
+                if (l >= G) continue;
+                int total = 0;
+                for (int w = 0; w < num_warps; ++w) {
+                    before[l] += w < warp ? warp_counts[l][w] : 0;
+                    total += warp_counts[l][w];
+                }
+                if (lane == l) tile_total = total;
+            }
+            int run[EP_RT_MAX_NVL_RANKS];  // the block's rows of rank l before this tile (every warp has them)
+#pragma unroll
+            for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) run[l] = __shfl_sync(0xffffffffu, running, l < G ? l : 0);
+            // This thread's record: send_nvl_head (the row within its (src -> rank l) stream, -1 if not for l).
+            if (!p.cached && i < last && row_base + i < p.num_fwd_rows) {
+#pragma unroll
+                for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
+                    if (l >= G) continue;
+                    const int at = before[l] + __popc(ballots[l] & ((1u << lane) - 1u));
+                    nvl_head[int64_t(row_base + i) * G + l] = (mask >> l) & 1 ? base[l] + run[l] + at : -1;
+                }
+            }
+            // Push: the warp walks its 32 records in order, each to every rank it is for.
+            for (int q = 0; q < kWarp; ++q) {
+                const int iq = i0 + warp * kWarp + q;
+                if (iq >= last) break;  // warp-uniform
+                const int mq = __shfl_sync(0xffffffffu, mask, q);
+                const uint8_t* from = in.record(p.lay.recv, s, iq);
+#pragma unroll
+                for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
+                    if (l >= G || !((mq >> l) & 1)) continue;  // warp-uniform
+                    const int row = start[l] + run[l] + before[l] + __popc(ballots[l] & ((1u << q) - 1u));
+                    if (row < p.nvl_capacity_rows) {  // (the notify's capacity decision keeps rows below it)
+                        warp_copy<Src::kPeerWritten>(in.nvl(l, p.nvl.records + int64_t(row) * p.lay.record_bytes),
+                                                     from, p.lay.record_bytes, lane);
+                    } else if (lane == 0) {  // only a cached dispatch from a handle without facts gets here
+                        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_FORWARD, in.m * G + l, c, row + 1,
+                                    p.nvl_capacity_rows);
+                    }
+                }
+            }
+            if (lane < G) running += tile_total;
+            __syncthreads();  // warp_counts is reused
+        }
+    }
+    __syncthreads();
+    if (threadIdx.x < G) release_nvl(in.nvl_word(threadIdx.x, p.nvl.relay, src * EP_RT_MAX_CHANNELS + c), seq);
     // num_worst_tokens: rows of send_nvl_head past the real ones carry no destination.
-    if (p.fill_unused && s == 0) {
+    if (p.fill_unused && blockIdx.x == 0) {
         const int num_rdma_recv = recv_rdma_prefix[in.N - 1];
         for (int64_t i = int64_t(num_rdma_recv) * G + threadIdx.x; i < int64_t(p.num_fwd_rows) * G; i += blockDim.x)
             nvl_head[i] = -1;
@@ -481,8 +629,8 @@ extern "C" __global__ void __launch_bounds__(128) ep_rt_internode_forward(const 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Receive (grid C): block c copies, for every source rank src, the tokens of src's channel c that are for me, from
-// the receive area of src's forwarder on my node (over NVLink), into my outputs at their final rows.
+// Receive (grid C): block c copies, for every source rank src, block (src, c) of my rows from my own NVL buffer
+// (where src's rail peer on my node pushed them, at their final rows) into my outputs.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const InternodeParams p) {
     const In in(p);
     const int R = in.R, C = in.C, G = in.G, c = blockIdx.x;
@@ -490,77 +638,50 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
     const int64_t seq = in.seq(EP_RT_IN_WS_DISPATCH);
     const ErrorSink sink = in.sink();
     const int32_t* recv_gbl_cpm = reinterpret_cast<const int32_t*>(p.recv_gbl_cpm);
+    const int32_t* recv_gbl_prefix = reinterpret_cast<const int32_t*>(p.recv_gbl_prefix);
     const bool skip = !p.cached && *reinterpret_cast<volatile int64_t*>(in.ws + EP_RT_IN_WS_SKIP) != 0;
     const Rec rec(p.hidden_bytes, p.num_scales, p.num_topk);
     const int S = p.num_scales, K = p.num_topk, L = p.num_experts / R;
-    __shared__ int warp_counts[32];
+    const uint8_t* records = in.nvl(in.j, p.nvl.records);
 
     for (int src = 0; src < R; ++src) {
-        const int s = src / G, f = in.m * G + src % G;
         if (threadIdx.x == 0)
-            wait_flag(reinterpret_cast<const int64_t*>(in.on_peer(f, p.lay.relay)) + s * EP_RT_MAX_CHANNELS + c, seq,
-                      p.net_timeout_ns, sink, EP_RT_PHASE_IN_RECV, f, c);
+            wait_flag(in.nvl_word(in.j, p.nvl.relay, src * EP_RT_MAX_CHANNELS + c), seq, p.net_timeout_ns, sink,
+                      EP_RT_PHASE_IN_RECV, in.m * G + src % G, c);
         if (__syncthreads_or(error_raised(sink))) return;
         if (skip) continue;
-        const volatile int32_t* fprefix = reinterpret_cast<const volatile int32_t*>(in.on_peer(f, p.lay.relay_prefix));
-        const int first = c > 0 ? fprefix[s * EP_RT_MAX_CHANNELS + c - 1] : 0;
-        const int last = min(int(fprefix[s * EP_RT_MAX_CHANNELS + c]), int(p.lay.cap));
-        const uint8_t* area = in.on_peer(f, p.lay.recv) + int64_t(s) * p.lay.cap * p.lay.record_bytes;
-        int row = recv_gbl_cpm[src * C + c];  // my first row of block (src, c)
-        // Tiles of blockDim records: each warp ballots its 32, a block scan gives each warp its first row.
-        for (int i0 = first; i0 < last; i0 += blockDim.x) {
-            const int i = i0 + threadIdx.x;
-            const uint8_t* r = area + int64_t(i) * p.lay.record_bytes;
-            const int mask = i < last ? ld_peer_written_b32(reinterpret_cast<const int32_t*>(r + rec.meta) + 1) : 0;
-            const bool mine = (mask >> in.j) & 1;
-            const unsigned ballot = __ballot_sync(0xffffffffu, mine);
-            if (lane == 0) warp_counts[warp] = __popc(ballot);
-            __syncthreads();
-            int before = 0, total = 0;
-            for (int w = 0; w < num_warps; ++w) {
-                before += w < warp ? warp_counts[w] : 0;
-                total += warp_counts[w];
-            }
-            // Each warp copies its selected records one after another.
-            unsigned todo = ballot;
-            int out = row + before;
-            while (todo) {
-                const int src_lane = __ffs(todo) - 1;
-                todo &= todo - 1;
-                const uint8_t* rr = area + int64_t(i0 + warp * kWarp + src_lane) * p.lay.record_bytes;
-                if (out < p.num_out_rows) {
-                    warp_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + int64_t(out) * p.hidden_bytes,
-                                                 rr, p.hidden_bytes, lane);
-                    for (int q = lane; q < S; q += kWarp)
-                        reinterpret_cast<int32_t*>(p.recv_x_scales)[int64_t(out) * S + q] =
-                            ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.scales) + q);
-                    if (p.recv_topk_idx) {
-                        for (int k = lane; k < K; k += kWarp) {
-                            const int e = ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.idx) + k);
-                            const bool local = e >= in.me * L && e < (in.me + 1) * L;
-                            store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, int64_t(out) * K + k,
-                                           local ? e - in.me * L : -1);
-                            const float w = __int_as_float(
-                                ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.weights) + k));
-                            if (p.recv_topk_weights)
-                                reinterpret_cast<float*>(p.recv_topk_weights)[int64_t(out) * K + k] = local ? w : 0.0f;
-                        }
-                    }
-                    if (p.recv_src_meta && lane == 0) {
-                        int32_t* meta = reinterpret_cast<int32_t*>(p.recv_src_meta + int64_t(out) * 8);
-                        meta[0] = s;
-                        meta[1] = ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.meta) + 1);
-                    }
+        const int first = recv_gbl_cpm[src * C + c];
+        const int last = min(c + 1 < C ? recv_gbl_cpm[src * C + c + 1] : recv_gbl_prefix[src],
+                             int(min(int64_t(p.num_out_rows), p.nvl_capacity_rows)));
+        for (int out = first + warp; out < last; out += num_warps) {
+            const uint8_t* rr = records + int64_t(out) * p.lay.record_bytes;
+            warp_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + int64_t(out) * p.hidden_bytes, rr,
+                                         p.hidden_bytes, lane);
+            for (int q = lane; q < S; q += kWarp)
+                reinterpret_cast<int32_t*>(p.recv_x_scales)[int64_t(out) * S + q] =
+                    ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.scales) + q);
+            if (p.recv_topk_idx) {
+                for (int k = lane; k < K; k += kWarp) {
+                    const int e = ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.idx) + k);
+                    const bool local = e >= in.me * L && e < (in.me + 1) * L;
+                    store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, int64_t(out) * K + k,
+                                   local ? e - in.me * L : -1);
+                    const float w = __int_as_float(
+                        ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.weights) + k));
+                    if (p.recv_topk_weights)
+                        reinterpret_cast<float*>(p.recv_topk_weights)[int64_t(out) * K + k] = local ? w : 0.0f;
                 }
-                ++out;
             }
-            row += total;
-            __syncthreads();  // warp_counts is reused
+            if (p.recv_src_meta && lane == 0) {
+                int32_t* meta = reinterpret_cast<int32_t*>(p.recv_src_meta + int64_t(out) * 8);
+                meta[0] = src / G;
+                meta[1] = ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.meta) + 1);
+            }
         }
     }
     // num_worst_tokens: rows past the real count carry no expert.
     if (p.fill_unused && p.recv_topk_idx) {
-        const int num_recv = reinterpret_cast<const int32_t*>(p.recv_gbl_prefix)[R - 1];
+        const int num_recv = recv_gbl_prefix[R - 1];
         for (int64_t i = int64_t(num_recv) * K + int64_t(c) * blockDim.x + threadIdx.x;
              i < int64_t(p.num_out_rows) * K; i += int64_t(C) * blockDim.x)
             store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, i, -1);
@@ -572,8 +693,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
 }
 
 // ------------------------------------------------------------------------------------------------
-// Combine publish (grid C): after a handshake with every rank (the previous call's readers are done), copy my rows
-// (and weights) into my NVL buffer, then publish my recv_gbl_rank_prefix_sum and a ready flag for my node.
+// Combine publish (grid C): after the handshake (the previous call's readers are done), copy my rows (and weights)
+// into my NVL buffer, then publish my recv_gbl_rank_prefix_sum and a ready flag for my node.
 // NVL row layout: bf16 row (2H bytes) then K f32 weights, per row, 16-aligned.
 __device__ __forceinline__ int64_t combine_row_bytes(const InternodeParams& p) {
     return align16(int64_t(p.hidden_bytes) + 4 * int64_t(p.num_topk));
@@ -583,15 +704,15 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
     const In in(p);
     const int R = in.R, c = blockIdx.x;
     const int64_t seq = in.seq(EP_RT_IN_WS_COMBINE);
-    if (!all_to_all_handshake(in, p.lay.combine_hs, seq, c == 0, EP_RT_PHASE_IN_COMBINE_HANDSHAKE)) return;
+    if (!handshake(in, EP_RT_IN_HS_COMBINE, seq, EP_RT_PHASE_IN_COMBINE_HANDSHAKE)) return;
     const int num_recv = reinterpret_cast<const int32_t*>(p.recv_gbl_prefix)[R - 1];
     const int64_t row_bytes = combine_row_bytes(p);
     const int K = p.num_topk;
-    uint8_t* nvl = reinterpret_cast<uint8_t*>(p.nvl_peers[in.j]);
+    uint8_t* rows = in.nvl(in.j, p.nvl.records);
     if (num_recv <= p.nvl_capacity_rows) {
         const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
         for (int i = c * num_warps + warp; i < num_recv; i += gridDim.x * num_warps) {
-            uint8_t* dst = nvl + int64_t(i) * row_bytes;
+            uint8_t* dst = rows + int64_t(i) * row_bytes;
             warp_copy<Src::kInput>(dst, reinterpret_cast<const uint8_t*>(p.x) + int64_t(i) * p.hidden_bytes,
                                    p.hidden_bytes, lane);
             if (p.topk_weights)
@@ -604,13 +725,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
                     p.nvl_capacity_rows);
     }
     if (!last_block(in.ws + EP_RT_IN_WS_TICKET + 2)) return;
-    int32_t* pub = reinterpret_cast<int32_t*>(in.local(p.lay.ready_prefix));
+    int32_t* pub = reinterpret_cast<int32_t*>(in.nvl(in.j, p.nvl.ready_prefix));
     for (int s = threadIdx.x; s < R; s += blockDim.x) pub[s] = reinterpret_cast<const int32_t*>(p.recv_gbl_prefix)[s];
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence_system();
-        st_release_sys(reinterpret_cast<int64_t*>(in.local(p.lay.ready)), seq);
-    }
+    if (threadIdx.x == 0) release_nvl(in.nvl_word(in.j, p.nvl.ready, 0), seq);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -633,12 +751,12 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
     __shared__ int prefix[EP_RT_MAX_NVL_RANKS][EP_RT_IN_MAX_NODES];  // [l][s]: rows rank (m, l) got from ranks < s*G+j
     bool ok = true;
     if (threadIdx.x < G)
-        ok = wait_flag(reinterpret_cast<const int64_t*>(in.on_peer(in.m * G + threadIdx.x, p.lay.ready)), seq,
-                       p.net_timeout_ns, sink, EP_RT_PHASE_IN_COMBINE_FORWARD, in.m * G + threadIdx.x, c);
+        ok = wait_flag(in.nvl_word(threadIdx.x, p.nvl.ready, 0), seq, p.net_timeout_ns, sink,
+                       EP_RT_PHASE_IN_COMBINE_FORWARD, in.m * G + threadIdx.x, c);
     if (__syncthreads_or(!ok)) return;
     for (int q = threadIdx.x; q < G * N; q += blockDim.x) {
         const int l = q / N, s = q % N, src = s * G + in.j;
-        const volatile int32_t* pub = reinterpret_cast<const volatile int32_t*>(in.on_peer(in.m * G + l, p.lay.ready_prefix));
+        const volatile int32_t* pub = reinterpret_cast<const volatile int32_t*>(in.nvl(l, p.nvl.ready_prefix));
         prefix[l][s] = src > 0 ? pub[src - 1] : 0;
     }
     __syncthreads();
@@ -662,7 +780,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
                 // (rows past the NVL capacity were never published: only a handle without facts gets there,
                 // and its publish kernel defers the error)
                 rows[l] = q >= 0 && prefix[l][s] + q < p.nvl_capacity_rows
-                              ? reinterpret_cast<const uint8_t*>(p.nvl_peers[l]) + int64_t(prefix[l][s] + q) * row_bytes
+                              ? in.nvl(l, p.nvl.records + int64_t(prefix[l][s] + q) * row_bytes)
                               : nullptr;
             }
             for (int v = lane; v < hidden_int4; v += kWarp) {
@@ -698,12 +816,12 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
         uint64_t* sig = in.word(p.lay.combine_words, in.m * EP_RT_MAX_CHANNELS + c);
         if (last > first)
             net_put_signal_block(in.record(p.lay.recv, in.m, first), in.record(p.lay.stage, s, first),
-                                 size_t(last - first) * p.lay.record_bytes, sig, 1, in.rail(s));
+                                 size_t(last - first) * p.lay.record_bytes, sig, 1, in.pe(s));
         else if (threadIdx.x == 0)
-            net_signal_add(sig, 1, in.rail(s));
+            net_signal_add(sig, 1, in.pe(s));
     }
     __syncthreads();
-    if (threadIdx.x == 0) net_quiet();
+    if (threadIdx.x == 0) net_flush();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -781,6 +899,6 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
 extern "C" __global__ void __launch_bounds__(256) ep_rt_internode_barrier(const InternodeParams p) {
     const In in(p);
     const int64_t seq = in.seq(EP_RT_IN_WS_BARRIER);
-    if (!all_to_all_handshake(in, p.lay.barrier_words, seq, true, EP_RT_PHASE_BARRIER)) return;
+    if (!handshake(in, EP_RT_IN_HS_BARRIER, seq, EP_RT_PHASE_BARRIER)) return;
     advance(in, EP_RT_IN_WS_BARRIER, seq);
 }

@@ -3,16 +3,18 @@
 // Low-latency (decode) dispatch and combine over a symmetric NVSHMEM buffer.
 //
 // Peers on this node are written with plain stores through their NVLink-mapped symmetric base
-// (peer_bases[r] != 0); peers on other nodes get network puts (include/ep_rt/net.cuh) from this rank's staging
-// area, a quiet, then a fence and an NVSHMEM store of the signal. The chaos variant (EP_RT_CHAOS_TRANSPORT=1)
-// delivers those puts late, split and reordered, at the quiet. Each call is two kernels (send, then receive), which is
-// exactly the split the receive hook needs. Signals carry a tag derived from a per-buffer epoch kept in
+// (peer_bases[r] != 0) and told with release stores of the signal. Peers on other nodes get one put-with-signal
+// per message from this rank's staging area (include/ep_rt/net.cuh), whose SIGNAL_ADD counts the message into an
+// arrival word at the receiver, and one signal op announcing each cell's count; the receiver waits for the count,
+// then for that many arrivals, and clears the arrival words before it hands the buffer back (buffer credits, also
+// signal ops). No quiet and no fence anywhere: a staging area is rewritten only after every peer's credit says it
+// received the last call on that buffer. The chaos variant (EP_RT_CHAOS_TRANSPORT=1) delivers those puts late,
+// split and reordered. Each call is two kernels (send, then receive), which is exactly the split the receive hook
+// needs. Signals carry a tag derived from a per-buffer epoch kept in
 // device memory, so nothing is cleaned between calls and CUDA-graph replays stay correct. Every wait is
 // time-limited: it reports into the error record, or in shrink mode masks the silent rank instead.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
-#include <nvshmem.h>
-#include <nvshmemx.h>
 
 #include "ep_rt/copy.cuh"
 #include "ep_rt/logfmt.cuh"
@@ -54,10 +56,15 @@ struct LL {
     __device__ bool masked(int r) const {
         return p.mask != 0 && *reinterpret_cast<volatile int32_t*>(reinterpret_cast<int32_t*>(p.mask) + r) != 0;
     }
+    // Rank r's NVLink-mapped symmetric base, or 0 for a rank of another node. Only ever a store destination:
+    // no kernel here reads another rank's memory (tests/test_network_rules.py holds the uses).
     __device__ uint64_t peer(int r) const { return reinterpret_cast<const uint64_t*>(p.peer_bases)[r]; }
+    __device__ bool remote(int r) const { return peer(r) == 0; }
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
-    // Word [buffer][rank] of the credit area (this rank's copy; peers' copies through peer()).
-    __device__ int64_t credit_off(int rank) const { return p.credit_off + (int64_t(p.buffer_idx) * p.num_ranks + rank) * 4; }
+    // Word [buffer][rank] of the credit area (u64 signal words; this rank's copy, peers' through signal_rank).
+    __device__ int64_t credit_off(int rank) const { return p.credit_off + (int64_t(p.buffer_idx) * p.num_ranks + rank) * 8; }
+    // This call's arrival word of cell c (u64, SIGNAL_ADD 1 per message from a rank of another node).
+    __device__ uint64_t* arrival(int c) const { return reinterpret_cast<uint64_t*>(local(p.arrival_off)) + c; }
 };
 
 // The whole block sends n rows of `hidden` bf16 from src_rows[i] to dst_rows[i] (addresses, in shared memory):
@@ -107,21 +114,13 @@ __device__ __forceinline__ void warp_encode_row(uint8_t* slot, const uint8_t* sr
     }
 }
 
-// Write one signal (int32 or int64) to rank r: a release store over NVLink, or fence + NVSHMEM store remotely.
-// The remote store is a direct NVSHMEM call, not a net.cuh one, and stays correct under the chaos transport: every
-// caller either announces data whose puts are already delivered (the send kernels' last block signals only after
-// every block's net_quiet, ordered by the tickets of last_block) or announces no data at all (buffer credits, the
-// barrier). A signal issued before the quiet of the data it announces would overtake that data under chaos.
-template <typename T>
-__device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, T value) {
+// Set one 64-bit signal word at rank r: a release store through its NVLink mapping (after this rank's stores
+// into r, which it announces), or a signal op of the network (SIGNAL_SET; it announces nothing but itself: data
+// for a rank of another node is announced by its own put-with-signal, whose arrivals the receiver counts).
+__device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, int64_t value) {
     const uint64_t base = ll.peer(r);
-    if (base != 0) {
-        st_release_sys(reinterpret_cast<T*>(base + off), value);
-    } else {
-        nvshmem_fence();
-        if constexpr (sizeof(T) == 8) nvshmem_int64_p(reinterpret_cast<int64_t*>(ll.local(off)), value, r);
-        else nvshmem_int_p(reinterpret_cast<int*>(ll.local(off)), value, r);
-    }
+    if (base != 0) st_release_sys(reinterpret_cast<int64_t*>(base + off), value);
+    else net_signal_set(reinterpret_cast<uint64_t*>(ll.local(off)), uint64_t(value), r);
 }
 
 // A signal: the tag in the high word, then the sender's shape digest (16 bits: a peer that called with another
@@ -177,7 +176,7 @@ __device__ bool wait_signal(const LL& ll, const T* sig, Pred pred, TagOf tag_of,
 // checks rank r's credit and spins only if it is not there yet. The whole block then writes after the check.
 __device__ __forceinline__ int32_t credit_prefetch(const LL& ll) {
     const int r = threadIdx.x;
-    return r < ll.p.num_ranks ? *reinterpret_cast<const volatile int32_t*>(ll.local(ll.credit_off(r))) : 0;
+    return r < ll.p.num_ranks ? int32_t(*reinterpret_cast<const volatile int64_t*>(ll.local(ll.credit_off(r)))) : 0;
 }
 
 __device__ void wait_buffer_free(const LL& ll, int32_t prefetched) {
@@ -192,19 +191,39 @@ __device__ void wait_buffer_free(const LL& ll, int32_t prefetched) {
             asm volatile("fence.acq_rel.sys;" ::: "memory");  // the volatile load above + this fence: an acquire
             continue;
         }
-        int32_t value;
+        int64_t value;
         int64_t cycles = 0;
-        wait_signal(ll, reinterpret_cast<const int32_t*>(ll.local(ll.credit_off(r))), is_free,
-                    [](int32_t v) { return v; }, prev, r, EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
+        wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(ll.credit_off(r))),
+                    [is_free](int64_t v) { return is_free(int32_t(v)); }, [](int64_t v) { return int32_t(v); }, prev,
+                    r, EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
     }
     __syncthreads();
 }
 
-// The last block of a receive kernel, once every block has finished reading this buffer: hand it back to every
-// peer (our word [buffer][me] in each peer's credit area) with this call's tag.
-__device__ void release_buffer(const LL& ll) {
+// The last block of a receive kernel, once every block has finished reading this buffer: clear the arrival words
+// of its `cells` (a local store; no sender adds to them before it sees our credit, and the system fence puts the
+// clear before the credit for the NIC too), then hand the buffer back to every peer (our word [buffer][me] in
+// each peer's credit area) with this call's tag.
+__device__ void release_buffer(const LL& ll, int cells) {
+    if (ll.p.has_remote_peers) {
+        for (int c = threadIdx.x; c < cells; c += blockDim.x) *reinterpret_cast<volatile uint64_t*>(ll.arrival(c)) = 0;
+        __syncthreads();
+        if (threadIdx.x == 0) __threadfence_system();
+        __syncthreads();
+    }
     for (int r = threadIdx.x; r < ll.p.num_ranks; r += blockDim.x)
-        if (!ll.masked(r)) signal_rank(ll, r, ll.credit_off(ll.p.rank), ll.tag);
+        if (!ll.masked(r)) signal_rank(ll, r, ll.credit_off(ll.p.rank), int64_t(uint32_t(ll.tag)));
+    __syncthreads();
+    if (threadIdx.x == 0) net_flush();
+}
+
+// A cell of a rank of another node: after its count `n` arrived (a signal op, unordered with the data), wait until
+// its n messages' put-with-signals have all added to the cell's arrival word (each signal after its own data).
+__device__ bool wait_arrivals(const LL& ll, int c, int n, int peer, int phase, int64_t& cycles) {
+    if (n == 0) return true;
+    int64_t value;
+    return wait_signal(ll, reinterpret_cast<const int64_t*>(ll.arrival(c)), [n](int64_t v) { return v >= n; },
+                       [](int64_t v) { return int32_t(v); }, n, peer, phase, value, cycles);
 }
 
 // Non-hook calls launch the receive kernel as a programmatic dependent launch: once every send block has
@@ -378,8 +397,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
 #pragma unroll 4
                         for (int i = part * kWarpSize + lane; i < used_int4; i += warps_per_k * kWarpSize)
                             st_na_v4(out + i, message[i]);
-                    } else if (part == 0) {  // a whole warp; `staged` stays as it is until the net_quiet below
-                        net_put_warp(ll.local(off), staged, used_bytes, dst);
+                    } else if (part == 0) {  // a whole warp; `staged` stays until dst's credit for this call
+                        net_put_signal_warp(ll.local(off), staged, used_bytes, ll.arrival(int(l) * R + me), 1, dst);
                     }
                 }
             }
@@ -387,17 +406,23 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
         __syncthreads();
     }
     if (!free_checked) wait_buffer_free(ll, credit);  // a block without tokens: the last block still signals
-    // Remote puts complete before the signals (after the __syncthreads that ends the loop or wait_buffer_free).
-    if (threadIdx.x == 0 && p.has_remote_peers) net_quiet();
+    // (after the __syncthreads that ends the loop or wait_buffer_free: every warp's puts are issued)
+    if (threadIdx.x == 0) net_flush();
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchSend)) return;
-    // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters.
+    // Last block: announce every (expert, me) count to the expert's rank, reset the slot counters. Over NVLink the
+    // release store follows every block's stores (last_block's tickets and system fence); over the network the
+    // count says how many put-with-signals to wait for, and needs no order of its own.
     for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) {
         const int dst = e / ll.L, l = e % ll.L;
         const int count = min(atomicExch(counters + e, 0), p.max_tokens);
         if (!ll.masked(dst))
             signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 8, make_signal(ll.tag, p.shape_digest, count));
     }
-    if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        net_flush();
+        ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchSend] = 0;
+    }
 }
 
 // Dispatch receive, one batch of this block's messages (cell = (local expert l, source s), message i of the
@@ -508,8 +533,9 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         int64_t cycles = 0;
         if (!ll.masked(s))
             if (wait_signal(ll, signals + c, [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag,
-                            s, EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles))
-                same_shape(ll, value, s, EP_RT_PHASE_LL_DISPATCH_RECV);
+                            s, EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles) &&
+                same_shape(ll, value, s, EP_RT_PHASE_LL_DISPATCH_RECV) && ll.remote(s))
+                wait_arrivals(ll, c, count_of_signal(value), s, EP_RT_PHASE_LL_DISPATCH_RECV, cycles);
         if (p.wait_stats && cycles)
             atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + s, (unsigned long long)cycles);
     }
@@ -548,7 +574,7 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     for_each_share_batch(share, E, R, count, cell_outputs,
                          [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
-    release_buffer(ll);
+    release_buffer(ll, E);
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
 }
 
@@ -601,21 +627,30 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
             if (p.use_logfmt) warp_encode_row(staged, x_row, p.hidden, lane);  // payload and meta: msg_bytes
             else if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, x_row, row_bytes, lane);
             __syncwarp();
-            net_put_warp(ll.local(remote_slot[q]), staged, p.use_logfmt ? p.msg_bytes : row_bytes, remote_rank[q]);
+            const int cell = int(remote_row[q] / RT) * R + me;  // (my local expert l, me): the receiver's word
+            net_put_signal_warp(ll.local(remote_slot[q]), staged, p.use_logfmt ? p.msg_bytes : row_bytes,
+                                ll.arrival(cell), 1, remote_rank[q]);
         }
     };
     __shared__ ShareSmem share;
     for_each_share_batch(share, ll.L * R, R, [&](int c) { return int(ranges[c] & 0xFFFFFFFF); },
                          [](int, int, const int*) {}, send_batch);
     // for_each_share_batch ends with a __syncthreads: every warp's puts are issued (queued, under chaos).
-    if (threadIdx.x == 0 && p.has_remote_peers) net_quiet();
+    if (threadIdx.x == 0) net_flush();
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
-    for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {  // flag (expert me*L + l) at every rank
-        const int dst = i % R, e = me * ll.L + i / R;
+    // Flag (expert me*L + l) at every rank, with the rows sent to it (a rank of another node waits for that many
+    // arrivals; a masked one got none).
+    for (int i = threadIdx.x; i < ll.L * R; i += blockDim.x) {
+        const int dst = i % R, l = i / R;
         if (!ll.masked(dst))
-            signal_rank(ll, dst, p.signal_off + (int64_t(e % ll.L) * R + me) * 8, make_signal(ll.tag, p.shape_digest, 0));
+            signal_rank(ll, dst, p.signal_off + (int64_t(l) * R + me) * 8,
+                        make_signal(ll.tag, p.shape_digest, int(ranges[l * R + dst] & 0xFFFFFFFF)));
     }
-    if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        net_flush();
+        ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
+    }
 }
 
 // acc[j] += w * y[j] for the 8 bf16 of v: an f32 multiply then an f32 add (no FMA), as the reference.
@@ -709,7 +744,9 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
                     if (wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + flag * 8)),
                                     [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag, src,
                                     EP_RT_PHASE_LL_COMBINE_RECV, value, cycles) &&
-                        same_shape(ll, value, src, EP_RT_PHASE_LL_COMBINE_RECV))
+                        same_shape(ll, value, src, EP_RT_PHASE_LL_COMBINE_RECV) &&
+                        (!ll.remote(src) || wait_arrivals(ll, int(flag), count_of_signal(value), src,
+                                                          EP_RT_PHASE_LL_COMBINE_RECV, cycles)))
                         off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;
                     if (p.wait_stats && cycles)
                         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L,
@@ -737,7 +774,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
         __syncthreads();
     }
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineRecv)) return;
-    release_buffer(ll);
+    release_buffer(ll, p.num_experts);
     if (threadIdx.x == 0) {
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineRecv] = 0;
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
@@ -755,6 +792,8 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLate
     // Signal every rank, masked ones too (a rank masked here may be alive and waiting for us: masks are each rank's
     // own view), but wait only for the unmasked ones.
     for (int r = threadIdx.x; r < R; r += blockDim.x) signal_rank(ll, r, p.signal_off + int64_t(p.rank) * 8, p.barrier_seq);
+    __syncthreads();
+    if (threadIdx.x == 0) net_flush();
     const int64_t seq = p.barrier_seq;
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         if (ll.masked(r)) continue;
@@ -770,20 +809,21 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLate
 // ------------------------------------------------------------------------------------------------
 // Test hook, never launched by ep_rt itself (tests/gpu/test_chaos_transport_gpu.py): one block puts to rank
 // rank ^ 1 through net.cuh in patterns whose end state tells a transport that applies puts at once and in issue
-// order (NVSHMEM over P2P) from one that applies them late and reordered (the chaos variant):
-//   1. late:     a put of 4096 bytes whose source is rewritten (bit 23 of every word set) before the quiet; the
-//                bug that reusing a send area before quiet is: P2P delivers the old words, chaos the new ones;
-//   2. order:    64 pairs of 64-byte puts to one destination each (words 1, then words 2), no quiet between;
-//   3. overtake: 64 words, each a put of 100 then a separate signal add of 1 to that same word, no quiet between:
-//                101 where the signal came after the data, 100 where it overtook it;
+// order (NVSHMEM over P2P) from one that applies them late and reordered (the chaos variant). Every put is a
+// put-with-signal whose signal adds 1 to a sink word, unless said otherwise:
+//   1. late:     4096 bytes whose source is rewritten (bit 23 of every word set) before the flush; the bug that
+//                reusing a source before its destination acknowledged it is: P2P delivers the old words, chaos the
+//                new ones;
+//   2. order:    64 pairs of 64-byte puts to one destination each (words 1, then words 2), nothing between;
+//   3. overtake: 64 words, each a put of 100 then a separate signal add of 1 to that same word: 101 where the
+//                signal came after the data, 100 where it overtook it;
 //   4. own:      64 put_signals whose signal word is their own data word (100, then + 1): always 101, since a
 //                signal never overtakes its own data (the word's overlap is the probe's trick, not a legal use);
-//   5. flood:    more puts than a chaos queue holds (EP_RT_NET_CHAOS_SLOTS + 64), after a first quiet: all arrive.
-// 3 and 4 check the chaos transport itself and exist in the chaos variant only: the NVSHMEM calls they would make
-// in the default one (signal_op, put-with-signal) would add ~0.5 MB of NVSHMEM device code to the shipped cubin.
-// Sources at sym_base + send_off, destinations at sym_base + recv_off, packed in the order above (the test
-// mirrors the sizes). The host zeroes the destinations everywhere first, then runs this on every rank (an even
-// number), synchronises, and reads its own destinations.
+//   5. flood:    more puts than a chaos queue holds (EP_RT_NET_CHAOS_SLOTS + 64), after a first flush: all arrive.
+// Then the sink must hold 1 + 2 * 64 + 64 + (EP_RT_NET_CHAOS_SLOTS + 64): no signal lost.
+// Sources at sym_base + send_off, destinations at sym_base + recv_off, packed in the order above, the sink last (the
+// test mirrors the sizes). The host zeroes the destinations everywhere first, then runs this on every rank (an
+// even number), synchronises, and reads its own destinations.
 namespace {
 constexpr int kProbeLate = 4096, kProbePairs = 64, kProbeRow = 64, kProbeFlood = EP_RT_NET_CHAOS_SLOTS + 64;
 }
@@ -803,31 +843,28 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_net_probe(const LowLa
     uint64_t* d_overtake = reinterpret_cast<uint64_t*>(d_order + kProbePairs * kProbeRow);
     uint64_t* d_own = d_overtake + kProbePairs;
     int4* d_flood = reinterpret_cast<int4*>(d_own + kProbePairs);
+    uint64_t* sink = reinterpret_cast<uint64_t*>(d_flood + kProbeFlood);
 
     for (int i = threadIdx.x; i < kProbeLate / 4; i += blockDim.x) late[i] = (me << 24) | i;
     for (int i = threadIdx.x; i < kProbePairs * kProbeRow / 4; i += blockDim.x) first[i] = 1, second[i] = 2;
     for (int i = threadIdx.x; i < kProbePairs; i += blockDim.x) value[i] = 100;
     for (int i = threadIdx.x; i < kProbeFlood; i += blockDim.x) flood[i] = make_int4(i, me + 1, 7, ~i);
     __syncthreads();
-    if (warp == 0) net_put_warp(d_late, late, kProbeLate, peer);  // 1
+    if (warp == 0) net_put_signal_warp(d_late, late, kProbeLate, sink, 1, peer);  // 1
     __syncthreads();
-    for (int i = threadIdx.x; i < kProbeLate / 4; i += blockDim.x) late[i] |= 1 << 23;  // before the quiet: a bug
+    for (int i = threadIdx.x; i < kProbeLate / 4; i += blockDim.x) late[i] |= 1 << 23;  // before the flush: a bug
     for (int j = warp; j < kProbePairs; j += num_warps) {
-        net_put_warp(d_order + j * kProbeRow, first + j * kProbeRow / 4, kProbeRow, peer);  // 2
-        net_put_warp(d_order + j * kProbeRow, second + j * kProbeRow / 4, kProbeRow, peer);
-#if EP_RT_CHAOS_TRANSPORT
-        net_put_warp(d_overtake + j, value + j, 8, peer);  // 3
+        net_put_signal_warp(d_order + j * kProbeRow, first + j * kProbeRow / 4, kProbeRow, sink, 1, peer);  // 2
+        net_put_signal_warp(d_order + j * kProbeRow, second + j * kProbeRow / 4, kProbeRow, sink, 1, peer);
+        net_put_signal_warp(d_overtake + j, value + j, 8, sink, 1, peer);  // 3
         if (threadIdx.x % kWarpSize == 0) net_signal_add(d_overtake + j, 1, peer);
         __syncwarp();
-#endif
     }
-#if EP_RT_CHAOS_TRANSPORT
     for (int j = 0; j < kProbePairs; ++j) net_put_signal_block(d_own + j, value + j, 8, d_own + j, 1, peer);  // 4
-#endif
     __syncthreads();
-    if (threadIdx.x == 0) net_quiet();
+    if (threadIdx.x == 0) net_flush();
     __syncthreads();
-    for (int j = warp; j < kProbeFlood; j += num_warps) net_put_warp(d_flood + j, flood + j, 16, peer);  // 5
+    for (int j = warp; j < kProbeFlood; j += num_warps) net_put_signal_warp(d_flood + j, flood + j, 16, sink, 1, peer);
     __syncthreads();
-    if (threadIdx.x == 0) net_quiet();
+    if (threadIdx.x == 0) net_flush();
 }

@@ -13,14 +13,34 @@ from ep_rt.transport import internode_layout as lay
 def test_control_area_follows_the_data_and_is_aligned():
     R, N, nbytes = 16, 2, 1 << 20
     off = lay.control_offsets(nbytes, R, N)
-    names = [k for k in off if k != "end"]
+    names = [k for k in off if k not in ("end", "slot_bytes")]
     assert off[names[0]] >= nbytes
     values = [off[k] for k in names] + [off["end"]]
     assert values == sorted(values) and all(v % lay.ALIGN == 0 for v in values)
-    # Every region has room for its words.
-    assert off["notify_recv"] - off["notify_send"] >= R * abi.EP_RT_IN_NOTIFY_SLOT_BYTES
+    # Every region has room for its words: one network slot per node (not per rank: only rail peers talk).
+    slot = off["slot_bytes"]
+    assert slot >= 4 * (abi.EP_RT_IN_SLOT_HEADER + R + N + abi.EP_RT_MAX_CHANNELS +
+                        (R // N) * (abi.EP_RT_MAX_CHANNELS + abi.EP_RT_MAX_LOCAL_EXPERTS))
+    assert off["notify_recv"] - off["notify_send"] >= N * slot
+    assert off["notify_words"] - off["notify_recv"] >= N * slot
     assert off["combine_words"] - off["dispatch_words"] >= N * abi.EP_RT_MAX_CHANNELS * 8
-    assert off["end"] - off["barrier_words"] >= R * 8
+    assert off["end"] - off["hs_words"] >= abi.EP_RT_IN_HS_KINDS * N * 8
+
+
+def test_nvl_area_control_part_then_records():
+    R, N = 16, 2
+    off = lay.nvl_control_offsets(R, N)
+    names = [k for k in off if k != "slot_bytes"]
+    values = [off[k] for k in names]
+    assert values == sorted(values) and all(v % lay.ALIGN == 0 for v in values)
+    assert off["slot_flags"] - off["slots"] >= R * off["slot_bytes"]
+    assert off["relay"] - off["pub"] >= R * abi.EP_RT_MAX_CHANNELS * 4
+    assert off["ready"] - off["relay"] >= R * abi.EP_RT_MAX_CHANNELS * 8
+    assert off["records"] - off["ready_prefix"] >= R * 4
+    p = abi.InternodeParams()
+    assert lay.fill_nvl(p.nvl, off, off["records"] + 1000) == 1000
+    assert lay.fill_nvl(p.nvl, off, 10) == 0
+    assert p.nvl.records == off["records"] and p.nvl.slot_bytes == off["slot_bytes"]
 
 
 def test_fill_gives_both_halves_and_the_capacity():
@@ -31,17 +51,22 @@ def test_fill_gives_both_halves_and_the_capacity():
     assert cap == p.lay.cap == lay.half_bytes(10 << 20) // (2 * 1024)
     assert p.lay.recv + 2 * cap * 1024 <= 10 << 20 <= ctrl["notify_send"]
     assert p.lay.notify_words == ctrl["notify_words"] and p.lay.end == ctrl["end"]
+    assert p.lay.slot_bytes == ctrl["slot_bytes"]
 
 
 @pytest.mark.parametrize("hidden,G,R", [(7168, 8, 16), (4096, 2, 4), (2048, 1, 4)])
 def test_size_hints_hold_a_dispatch_and_its_combine(hidden, G, R):
     T, N = 4096, R // G
     rdma = lay.rdma_size_hint(hidden * 2, R, G, T)
-    for record in (lay.dispatch_record_bytes(hidden * 2, 0, 8), lay.dispatch_record_bytes(hidden, hidden // 128, 8),
-                   lay.combine_record_bytes(hidden, 8), lay.combine_record_bytes(hidden, 32)):
+    records = (lay.dispatch_record_bytes(hidden * 2, 0, 8), lay.dispatch_record_bytes(hidden, hidden // 128, 8),
+               lay.combine_record_bytes(hidden, 8), lay.combine_record_bytes(hidden, 32))
+    for record in records:
         assert lay.capacity(rdma, N, record) >= T, record
-    nvl = lay.nvl_size_hint(hidden * 2, R, T)
-    assert nvl // lay.combine_record_bytes(hidden, 32) >= R * T
+    # The NVL buffer holds, after its control part, every token of every rank as a pushed record or combine row.
+    nvl = lay.nvl_size_hint(hidden * 2, R, G, T)
+    room = nvl - lay.nvl_control_offsets(R, N)["records"]
+    for record in records + (lay.dispatch_record_bytes(hidden * 2, 0, 32),):
+        assert room // record >= R * T, record
 
 
 def test_records_are_16_byte_multiples():

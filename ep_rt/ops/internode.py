@@ -3,7 +3,9 @@
 Dispatch = notify (counts all-to-all; the host reads the receive counts from mapped memory unless
 num_worst_tokens) + send + forward + receive. Cached dispatch = the same three without notify, from the handle,
 after a handshake. Combine = publish + forward + reduce. The transports are the Buffer's: the symmetric buffer of
-the NVSHMEM session (inter-node traffic and the node's relay flags) and the node's NVL buffer (combine input rows).
+the NVSHMEM session (inter-node traffic only: each rank's is written by the network and read by itself) and the
+node's NVL buffer (everything inside a node: relayed notify slots, flags, the records the forwarders push, the
+combine input rows).
 With num_worst_tokens nothing waits on the host, so dispatch, cached dispatch and combine can be captured in a CUDA
 graph: the kernels number their calls in device memory.
 """
@@ -29,7 +31,7 @@ from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
 
 SLOT = "internode"
-_BLOCK, _FORWARD_BLOCK, _BARRIER_BLOCK = 512, 128, 256
+_BLOCK, _BARRIER_BLOCK = 512, 256
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
 
@@ -45,7 +47,8 @@ class InternodeOp:
         return lay_mod.control_offsets(num_rdma_bytes, num_ranks, num_nodes)["end"]
 
     def __init__(self, topology: Topology, sym: SymmetricBuffer, nvl: NvlBuffer, module, num_rdma_bytes: int,
-                 device_index: int, net_timeout_s: float, errors: ErrorRecords):
+                 device_index: int, net_timeout_s: float, errors: ErrorRecords, pe_base: Optional[int] = None,
+                 pe_stride: Optional[int] = None):
         R, G = topology.num_ranks, topology.node_size
         N = R // G
         if R > lay_mod.MAX_RANKS or N > lay_mod.MAX_NODES:
@@ -58,16 +61,18 @@ class InternodeOp:
         self.net_timeout_s = net_timeout_s
         self.errors = errors
         self.control = lay_mod.control_offsets(num_rdma_bytes, R, N)
-        # Only the ranks of my node are read through NVLink mappings (the others only receive NVSHMEM puts).
-        peers = sym.peer_bases.clone()
-        for r in range(R):
-            if topology.node_of(r) != topology.node:
-                peers[r] = 0
-        missing = [r for r in topology.local_ranks if int(peers[r]) == 0]
-        if missing:
-            raise EpRtError(f"rank {self.rank}: NVSHMEM cannot map the symmetric buffer of node peers {missing} "
-                            f"over NVLink; the ranks of a node must share NVLink (or P2P)")
-        self.sym_peers = peers
+        self.nvl_control = lay_mod.nvl_control_offsets(R, N)
+        self.records_bytes = nvl.num_nvl_bytes - self.nvl_control["records"]
+        if self.records_bytes <= 0:
+            raise BufferTooSmallError(
+                f"rank {self.rank}: internode calls keep {self.nvl_control['records']} bytes of control data in the "
+                f"NVL buffer ({nvl.num_nvl_bytes} bytes); create the Buffer with num_nvl_bytes above that (see "
+                f"Config.get_nvl_buffer_size_hint)")
+        # The network reaches my rail peer on node n as PE pe_base + n * pe_stride (a world of all ranks by default:
+        # PE = rank). No mapping of any other rank's symmetric buffer is passed to the kernels: only the GPU the NIC
+        # wrote into reads those bytes; inside a node everything goes through the NVL buffers.
+        self.pe_base = topology.local_rank if pe_base is None else pe_base
+        self.pe_stride = G if pe_stride is None else pe_stride
         self.sym_base = sym.ptr
         self.workspace = torch.zeros(abi.EP_RT_IN_WS_WORDS, dtype=torch.int64, device=self.device)
         self.scratch = torch.zeros(abi.EP_RT_MAX_CHANNELS * (R + N), dtype=torch.int32, device=self.device)
@@ -77,15 +82,17 @@ class InternodeOp:
         self.counters = (ctypes.c_int32 * abi.EP_RT_IN_HOST_WORDS).from_address(self.host_ptr)
         ctypes.memset(self.host_ptr, 0, abi.EP_RT_IN_HOST_WORDS * 4)
         self.host_token = 0
-        blocks = {"forward": _FORWARD_BLOCK, "barrier": _BARRIER_BLOCK}  # their __launch_bounds__
+        blocks = {"barrier": _BARRIER_BLOCK}  # their __launch_bounds__
         self.kernels = {name: Launcher(module, f"ep_rt_internode_{name}", abi.InternodeParams,
                                        block=blocks.get(name, _BLOCK)) for name in _KERNELS}
-        nvl_data = [ptr + nvl_layout.CONTROL_BYTES for ptr in nvl.peer_ptrs]
+        nvl_area = [ptr + nvl_layout.CONTROL_BYTES for ptr in nvl.peer_ptrs]  # the NVL buffer's data region
         for k in self.kernels.values():
             p = k.params
-            p.sym_base, p.sym_peers = self.sym_base, self.sym_peers.data_ptr()
-            for i, ptr in enumerate(nvl_data):
+            p.sym_base = self.sym_base
+            for i, ptr in enumerate(nvl_area):
                 p.nvl_peers[i] = ptr
+            lay_mod.fill_nvl(p.nvl, self.nvl_control, nvl.num_nvl_bytes)
+            p.pe_base, p.pe_stride = self.pe_base, self.pe_stride
             p.workspace, p.error = self.workspace.data_ptr(), errors.device_ptr(SLOT)
             p.host_counters, p.scratch, p.consumed = host_dev_ptr, self.scratch.data_ptr(), self.consumed.data_ptr()
             p.net_timeout_ns = int(net_timeout_s * 1e9)
@@ -129,23 +136,17 @@ class InternodeOp:
         else:
             self.timer.around(name, stream, lambda: k(grid, stream))
 
-    def _layout(self, names, record_bytes: int) -> int:
-        cap = 0
-        for name in names:
-            cap = lay_mod.fill(self.kernels[name].params.lay, self.control, self.num_rdma_bytes, self.N, record_bytes)
-        return cap
-
     def _wait_counters(self, token: int) -> None:
         wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, self.net_timeout_s, self.errors, SLOT,
                        f"rank {self.rank} (node {self.topology.node})", "internode dispatch notify")
 
     def _too_small(self, what: str, need_rows: int, cap: int, record_bytes: int, nvl: bool) -> BufferTooSmallError:
         if nvl:
-            need = nvl_layout.align(need_rows * record_bytes)
+            need = nvl_layout.align(self.nvl_control["records"] + need_rows * record_bytes)
             return BufferTooSmallError(
-                f"rank {self.rank}: this {what} needs {need_rows} combine rows on some rank but the NVL buffer "
-                f"({self.nvl.num_nvl_bytes} bytes) holds {cap}; create the Buffer with num_nvl_bytes >= {need} "
-                f"(nothing more was launched; the Buffer stays usable)")
+                f"rank {self.rank}: this {what} needs {need_rows} rows of {record_bytes} bytes in the NVL buffer of "
+                f"some rank but the NVL buffer ({self.nvl.num_nvl_bytes} bytes) holds {cap}; create the Buffer with "
+                f"num_nvl_bytes >= {need} (nothing more was launched; the Buffer stays usable)")
         need = lay_mod.rdma_bytes_for(record_bytes, self.N, need_rows)
         return BufferTooSmallError(
             f"rank {self.rank}: this {what} sends up to {need_rows} tokens from one rank to one node but the RDMA "
@@ -153,7 +154,19 @@ class InternodeOp:
             f"Buffer with num_rdma_bytes >= {need} (nothing more was launched; the Buffer stays usable)")
 
     def _nvl_rows(self, hidden: int, K: int) -> int:
-        return self.nvl.num_nvl_bytes // lay_mod.combine_record_bytes(hidden, K)
+        """Combine rows of this shape the NVL records region holds."""
+        return self.records_bytes // lay_mod.combine_record_bytes(hidden, K)
+
+    def _layout(self, names, record_bytes: int, nvl_row_bytes: Optional[int] = None) -> int:
+        """Fill the call's layout into the kernels `names` (record size known; NVL rows of nvl_row_bytes, default
+        the record); returns the symmetric capacity (records per node area)."""
+        cap = 0
+        rows = self.records_bytes // (nvl_row_bytes or record_bytes)
+        for name in names:
+            p = self.kernels[name].params
+            cap = lay_mod.fill(p.lay, self.control, self.num_rdma_bytes, self.N, record_bytes)
+            p.nvl_capacity_rows = rows
+        return cap
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
@@ -201,10 +214,13 @@ class InternodeOp:
             c = self.counters
             num_rows, num_fwd = c[abi.EP_RT_IN_HOST_NUM_RECV], c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV]
             max_stream, max_recv = c[abi.EP_RT_IN_HOST_MAX_STREAM], c[abi.EP_RT_IN_HOST_MAX_RECV]
-            per_expert = [c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] for i in range(L)] if K else []
+            # With or without top-k, as DeepEP (its test_internode.py checks them in its first case).
+            per_expert = [c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] for i in range(L)]
             # The same maxima on every rank, so every rank raises alike and nothing waits for anyone.
             if max_stream > cap:
                 raise self._too_small("dispatch", max_stream, cap, record, nvl=False)
+            if max_recv > self.records_bytes // record:
+                raise self._too_small("dispatch", max_recv, self.records_bytes // record, record, nvl=True)
             combine_record = lay_mod.combine_record_bytes(hidden, K)
             combine_cap = lay_mod.capacity(self.num_rdma_bytes, N, combine_record)
             if max_stream > combine_cap:
@@ -226,7 +242,7 @@ class InternodeOp:
                     send_nvl_head=ptr(send_nvl_head), num_out_rows=num_rows, num_fwd_rows=num_fwd,
                     recv_topk_idx_bits=validate.bits(recv_topk_idx))
         self._launch("send", C, comm_stream, **{**common, **outs})
-        self._launch("forward", N, comm_stream, **{**common, **outs})
+        self._launch("forward", N * C, comm_stream, **{**common, **outs})
         self._launch("recv", C, comm_stream, **{**common, **outs})
         handle = InternodeHandle(is_token_in_rank, rdma_cpm, gbl_cpm, recv_rdma_cpm, recv_rdma_prefix, recv_gbl_cpm,
                                  recv_gbl_prefix, recv_src_meta, send_rdma_head, send_nvl_head)
@@ -253,6 +269,10 @@ class InternodeOp:
             rows = self._nvl_rows(*combine)
             if facts.max_combine_rows > rows:
                 raise self._too_small(what, facts.max_combine_rows, rows, record_bytes, nvl=True)
+        if combine is None and facts.max_dispatch_rows is not None:
+            rows = self.records_bytes // record_bytes  # the records the forwarders push into each NVL buffer
+            if facts.max_dispatch_rows > rows:
+                raise self._too_small(what, facts.max_dispatch_rows, rows, record_bytes, nvl=True)
 
     def cached_dispatch(self, x, x_scales, handle: InternodeHandle, alloc_stream, comm_stream):
         T, hidden = x.shape
@@ -280,7 +300,7 @@ class InternodeOp:
             num_experts=self.num_ranks, expert_alignment=1, num_out_rows=num_rows, num_fwd_rows=0, cached=1,
             fill_unused=0, topk_idx_bits=64, recv_topk_idx_bits=64)
         self._launch("send", C, comm_stream, **fields)
-        self._launch("forward", self.N, comm_stream, **fields)
+        self._launch("forward", self.N * C, comm_stream, **fields)
         self._launch("recv", C, comm_stream, **fields)
         return recv_x, recv_x_scales, [x, x_scales, recv_x, recv_x_scales, *handle]
 
@@ -292,7 +312,7 @@ class InternodeOp:
         C = handle.rdma_channel_prefix_matrix.size(1)
         record = lay_mod.combine_record_bytes(hidden, K)
         self.check_handle_capacity(handle, record, (hidden, K))
-        self._layout(("combine_publish", "combine_forward", "combine_reduce"), record)
+        self._layout(("combine_publish", "combine_forward", "combine_reduce"), record)  # NVL rows: the same size
         with torch.cuda.stream(alloc_stream):
             combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
             combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
@@ -303,8 +323,7 @@ class InternodeOp:
             recv_rdma_prefix=ptr(handle.recv_rdma_rank_prefix_sum), recv_gbl_prefix=ptr(handle.recv_gbl_rank_prefix_sum),
             send_rdma_head=ptr(handle.send_rdma_head), send_nvl_head=ptr(handle.send_nvl_head),
             combined_x=ptr(combined_x), combined_topk_weights=ptr(combined_w), num_tokens=T, num_channels=C,
-            hidden_bytes=2 * hidden, num_topk=K, num_in_rows=x.size(0),
-            nvl_capacity_rows=self._nvl_rows(hidden, K))
+            hidden_bytes=2 * hidden, num_topk=K, num_in_rows=x.size(0))
         self._launch("combine_publish", C, comm_stream, **fields)
         self._launch("combine_forward", C, comm_stream, **fields)
         self._launch("combine_reduce", C, comm_stream, **fields)

@@ -128,6 +128,7 @@ class LowLatencyOp:
         p.error = self.error_dev_ptr
         p.send_off, p.recv_off = offsets["send"][b], offsets["recv"][b]
         p.signal_off = self.control["combine_flag" if combine else "count_signal"][b]
+        p.arrival_off = self.control["combine_arrival" if combine else "dispatch_arrival"][b]
         p.credit_off = self.control["credit"]
         p.msg_bytes, p.timeout_ns = msg_bytes, self.timeout_ns
         p.has_remote_peers = int(self.nvlink_peers < self.num_ranks)

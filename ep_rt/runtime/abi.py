@@ -65,7 +65,6 @@ EP_RT_LL_WS_COUNTERS = 16
 # internode high-throughput mode
 EP_RT_IN_MAX_RANKS = 256
 EP_RT_IN_MAX_NODES = 64
-EP_RT_IN_NOTIFY_SLOT_BYTES = 8192
 EP_RT_IN_SLOT_HIDDEN_BYTES = 0
 EP_RT_IN_SLOT_NUM_TOPK = 1
 EP_RT_IN_SLOT_NUM_CHANNELS = 2
@@ -80,7 +79,12 @@ EP_RT_IN_WS_BARRIER = 4
 EP_RT_IN_WS_TICKET = 8
 EP_RT_IN_WS_CLAIM = 16
 EP_RT_IN_WS_SKIP = 17
+EP_RT_IN_WS_DEFERRED = 18
 EP_RT_IN_WS_WORDS = 32
+EP_RT_IN_HS_CACHED = 0
+EP_RT_IN_HS_COMBINE = 1
+EP_RT_IN_HS_BARRIER = 2
+EP_RT_IN_HS_KINDS = 3
 EP_RT_IN_HOST_TOKEN = 0
 EP_RT_IN_HOST_NUM_RECV = 1
 EP_RT_IN_HOST_NUM_RDMA_RECV = 2
@@ -96,6 +100,7 @@ EP_RT_PHASE_IN_RECV = 15
 EP_RT_PHASE_IN_COMBINE_HANDSHAKE = 16
 EP_RT_PHASE_IN_COMBINE_FORWARD = 17
 EP_RT_PHASE_IN_COMBINE_REDUCE = 18
+EP_RT_PHASE_IN_NOTIFY_RELAY = 19
 
 _u64, _i64, _i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
 _PeerBuffers = _u64 * EP_RT_MAX_NVL_RANKS
@@ -291,6 +296,7 @@ class LowLatencyParams(ctypes.Structure):
         ("send_off", _i64),
         ("recv_off", _i64),
         ("credit_off", _i64),
+        ("arrival_off", _i64),
         ("barrier_seq", _i64),
         ("msg_bytes", _i64),
         ("timeout_ns", _i64),
@@ -319,26 +325,36 @@ class InternodeLayout(ctypes.Structure):
         ("recv", _i64),
         ("cap", _i64),
         ("record_bytes", _i64),
+        ("slot_bytes", _i64),
         ("notify_send", _i64),
         ("notify_recv", _i64),
         ("notify_words", _i64),
         ("dispatch_words", _i64),
         ("combine_words", _i64),
-        ("cached_words", _i64),
-        ("combine_hs", _i64),
+        ("hs_words", _i64),
+        ("end", _i64),
+    ]
+
+
+class InternodeNvlLayout(ctypes.Structure):
+    _fields_ = [
+        ("slot_bytes", _i64),
+        ("slots", _i64),
+        ("slot_flags", _i64),
+        ("hs", _i64),
+        ("pub", _i64),
+        ("pub_flag", _i64),
         ("relay", _i64),
-        ("relay_prefix", _i64),
         ("ready", _i64),
         ("ready_prefix", _i64),
-        ("barrier_words", _i64),
-        ("end", _i64),
+        ("records", _i64),
+        ("records_bytes", _i64),
     ]
 
 
 class InternodeParams(ctypes.Structure):
     _fields_ = [
         ("sym_base", _u64),
-        ("sym_peers", _u64),
         ("nvl_peers", _u64 * EP_RT_MAX_NVL_RANKS),
         ("workspace", _u64),
         ("error", _u64),
@@ -369,6 +385,7 @@ class InternodeParams(ctypes.Structure):
         ("combined_x", _u64),
         ("combined_topk_weights", _u64),
         ("lay", InternodeLayout),
+        ("nvl", InternodeNvlLayout),
         ("scale_token_stride", _i64),
         ("scale_hidden_stride", _i64),
         ("host_token", _i64),
@@ -378,6 +395,8 @@ class InternodeParams(ctypes.Structure):
         ("num_ranks", _i32),
         ("ranks_per_node", _i32),
         ("num_nodes", _i32),
+        ("pe_base", _i32),
+        ("pe_stride", _i32),
         ("num_tokens", _i32),
         ("num_channels", _i32),
         ("hidden_bytes", _i32),

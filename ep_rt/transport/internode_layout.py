@@ -1,14 +1,18 @@
-"""The internode symmetric buffer (kernels_src/internode.cu): offsets identical on every rank.
+"""The internode buffers (kernels_src/internode.cu): the symmetric buffer and each rank's NVL area, at offsets
+identical on every rank.
 
-The caller's num_rdma_bytes hold two equal halves, a staging area and a receive area, each [N nodes][cap] records
-of the call's record size (so cap, the longest (rank -> node) stream a call may have, follows from the buffer and
-the call's shape alone, the same on every rank). A control area at fixed offsets follows: notify slots and
-signal words, one u64 word per (sender, chunk) for each kind of call, the forwarders' relay flags and the combine
-ready flags. Dispatch and combine reuse the halves: every call starts with an all-to-all (notify or handshake)
-that each rank enters only once its previous call's readers are done.
+Symmetric buffer: the caller's num_rdma_bytes hold two equal halves, a staging area and a receive area, each
+[N nodes][cap] records of the call's record size (so cap, the longest (rank -> node) stream a call may have, follows
+from the buffer and the call's shape alone, the same on every rank). A control area at fixed offsets follows: the
+notify slots to and from each node's rail peer and the signal words, one u64 word per (sender node, chunk) for each
+kind of call. Only the network (a rail peer's put-with-signal or signal op) and the rank itself write there, and only
+the rank itself reads it. Dispatch and combine reuse the halves: every call starts with an all-to-all (notify or
+handshake) that each rank enters only once its previous call's readers are done.
 
-The NVL buffer of each rank holds its combine input rows (bf16 row + f32 weights, 16-aligned) for the node's
-forwarders to read.
+NVL area (the data region of each rank's NVL buffer, IPC-mapped on its node): a control part (the notify slots its
+node's rail peers relay to it, one per source rank, handshake words, its published start rows, the forwarders'
+"block (src, c) pushed" flags, the combine ready flag and prefix), then the records region: the dispatch records the
+forwarders push at their final rows, or the combine rows (bf16 row + f32 weights) this rank publishes.
 """
 from __future__ import annotations
 
@@ -18,7 +22,8 @@ ALIGN = 128
 MAX_RANKS = abi.EP_RT_IN_MAX_RANKS
 MAX_NODES = abi.EP_RT_IN_MAX_NODES
 MAX_CHANNELS = abi.EP_RT_MAX_CHANNELS
-SLOT_BYTES = abi.EP_RT_IN_NOTIFY_SLOT_BYTES
+MAX_LOCAL_EXPERTS = abi.EP_RT_MAX_LOCAL_EXPERTS
+HS_KINDS = abi.EP_RT_IN_HS_KINDS
 
 
 def _align(n: int, a: int = ALIGN) -> int:
@@ -35,28 +40,71 @@ def combine_record_bytes(hidden: int, num_topk: int) -> int:
     return _align(2 * hidden + 4 * num_topk, 16)
 
 
+def network_slot_bytes(num_ranks: int, num_nodes: int) -> int:
+    """One notify slot a rank puts to its rail peer on another node (params.h): header, rank and node totals, the
+    stream counts, and for each of that node's ranks its channel and expert counts, at the most channels and local
+    experts any call may have."""
+    G = num_ranks // num_nodes
+    words = abi.EP_RT_IN_SLOT_HEADER + num_ranks + num_nodes + MAX_CHANNELS + G * (MAX_CHANNELS + MAX_LOCAL_EXPERTS)
+    return _align(4 * words)
+
+
+def relayed_slot_bytes(num_ranks: int, num_nodes: int) -> int:
+    """One notify slot a rail peer relays to a rank of its node: as the network slot, with one rank's part."""
+    words = abi.EP_RT_IN_SLOT_HEADER + num_ranks + num_nodes + MAX_CHANNELS + MAX_CHANNELS + MAX_LOCAL_EXPERTS
+    return _align(4 * words)
+
+
 def control_offsets(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> dict:
-    """Byte offsets of the control area, which starts after the caller's num_rdma_bytes; "end" = the allocation."""
+    """Byte offsets of the symmetric control area, which starts after the caller's num_rdma_bytes; "end" = the
+    allocation, "slot_bytes" = one network notify slot."""
+    slot = network_slot_bytes(num_ranks, num_nodes)
     sizes = (
-        ("notify_send", num_ranks * SLOT_BYTES),
-        ("notify_recv", num_ranks * SLOT_BYTES),
-        ("notify_words", num_ranks * 8),
+        ("notify_send", num_nodes * slot),
+        ("notify_recv", num_nodes * slot),
+        ("notify_words", num_nodes * 8),
         ("dispatch_words", num_nodes * MAX_CHANNELS * 8),
         ("combine_words", num_nodes * MAX_CHANNELS * 8),
-        ("cached_words", num_ranks * 8),
-        ("combine_hs", num_ranks * 8),
-        ("relay", num_nodes * MAX_CHANNELS * 8),
-        ("relay_prefix", num_nodes * MAX_CHANNELS * 4),
-        ("ready", 8),
-        ("ready_prefix", num_ranks * 4),
-        ("barrier_words", num_ranks * 8),
+        ("hs_words", HS_KINDS * num_nodes * 8),
     )
     offsets, at = {}, _align(num_rdma_bytes)
     for name, size in sizes:
         offsets[name] = at
         at = _align(at + size)
     offsets["end"] = at
+    offsets["slot_bytes"] = slot
     return offsets
+
+
+def nvl_control_offsets(num_ranks: int, num_nodes: int) -> dict:
+    """Byte offsets of a rank's internode NVL area; "records" = where the records region starts (the control part's
+    size), "slot_bytes" = one relayed notify slot."""
+    slot = relayed_slot_bytes(num_ranks, num_nodes)
+    sizes = (
+        ("slots", num_ranks * slot),
+        ("slot_flags", num_ranks * 8),
+        ("hs", HS_KINDS * abi.EP_RT_MAX_NVL_RANKS * 8),
+        ("pub", num_ranks * MAX_CHANNELS * 4),
+        ("pub_flag", 8),
+        ("relay", num_ranks * MAX_CHANNELS * 8),
+        ("ready", 8),
+        ("ready_prefix", num_ranks * 4),
+    )
+    offsets, at = {}, 0
+    for name, size in sizes:
+        offsets[name] = at
+        at = _align(at + size)
+    offsets["records"] = at
+    offsets["slot_bytes"] = slot
+    return offsets
+
+
+def fill_nvl(nvl: abi.InternodeNvlLayout, offsets: dict, num_nvl_bytes: int) -> int:
+    """The NVL area's layout; returns the bytes of its records region (0 when the control part does not fit)."""
+    for name, offset in offsets.items():
+        setattr(nvl, name, offset)
+    nvl.records_bytes = max(0, num_nvl_bytes - offsets["records"])
+    return nvl.records_bytes
 
 
 def half_bytes(num_rdma_bytes: int) -> int:
@@ -92,7 +140,11 @@ def rdma_size_hint(hidden_bytes: int, num_ranks: int, num_ranks_per_node: int, n
     return rdma_bytes_for(record, num_nodes, num_max_tokens_per_rank)
 
 
-def nvl_size_hint(hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int) -> int:
-    """num_nvl_bytes for the combine input of the worst case: every rank's every token to this rank."""
+def nvl_size_hint(hidden_bytes: int, num_ranks: int, num_ranks_per_node: int, num_max_tokens_per_rank: int) -> int:
+    """num_nvl_bytes for the worst case (every rank's every token to this rank): that many dispatch records (with
+    FP8 scales and top-k up to 32, as rdma_size_hint) pushed by the forwarders, or as many combine rows, after the
+    NVL area's control part."""
+    num_nodes = num_ranks // num_ranks_per_node
     hidden = max(hidden_bytes // 2, 8)
-    return _align(num_ranks * num_max_tokens_per_rank * combine_record_bytes(hidden, 32))
+    record = max(dispatch_record_bytes(hidden_bytes, hidden_bytes // 128 + 1, 32), combine_record_bytes(hidden, 32))
+    return _align(nvl_control_offsets(num_ranks, num_nodes)["records"] + num_ranks * num_max_tokens_per_rank * record)

@@ -49,19 +49,24 @@ def buffer_offsets(T: int, hidden: int, num_experts: int, num_rdma_bytes: int) -
 
 
 def control_offsets(num_rdma_bytes: int, num_ranks: int) -> dict:
-    """ep_rt's control area after the caller's num_rdma_bytes (params.h): credits, count signals, combine flags and
-    barrier words at offsets that do not depend on any call's shape. clean_low_latency_buffer zeroes
-    [credit, barrier); the barrier words only grow. "end": the whole symmetric allocation."""
+    """ep_rt's control area after the caller's num_rdma_bytes (params.h), every word a u64 signal word: credits,
+    count signals, combine flags, dispatch and combine arrival words, barrier words, at offsets that do not depend
+    on any call's shape. clean_low_latency_buffer zeroes [credit, barrier); the barrier words only grow. "end": the
+    whole symmetric allocation."""
     def up(n):
         return (n + 127) // 128 * 128
 
     credit = up(num_rdma_bytes)
-    count = credit + up(2 * num_ranks * 4)
+    count = credit + up(2 * num_ranks * 8)
     flag = count + 2 * MAX_SIGNALS * 8
-    barrier = flag + 2 * MAX_SIGNALS * 8
+    dispatch_arrival = flag + 2 * MAX_SIGNALS * 8
+    combine_arrival = dispatch_arrival + 2 * MAX_SIGNALS * 8
+    barrier = combine_arrival + 2 * MAX_SIGNALS * 8
     end = barrier + up(num_ranks * 8)
     return {"credit": credit, "count_signal": (count, count + MAX_SIGNALS * 8),
-            "combine_flag": (flag, flag + MAX_SIGNALS * 8), "barrier": barrier, "end": end}
+            "combine_flag": (flag, flag + MAX_SIGNALS * 8),
+            "dispatch_arrival": (dispatch_arrival, dispatch_arrival + MAX_SIGNALS * 8),
+            "combine_arrival": (combine_arrival, combine_arrival + MAX_SIGNALS * 8), "barrier": barrier, "end": end}
 
 
 def shape_digest(T: int, hidden: int, num_experts: int, message_format: int) -> int:

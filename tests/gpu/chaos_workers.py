@@ -11,6 +11,7 @@ from . import workers
 
 CHAOS_SLOTS = 512  # EP_RT_NET_CHAOS_SLOTS (kernels_src/include/ep_rt/net.cuh)
 PROBE = {"late": 4096, "pairs": 64, "row": 64, "flood": CHAOS_SLOTS + 64}
+PROBE_SIGNALS = 1 + 3 * PROBE["pairs"] + PROBE["flood"]  # the probe's put-with-signals into the sink word
 SEND_OFF, RECV_OFF = 0, 1 << 16  # in the caller's part of the symmetric buffer; sources and destinations apart
 PROBE_RDMA_BYTES = 1 << 20
 
@@ -18,7 +19,7 @@ PROBE_RDMA_BYTES = 1 << 20
 def probe_areas():
     """(name, offset from RECV_OFF, bytes) of the probe's destinations, in the kernel's order."""
     sizes = [("late", PROBE["late"]), ("order", PROBE["pairs"] * PROBE["row"]), ("overtake", PROBE["pairs"] * 8),
-             ("own", PROBE["pairs"] * 8), ("flood", PROBE["flood"] * 16)]
+             ("own", PROBE["pairs"] * 8), ("flood", PROBE["flood"] * 16), ("sink", 8)]
     out, off = [], 0
     for name, size in sizes:
         out.append((name, off, size))
@@ -73,10 +74,11 @@ def net_probe(rank, num_ranks):
     return {
         "variant": op.module.entry["variant"],
         "late_old": int((late == old).sum()),             # the words as they were at the put
-        "late_new": int((late == (old | (1 << 23))).sum()),  # the words rewritten before the quiet
+        "late_new": int((late == (old | (1 << 23))).sum()),  # the words rewritten before the flush
         "order_second_last": int((order == 2).all(dim=1).sum()),  # the pair arrived in issue order
         "order_first_last": int((order == 1).all(dim=1).sum()),   # reordered
         "overtake": counts(area["overtake"].view(torch.int64)),   # 101: signal after the data, 100: overtook it
         "own": counts(area["own"].view(torch.int64)),             # 101: a put_signal's signal after its own data
         "flood_ok": int((area["flood"].view(torch.int32).view(-1, 4) == flood_want).all(dim=1).sum()),
+        "sink": int(area["sink"].view(torch.int64)[0]),  # one per put-with-signal of the probe
     }

@@ -1,9 +1,9 @@
 """The chaos transport (kernels_src/include/ep_rt/net.cuh, EP_RT_CHAOS_TRANSPORT=1, docs/CHAOS_TRANSPORT.md): network
-puts delivered late, split and reordered at the sender's quiet, each signal after its own data. On one host the
+puts delivered late, split and reordered at the sender's flush, each signal after its own data. On one host the
 network is emulated (EP_RT_RANKS_PER_NODE): the ranks share one GPU or several, with a gloo group when they share.
 
   * the probe kernel shows that the chaos transport catches what NVSHMEM over P2P hides (a send area rewritten
-    before the quiet, puts and signals assumed to land in issue order) and keeps what it must (a signal after its
+    before its destination acknowledged it, puts and signals assumed to land in issue order) and keeps what it must (a signal after its
     own data, every put delivered, also past a full queue);
   * the whole LL suite passes with its remote puts going through the chaos transport (2 nodes x 1 and 2 x 2)."""
 import pytest
@@ -19,15 +19,16 @@ P = chaos_workers.PROBE
 @gpus(1)
 def test_probe_over_p2p_puts_land_at_once_and_in_order():
     """NVSHMEM over P2P (the default variant): every put is a copy at once, in issue order, so the probe's bug (a
-    source rewritten before the quiet) passes unseen."""
+    source rewritten before its destination acknowledged it) passes unseen."""
     env = {"EP_RT_RANKS_PER_NODE": "1", "EP_RT_CHAOS_TRANSPORT": "0"}
     for rank, res in enumerate(run_ranks(chaos_workers.net_probe, 2, env=env, timeout_s=300)):
         assert res["variant"] == "default", res
         assert res["late_old"] == P["late"] // 4 and res["late_new"] == 0, (rank, res)  # the bug passes unseen
         assert res["order_second_last"] == P["pairs"] and res["order_first_last"] == 0, (rank, res)
         assert res["flood_ok"] == P["flood"], (rank, res)
-        # 3 and 4 exist in the chaos variant only: nothing was put there.
-        assert res["overtake"] == {0: P["pairs"]} and res["own"] == {0: P["pairs"]}, (rank, res)
+        # A signal op issued after a put-with-signal lands after its data over P2P; a put_signal's own signal too.
+        assert res["overtake"] == {101: P["pairs"]} and res["own"] == {101: P["pairs"]}, (rank, res)
+        assert res["sink"] == chaos_workers.PROBE_SIGNALS, (rank, res)
 
 
 @gpus(1)
@@ -35,24 +36,25 @@ def test_probe_under_chaos_puts_land_late_and_reordered():
     env = {"EP_RT_RANKS_PER_NODE": "1", "EP_RT_CHAOS_TRANSPORT": "1"}
     for rank, res in enumerate(run_ranks(chaos_workers.net_probe, 2, env=env, timeout_s=300)):
         assert res["variant"] == "chaos", res
-        # The source was read at the quiet, after the rewrite: every word is the rewritten one (the bug is caught).
+        # The source was read at the flush, after the rewrite: every word is the rewritten one (the bug is caught).
         assert res["late_new"] == P["late"] // 4 and res["late_old"] == 0, (rank, res)
-        # Two puts to one place without a quiet between them land in either order (each order has chance 1/2 per
+        # Two puts to one place land in either order (each order has chance 1/2 per
         # pair; 64 pairs), and every pair landed whole.
         assert res["order_second_last"] > 0 and res["order_first_last"] > 0, (rank, res)
         assert res["order_second_last"] + res["order_first_last"] == P["pairs"], (rank, res)
-        # A separate signal overtakes unquieted data, sometimes; it never gets lost.
+        # A separate signal overtakes another put's data, sometimes; it never gets lost.
         assert set(res["overtake"]) == {100, 101} and sum(res["overtake"].values()) == P["pairs"], (rank, res)
         # A put_signal's signal comes after its own data, always.
         assert res["own"] == {101: P["pairs"]}, (rank, res)
-        # More puts than a queue holds: the excess is delivered at once, the rest at the quiet; all arrive.
+        # More puts than a queue holds: the excess is delivered at once, the rest at the flush; all arrive.
         assert res["flood_ok"] == P["flood"], (rank, res)
+        assert res["sink"] == chaos_workers.PROBE_SIGNALS, (rank, res)  # no signal lost
 
 
 @gpus(1)
 @pytest.mark.parametrize("num_ranks,ranks_per_node", [(2, 1), (4, 2)])
 def test_low_latency_suite_under_the_chaos_transport(num_ranks, ranks_per_node):
-    """The LL suite on emulated nodes with the chaos variant: the staging areas, quiets and signals of the put path
+    """The LL suite on emulated nodes with the chaos variant: the staging areas, credits, arrival counts and signals of the put path
     must hold up when puts land late and out of order (P2P alone cannot show that; see the probe above)."""
     env = {"EP_RT_RANKS_PER_NODE": str(ranks_per_node), "EP_RT_CHAOS_TRANSPORT": "1", "NVSHMEM_QP_DEPTH": "4096"}
     results = run_ranks(chaos_workers.ll_suite, num_ranks, env=env, timeout_s=1200)

@@ -267,7 +267,7 @@ def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive
     os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
     G = ranks_per_node
     cases = checker.select(sci.internode_cases(num_ranks, G), case_names)
-    nvl = internode_layout.nvl_size_hint(max_shape[0], num_ranks, max_shape[1])
+    nvl = internode_layout.nvl_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     rdma = internode_layout.rdma_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
     assert buf.topology.num_nodes == num_ranks // G, buf.topology.describe()
@@ -289,7 +289,7 @@ def internode_missing_peer(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, 256),
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, G, 256),
                  internode_layout.rdma_size_hint(2048, num_ranks, G, 256), explicitly_destroy=True)
     x = torch.randn(256, 1024, device=buf.device).to(torch.bfloat16)
     idx = torch.randint(0, 16 * num_ranks, (256, 4), device=buf.device)
@@ -332,7 +332,7 @@ def internode_with_low_latency(rank, num_ranks, ranks_per_node):
     ll_need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
                   for c in selfcheck_ll.ll_cases(num_ranks)[:3])
     rdma = max(ll_need, internode_layout.rdma_size_hint(2048 * 2, num_ranks, G, 1024))
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048 * 2, num_ranks, 1024), rdma,
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048 * 2, num_ranks, G, 1024), rdma,
                  low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
     seed = checker.shared_seed(buf.group)
     ht_cases = checker.select(sci.internode_cases(num_ranks, G), INTERNODE_LL_COMPAT_CASES)
@@ -355,7 +355,7 @@ def internode_too_small(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, 1024),
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, G, 1024),
                  internode_layout.rdma_size_hint(2048, num_ranks, G, 64), explicitly_destroy=True)
     E = 16 * num_ranks
     x = torch.randn(1024, 1024, device=buf.device).to(torch.bfloat16)
@@ -412,7 +412,7 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G, T, H, E = ranks_per_node, 256, 1024, 16 * num_ranks
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, T),
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, G, T),
                  internode_layout.rdma_size_hint(2 * H, num_ranks, G, T), explicitly_destroy=True)
     seed = checker.shared_seed(buf.group)
     # get_local_buffer_tensor(use_rdma_buffer=True): a view of this rank's RDMA area (written before any call)

@@ -214,20 +214,27 @@ struct CombineParams {
 
 // ---- low-latency mode -------------------------------------------------------------------------
 // The symmetric buffer: the caller's num_rdma_bytes hold the data of two alternating buffers, one fixed half
-// each (staging area, then receive area, sized per call), followed by ep_rt's control area at fixed offsets:
-//   credits        int32 [2][R]               the tag each peer last consumed, per buffer
-//   count signals  int64 [2][EP_RT_LL_MAX_SIGNALS]  dispatch: word l * R + s from source s
-//   combine flags  int64 [2][EP_RT_LL_MAX_SIGNALS]  combine: word l * R + s from rank s (whose expert it is)
-//   barrier words  int64 [R]                        ep_rt_ll_barrier: word s from rank s (never cleaned)
-// A signal is (tag << 32) | (shape digest << 16) | count (0 for combine flags): the digest of the sender's call
-// shape (host-computed from T, hidden, experts and the message format) catches a rank that calls with another.
+// each (staging area, then receive area, sized per call), followed by ep_rt's control area at fixed offsets
+// (every word a u64 NVSHMEM signal word):
+//   credits           [2][R]                    the tag each peer last consumed, per buffer
+//   count signals     [2][EP_RT_LL_MAX_SIGNALS]  dispatch: word l * R + s from source s
+//   combine flags     [2][EP_RT_LL_MAX_SIGNALS]  combine: word l * R + s from rank s (whose expert it is)
+//   dispatch arrivals [2][EP_RT_LL_MAX_SIGNALS]  word l * R + s: messages of that cell arrived from a rank s of
+//   combine arrivals  [2][EP_RT_LL_MAX_SIGNALS]  another node (SIGNAL_ADD 1 each), cleared by the receiver
+//   barrier words     [R]                        ep_rt_ll_barrier: word s from rank s (never cleaned)
+// A signal is (tag << 32) | (shape digest << 16) | count: the digest of the sender's call shape (host-computed from
+// T, hidden, experts and the message format) catches a rank that calls with another; the count is the cell's
+// messages (dispatch) or rows (combine). Over NVLink a signal is a release store after the data; for a rank of
+// another node it is a signal op (SIGNAL_SET) that orders nothing, and the receiver then waits until the cell's
+// arrival word holds the count: each message is a put-with-signal adding 1 there after its own data.
 // Every signal word has one writer (rank word % R) whatever the call's shape, so a late signal can only be
 // overtaken by its own writer's later ones. tag = epoch % (2^32 - 1) + 1 as a 32-bit pattern (never 0, the
 // cleaned value), from the per-buffer epoch in device memory, so that CUDA-graph replays advance it too.
-// Buffer credits: when a rank's receive kernel has finished reading buffer b, it writes its call's tag into
-// every peer's credit word [b][rank]; a send kernel writes into a peer's buffer b only once that peer's credit
-// holds the tag of the previous call on b (or of this call: a combine receive that needs nothing from us ends
-// without waiting for us). So no rank ever overwrites what a peer has not consumed, in any shape.
+// Buffer credits: when a rank's receive kernel has finished reading buffer b, it clears b's arrival words and
+// writes its call's tag into every peer's credit word [b][rank]; a send kernel writes into a peer's buffer b (and
+// rewrites its own staging area of b) only once that peer's credit holds the tag of the previous call on b (or of
+// this call: a combine receive that needs nothing from us ends without waiting for us). So no rank ever
+// overwrites what a peer has not consumed, in any shape, and no quiet is ever needed.
 #define EP_RT_LL_MAX_SIGNALS 65536  // = the most experts an LL call takes
 #define EP_RT_LL_MAX_TOKENS 1024
 #define EP_RT_LL_MAX_TOPK 16
@@ -258,7 +265,8 @@ struct LowLatencyParams {
     int64_t signal_off;            // this call's buffer: dispatch count signals or combine flags (control area)
     int64_t send_off;              //                     send (staging) area
     int64_t recv_off;              //                     receive area
-    int64_t credit_off;            // int32 [2 buffers][R]: the tag each peer last consumed (control area)
+    int64_t credit_off;            // u64 [2 buffers][R]: the tag each peer last consumed (control area)
+    int64_t arrival_off;           // this call's buffer: dispatch or combine arrival words (control area)
     int64_t barrier_seq;           // ep_rt_ll_barrier: this barrier's number (signal_off = the barrier words)
     int64_t msg_bytes;             // dispatch: 16 + max(2H, H + 4S); combine: 2H + 4S
     int64_t timeout_ns;
@@ -282,24 +290,30 @@ struct LowLatencyParams {
 
 // ---- internode high-throughput mode (kernels_src/internode.cu) ----------------------------------
 // Ranks R = N nodes x G ranks; rank = node * G + local. Rank me = (node m, local j); its "rail peer" on node n is
-// n * G + j. Dispatch: count+notify (all-to-all of counts over NVSHMEM), send (each token once per destination node,
-// put to the rail peer's receive area [my node][stream position]), forward (the rail peer waits for each
-// (source node, channel) word and relays it to its node with an NVLink flag, and writes send_nvl_head), receive
-// (every rank pulls its rows from its node's forwarders' receive areas over NVLink). Combine: publish (each rank
-// copies its rows into its NVL buffer), forward (the forwarder sums a token's local rows in f32 -> bf16 and puts
-// it back to the source), reduce (the source sums bias and nodes in f32). The symmetric buffer: staging
-// [N][cap] and receive [N][cap] records in the caller's num_rdma_bytes, then a control area at fixed offsets.
+// n * G + j, and the kernels talk over the network ONLY to rail peers (PE pe_base + n * pe_stride: a world of
+// rail peers, or one of all ranks). Everything inside a node goes through the NVL buffers (IPC mappings), never
+// through NVSHMEM. Only the GPU a NIC wrote into reads those bytes (docs/INTERNODE_DESIGN.md, "Network rules").
+// Dispatch: notify (each rank puts one slot per other node to its rail peer there; each rail peer relays the
+// parts for its node's ranks into their NVL buffers), send (each token once per destination node, put to the
+// rail peer's receive area [my node][stream position]), forward (the rail peer reads its own receive area and
+// pushes each record over NVLink into the NVL buffer of every local rank it is for, at its final row), receive
+// (every rank copies its rows from its own NVL buffer into its outputs). Combine: publish (each rank copies its
+// rows into its NVL buffer), forward (the rail peer sums a token's local rows in f32 -> bf16 and puts it back to
+// the source), reduce (the source sums bias and nodes in f32). Symmetric buffer: staging [N][cap] and receive
+// [N][cap] records in the caller's num_rdma_bytes, then a control area at fixed offsets.
 #define EP_RT_IN_MAX_RANKS 256
 #define EP_RT_IN_MAX_NODES 64
-#define EP_RT_IN_NOTIFY_SLOT_BYTES 8192
-// Notify slot (int32 words) a source writes into every destination d.
+// Notify slot (int32 words) a source puts to its rail peer on node n, and the per-rank part the rail peer relays
+// to each rank d of node n (in d's NVL buffer, one slot per source rank). Both start with this header, then:
+//   rank totals [R], node totals [N], stream counts to node n per channel [C], then
+//   network slot: for each local rank l of node n: channel counts to (n, l) [C], expert counts for (n, l) [L]
+//   relayed slot: channel counts to d [C], expert counts for d [L]
 #define EP_RT_IN_SLOT_HIDDEN_BYTES 0
 #define EP_RT_IN_SLOT_NUM_TOPK 1
 #define EP_RT_IN_SLOT_NUM_CHANNELS 2
 #define EP_RT_IN_SLOT_NUM_EXPERTS 3
 #define EP_RT_IN_SLOT_NUM_SCALES 4
-#define EP_RT_IN_SLOT_HEADER 8          // then: rank totals [R], node totals [N], channel counts to d [C],
-                                        // channel counts of the stream to node(d) [C], expert counts for d [L]
+#define EP_RT_IN_SLOT_HEADER 8
 // Workspace words (int64, device memory): call numbers per kind, then tickets, the error claim, the skip flag.
 #define EP_RT_IN_WS_NOTIFY 0
 #define EP_RT_IN_WS_DISPATCH 1
@@ -309,7 +323,14 @@ struct LowLatencyParams {
 #define EP_RT_IN_WS_TICKET 8           // int64 words 8..15: last-block tickets per kernel
 #define EP_RT_IN_WS_CLAIM 16           // error claim (int32 at this int64 word)
 #define EP_RT_IN_WS_SKIP 17            // 1: this dispatch does not fit (all ranks agree); move no data
+#define EP_RT_IN_WS_DEFERRED 18        // int64 words 18..20: a caller's error found mid-call (internode.cu)
 #define EP_RT_IN_WS_WORDS 32
+// Handshake kinds: their words in the symmetric control area ([kind][source node]) and in the NVL control area
+// ([kind][source local rank]).
+#define EP_RT_IN_HS_CACHED 0
+#define EP_RT_IN_HS_COMBINE 1
+#define EP_RT_IN_HS_BARRIER 2
+#define EP_RT_IN_HS_KINDS 3
 // Host counters (int32, host-mapped), token written last.
 #define EP_RT_IN_HOST_TOKEN 0
 #define EP_RT_IN_HOST_NUM_RECV 1
@@ -327,32 +348,45 @@ struct LowLatencyParams {
 #define EP_RT_PHASE_IN_COMBINE_HANDSHAKE 16
 #define EP_RT_PHASE_IN_COMBINE_FORWARD 17
 #define EP_RT_PHASE_IN_COMBINE_REDUCE 18
+#define EP_RT_PHASE_IN_NOTIFY_RELAY 19
 
-// Byte offsets in the symmetric buffer, identical on every rank (ep_rt/transport/internode_layout.py).
+// Byte offsets in the symmetric buffer, identical on every rank (ep_rt/transport/internode_layout.py). Every
+// word here is written by the network (a rail peer's put-with-signal or signal op) or by this rank itself, and
+// read only by this rank.
 struct InternodeLayout {
     int64_t stage;           // [N][cap] records (dispatch) or combine records
     int64_t recv;            // [N][cap] records
     int64_t cap;             // records per node area
     int64_t record_bytes;    // of this call (dispatch or combine record)
-    int64_t notify_send;     // [R] slots of EP_RT_IN_NOTIFY_SLOT_BYTES
-    int64_t notify_recv;     // [R] slots
-    int64_t notify_words;    // u64 [R]: word s from source s, +1 per notify
+    int64_t slot_bytes;      // one network notify slot
+    int64_t notify_send;     // [N] slots: mine for the rail peer on node n
+    int64_t notify_recv;     // [N] slots: from the rail peer on node s (s = my node: my own, written locally)
+    int64_t notify_words;    // u64 [N]: word s from the rail peer on node s, +1 per notify
     int64_t dispatch_words;  // u64 [N][EP_RT_MAX_CHANNELS]: word [s][c] from the rail peer on node s, +1 per dispatch
     int64_t combine_words;   // u64 [N][EP_RT_MAX_CHANNELS]: word [n][c] from my rail peer on node n, +1 per combine
-    int64_t cached_words;    // u64 [R]: cached-dispatch handshake, word s from rank s
-    int64_t combine_hs;      // u64 [R]: combine handshake, word s from rank s
-    int64_t relay;           // int64 [N][EP_RT_MAX_CHANNELS]: forwarder -> its node: block (s, c) arrived (dispatch #)
-    int64_t relay_prefix;    // int32 [N][EP_RT_MAX_CHANNELS]: the forwarder's recv_rdma_channel_prefix_matrix
-    int64_t ready;           // int64: combine: my rows are in my NVL buffer (combine #)
-    int64_t ready_prefix;    // int32 [R]: combine: my recv_gbl_rank_prefix_sum
-    int64_t barrier_words;   // u64 [R]: ep_rt_internode_barrier, word s from rank s
+    int64_t hs_words;        // u64 [EP_RT_IN_HS_KINDS][N]: handshakes, word [kind][s] from the rail peer on node s
     int64_t end;
 };
 
+// Byte offsets in each rank's NVL buffer (IPC-mapped on its node), identical on every rank of the node. Each
+// word has one writer: a node peer (through its NVLink mapping) or the rank itself.
+struct InternodeNvlLayout {
+    int64_t slot_bytes;      // one relayed notify slot
+    int64_t slots;           // [R] relayed notify slots, slot src written by src's rail peer on my node
+    int64_t slot_flags;      // int64 [R]: notify call number, after slot src
+    int64_t hs;              // int64 [EP_RT_IN_HS_KINDS][G]: handshake call numbers from local rank l
+    int64_t pub;             // int32 [R][EP_RT_MAX_CHANNELS]: my recv_gbl_channel_prefix_matrix (dispatch)
+    int64_t pub_flag;        // int64: dispatch call number, after pub
+    int64_t relay;           // int64 [R][EP_RT_MAX_CHANNELS]: dispatch call number: block (src, c) is pushed here
+    int64_t ready;           // int64: combine call number: my combine rows are in records
+    int64_t ready_prefix;    // int32 [R]: my recv_gbl_rank_prefix_sum (combine)
+    int64_t records;         // dispatch records at their final rows, or combine rows
+    int64_t records_bytes;
+};
+
 struct InternodeParams {
-    uint64_t sym_base;            // this rank's symmetric buffer
-    uint64_t sym_peers;           // device uint64 [R]: NVLink-mapped symmetric base of each rank of my node, else 0
-    uint64_t nvl_peers[EP_RT_MAX_NVL_RANKS];  // data region of each local rank's NVL buffer (combine input rows)
+    uint64_t sym_base;            // this rank's symmetric buffer (no mapping of any other rank's is ever passed)
+    uint64_t nvl_peers[EP_RT_MAX_NVL_RANKS];  // base of each local rank's internode NVL area (InternodeNvlLayout)
     uint64_t workspace;           // device int64 [EP_RT_IN_WS_WORDS]
     uint64_t error;               // ErrorRecord* (host-mapped)
     uint64_t host_counters;       // host-mapped int32 [EP_RT_IN_HOST_WORDS]
@@ -383,15 +417,18 @@ struct InternodeParams {
     uint64_t combined_x;          // bf16 [T, hidden]
     uint64_t combined_topk_weights;  // f32 [T, K] or 0
     struct InternodeLayout lay;
+    struct InternodeNvlLayout nvl;
     int64_t scale_token_stride;   // in 32-bit words
     int64_t scale_hidden_stride;
     int64_t host_token;           // > 0: publish counts to the host under this token
     int64_t net_timeout_ns;       // every wait (each depends on the network: EP_RT_NET_TIMEOUT_S)
-    int64_t nvl_capacity_rows;    // combine rows one NVL buffer holds
+    int64_t nvl_capacity_rows;    // rows of this call's record size the NVL records region holds
     int32_t rank;
     int32_t num_ranks;
     int32_t ranks_per_node;       // G
     int32_t num_nodes;            // N
+    int32_t pe_base;              // NVSHMEM PE of my rail peer on node n: pe_base + n * pe_stride
+    int32_t pe_stride;
     int32_t num_tokens;
     int32_t num_channels;
     int32_t hidden_bytes;         // dispatch: row bytes (multiple of 16); combine: 2 * hidden
