@@ -52,9 +52,10 @@ class Buffer:
         self._nvl = self._ll = self._ht = self._layout = None
         self._ll_on_comm_stream = False
         self.destroyed = False
-        if group is None:
+        if group is None and comm is not None:
             raise NotImplementedError(_NOT_YET.format(what="mpi4py communicators (comm=); pass a torch.distributed "
                                                            "process group"))
+        validate.process_group(group)
         if use_fabric:
             raise NotImplementedError(_NOT_YET.format(what="fabric (MNNVL) memory handles"))
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
@@ -64,6 +65,7 @@ class Buffer:
             raise ValueError("low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint)")
         if low_latency_mode and (not isinstance(num_qps_per_rank, int) or num_qps_per_rank <= 0):
             raise ValueError(f"num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}")
+        validate.cuda_available()
         self.num_qps_per_rank = num_qps_per_rank
         self.rank = dist.get_rank(group)
         self.group = group
