@@ -33,7 +33,7 @@ def module_name(path: Path) -> str:
 
 
 def wing(mod: str) -> str:
-    if mod in ("ep_rt.errors", "ep_rt.env"):
+    if mod in ("ep_rt.errors", "ep_rt.env", "ep_rt.installing"):
         return "base"
     if mod in API:
         return "api"
