@@ -497,3 +497,15 @@ def test_an_error_keeps_its_cause_and_leaves_the_install_hint_to_the_item():
     for flavour in ("cu12", None):
         e = RuntimeError("no NVSHMEM host library (not installed): " + nvshmem_dist.install_hint(flavour))
         assert dc._cause(e) == "RuntimeError: no NVSHMEM host library (not installed)"
+
+
+def test_the_hint_command_stays_copyable_in_the_report():
+    """A wrapped hint keeps each command of the table's row whole on one line (two commands split after &&)."""
+    s = cuda12_system()
+    del s.versions["nvidia-nvshmem-cu12"]
+    s.torch = {"version": "2.12.0+cu126", "cuda": "12.6"}
+    lines = doctor.format_items(run(s)).splitlines()
+    first, second = readme_command("2.12", 12).split(" && ")
+    assert any(line.strip() == f"-> {first} &&" for line in lines), lines
+    assert any(line.strip() == second for line in lines), lines
+    assert max(map(len, lines)) <= 120

@@ -73,8 +73,15 @@ def format_items(items, width: int = WIDTH) -> str:
             or [first.rstrip()]
 
     for i in items:
-        text = i.detail + (f"  -> {i.hint}" if i.hint else "")
-        lines += wrap(f"{MARK[i.status]:<8} {i.name:<{name_width}}  ", text, indent)
+        first = f"{MARK[i.status]:<8} {i.name:<{name_width}}  "
+        inline = first + i.detail + (f"  -> {i.hint}" if i.hint else "")
+        if len(inline) <= width:
+            lines.append(inline)
+        else:
+            lines += wrap(first, i.detail, indent)
+            if i.hint:  # its own lines, a command unbroken where it fits (split after &&, as a shell reads it)
+                for k, part in enumerate(i.hint.replace(" && ", " &&\n").split("\n")):
+                    lines += wrap(" " * 9 + ("-> " if k == 0 else "   "), part, " " * 12)
         for x in i.extra:  # rows under the item (the NVLink matrix, one setting each): their own lines
             lines += wrap(indent, x, indent + "    ")
     counts = {s: sum(i.status == s for i in items) for s in MARK}
