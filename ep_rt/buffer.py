@@ -536,8 +536,9 @@ class Buffer:
                            handle: Optional[Tuple] = None, num_tokens_per_rank: Optional[torch.Tensor] = None,
                            num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
                            is_token_in_rank: Optional[torch.Tensor] = None,
-                           num_tokens_per_expert: Optional[torch.Tensor] = None, topk_idx: Optional[torch.Tensor] = None,
-                           topk_weights: Optional[torch.Tensor] = None, expert_alignment: int = 1,
+                           num_tokens_per_expert: Optional[torch.Tensor] = None,
+                           topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+                           expert_alignment: int = 1,
                            num_worst_tokens: int = 0, config: Optional[Config] = None,
                            previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                            allocate_on_comm_stream: bool = False):
@@ -548,7 +549,8 @@ class Buffer:
                              num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
                              previous_event, async_finish, allocate_on_comm_stream)
 
-    def internode_combine(self, x: torch.Tensor, handle: Union[tuple, list], topk_weights: Optional[torch.Tensor] = None,
+    def internode_combine(self, x: torch.Tensor, handle: Union[tuple, list],
+                          topk_weights: Optional[torch.Tensor] = None,
                           bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
                           config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                           async_finish: bool = False, allocate_on_comm_stream: bool = False):

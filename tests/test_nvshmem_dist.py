@@ -109,7 +109,8 @@ def test_session_check_names_both_versions_and_what_to_install(monkeypatch, tmp_
         nvshmem.check_compatible("3.4.5", ibgda=False)
     text = str(e.value)
     assert "host library 3.3.20 (nvidia-nvshmem-cu12," in text and "device library 3.4.5" in text
-    assert "Install 'nvidia-nvshmem-cu12>=3.4,<4'" in text and 'pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]"' in text
+    assert "Install 'nvidia-nvshmem-cu12>=3.4,<4'" in text
+    assert 'pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]"' in text
 
 
 def test_the_installed_host_library_has_a_flavour():

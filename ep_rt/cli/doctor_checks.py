@@ -182,7 +182,7 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
                               f"{arch}, or reinstall ep_rt if a file is corrupt"))
         else:
             variant = "aggressive (EP_RT_AGGRESSIVE_PTX=1)" if aggressive else "safe"
-            later = f"; {', '.join(undecided)}: by the NVSHMEM host library's flavour (see NVSHMEM)" if undecided else ""
+            later = f"; {', '.join(undecided)}: by the NVSHMEM library's flavour (see NVSHMEM)" if undecided else ""
             items.append(Item(f"cubins for {arch}", OK, f"loads {', '.join(loads)} ({variant} variant){later}"))
     return items, manifest
 
