@@ -6,12 +6,13 @@ Two ways in (README "Switching a DeepEP client to ep_rt"):
   deep_ep, deep_ep.buffer and deep_ep.utils (views of ep_rt, ep_rt.buffer and ep_rt.utils), or raises
   DeepEPAliasError if a real DeepEP is installed or already imported.
 * EP_RT_DEEP_EP_ALIAS=1 with the startup hook that `python -m ep_rt alias install` writes into site-packages (a
-  .pth line that imports this module and calls boot()): every Python process of that environment, spawned
-  workers included, then finds deep_ep through a finder placed after the normal ones, so an installed DeepEP
-  still wins (with a warning that the alias was refused).
+  .pth line that, with the variable set, imports this module and calls boot()): every Python process of that
+  environment, spawned workers included, then finds deep_ep through a finder placed after the normal ones, so an
+  installed DeepEP still wins (with a warning that the alias was refused). Without the variable the line only
+  reads os.environ.
 
-This module lives outside the ep_rt package and uses the standard library only: the startup hook imports it in
-every interpreter, and importing ep_rt (hence torch) there would slow down every Python start. ep_rt itself is
+This module lives outside the ep_rt package and uses the standard library only: the startup hook imports it where
+the variable is set, and importing ep_rt (hence torch) there would slow down every Python start. ep_rt itself is
 imported only when deep_ep is.
 """
 import importlib
@@ -123,6 +124,8 @@ def boot() -> None:
 
 
 PTH_NAME = "ep_rt_deep_ep_alias.pth"
-# One line, run by site at every interpreter start; it does nothing once ep_rt is uninstalled.
-PTH_LINE = ('import importlib.util as _ep_rt_u; _ep_rt_u.find_spec("_ep_rt_deep_ep") and '
-            '__import__("_ep_rt_deep_ep").boot()\n')
+# One line, run by site at every interpreter start. Without the variable it reads os.environ and stops: `os` is
+# already imported by then, so it imports nothing (this module included; its imports cost ~20 ms). With the
+# variable it imports this module only if it is still installed.
+PTH_LINE = (f'import os; os.environ.get("{ENV}") and __import__("importlib.util").util.find_spec("_ep_rt_deep_ep") '
+            f'and __import__("_ep_rt_deep_ep").boot()\n')

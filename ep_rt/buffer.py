@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from . import config as config_mod, config_file, env, validate
 from .config import Config
+from .deep_ep_runtime import DeepEPRuntime
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
 from .handles import HandleFacts, InternodeHandle, LowLatencyHandle, as_handle, with_facts
@@ -51,9 +52,10 @@ class Buffer:
         self._nvl = self._ll = self._ht = self._layout = None
         self._ll_on_comm_stream = False
         self.destroyed = False
-        if group is None:
+        if group is None and comm is not None:
             raise NotImplementedError(_NOT_YET.format(what="mpi4py communicators (comm=); pass a torch.distributed "
                                                            "process group"))
+        validate.process_group(group)
         if use_fabric:
             raise NotImplementedError(_NOT_YET.format(what="fabric (MNNVL) memory handles"))
         for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
@@ -63,6 +65,7 @@ class Buffer:
             raise ValueError("low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint)")
         if low_latency_mode and (not isinstance(num_qps_per_rank, int) or num_qps_per_rank <= 0):
             raise ValueError(f"num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}")
+        validate.cuda_available()
         self.num_qps_per_rank = num_qps_per_rank
         self.rank = dist.get_rank(group)
         self.group = group
@@ -109,10 +112,15 @@ class Buffer:
         elif internode:
             self._ht = self._internode_op(group, topo, num_rdma_bytes, num_qps_per_rank, allow_mnnvl,
                                           env.net_timeout_s(timeout))
-        self.runtime = self._nvl
         if low_latency_mode:
             self._ll = self._low_latency_op(group, topo, num_rdma_bytes, num_qps_per_rank,
                                             allow_nvlink_for_low_latency_mode, allow_mnnvl, timeout, enable_shrink)
+
+    @property
+    def runtime(self) -> DeepEPRuntime:
+        """DeepEP's C++ runtime object: its methods that Python code calls, answered from this Buffer
+        (ep_rt.deep_ep_runtime)."""
+        return DeepEPRuntime(self)
 
     def _own(self, part):
         self._parts.append(part)
@@ -520,12 +528,30 @@ class Buffer:
         self._shrink_mask().zero_()
 
     # ---- DeepEP's internode entry points (its dispatch / combine route to them across nodes) ----------
-    def internode_dispatch(self, *args, **kwargs):
+    def internode_dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+                           handle: Optional[Tuple] = None, num_tokens_per_rank: Optional[torch.Tensor] = None,
+                           num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
+                           is_token_in_rank: Optional[torch.Tensor] = None,
+                           num_tokens_per_expert: Optional[torch.Tensor] = None,
+                           topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
+                           expert_alignment: int = 1,
+                           num_worst_tokens: int = 0, config: Optional[Config] = None,
+                           previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
+                           allocate_on_comm_stream: bool = False):
+        """dispatch() on a Buffer whose ranks span several nodes (DeepEP's internode entry point)."""
         if not getattr(self._ht, "is_internode", False):
             raise EpRtError("internode_dispatch needs a Buffer whose ranks span several nodes")
-        return self.dispatch(*args, **kwargs)
+        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
+                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
+                             previous_event, async_finish, allocate_on_comm_stream)
 
-    def internode_combine(self, *args, **kwargs):
+    def internode_combine(self, x: torch.Tensor, handle: Union[tuple, list],
+                          topk_weights: Optional[torch.Tensor] = None,
+                          bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
+                          config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
+                          async_finish: bool = False, allocate_on_comm_stream: bool = False):
+        """combine() on a Buffer whose ranks span several nodes (DeepEP's internode entry point)."""
         if not getattr(self._ht, "is_internode", False):
             raise EpRtError("internode_combine needs a Buffer whose ranks span several nodes")
-        return self.combine(*args, **kwargs)
+        return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
+                            allocate_on_comm_stream)

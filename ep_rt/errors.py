@@ -35,6 +35,14 @@ class NetworkSettingError(EpRtError, ValueError):
     knob contradicts (the message names the variable)."""
 
 
+class GroupError(EpRtError, ValueError):
+    """Buffer was given no usable torch.distributed process group."""
+
+
+class NoGpuError(EpRtError):
+    """ep_rt's kernels need a CUDA GPU, and this process has none (or a CPU-only torch)."""
+
+
 class KernelError(EpRtError):
     """A kernel reported a failure through the error record."""
 

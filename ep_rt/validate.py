@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import env
+from .errors import GroupError, NoGpuError
 from .transport import nvl_layout
 
 # DeepEP's topk_idx_t, chosen here at import (EP_RT_TOPK_IDX_BITS) instead of at build time: the type of the
@@ -82,3 +83,33 @@ def dispatch_x(x, device):
     if data.data_ptr() % 16:
         raise ValueError("x must start at a 16-byte aligned address (slice it less, or .clone() it)")
     return data, scales
+
+
+def process_group(group) -> None:
+    """Buffer's `group`: a torch.distributed process group. None is what dist.group.WORLD is before
+    init_process_group, so say that."""
+    if group is not None:
+        return
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise GroupError("Buffer needs a torch.distributed process group, got None: torch.distributed is not "
+                         "initialised yet (dist.group.WORLD is None until torch.distributed.init_process_group() "
+                         "has run). Call init_process_group first, then pass dist.group.WORLD or a group of yours")
+    raise GroupError("Buffer needs a torch.distributed process group, got None: pass dist.group.WORLD or a group "
+                     "from torch.distributed.new_group()")
+
+
+def cuda_available() -> None:
+    """Before anything touches CUDA: say in ep_rt's words why there is no GPU to run on."""
+    if torch.cuda.is_available():
+        return
+    if torch.version.cuda is None:
+        raise NoGpuError(f"ep_rt needs a CUDA GPU, and this torch ({torch.__version__}) is a CPU-only build: "
+                         f"install a CUDA build of torch (README 'Installing'); ep_rt.reference runs on the CPU")
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    raise NoGpuError(f"ep_rt needs a CUDA GPU, and torch {torch.__version__} (CUDA {torch.version.cuda}) sees none "
+                     f"(CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}): check nvidia-smi, "
+                     f"the driver, and CUDA_VISIBLE_DEVICES; `python -m ep_rt doctor` says more")

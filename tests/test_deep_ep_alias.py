@@ -183,3 +183,126 @@ def test_megatron_sees_deep_ep_through_the_alias(tmp_path):
         assert fa.HAVE_DEEP_EP and fa.Buffer is ep_rt.Buffer and fa.EventOverlap is ep_rt.EventOverlap
         assert fa.fused_dispatch is not None and fa.fused_combine is not None and not fa.HAVE_HYBRIDEP
         """, tmp_path)
+
+
+# ---- the hook's cost and its removal, in a real environment --------------------------------------------------
+# A bare venv (no pip, no torch) with ep_rt's wheel installed by this interpreter's pip (--python), so site runs
+# the .pth at interpreter start exactly as in a user's environment.
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    out = tmp_path_factory.mktemp("alias_wheel")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
+    (found,) = out.glob("*.whl")
+    return found
+
+
+def make_env(folder, wheel):
+    """(python, site-packages) of a fresh venv holding ep_rt's wheel (no dependencies: the hook needs none)."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
+    python = folder / "bin" / "python"
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+                   check=True, capture_output=True)
+    site_dir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    return python, Path(site_dir)
+
+
+@pytest.fixture(scope="module")
+def env_with_ep_rt(wheel, tmp_path_factory):
+    return make_env(tmp_path_factory.mktemp("alias_env") / "venv", wheel)
+
+
+def plain_env():
+    return {k: v for k, v in os.environ.items() if k not in ("EP_RT_DEEP_EP_ALIAS", "PYTHONPATH")}
+
+
+def modules_at_start(python, **extra):
+    code = "import sys; print(' '.join(sorted(sys.modules)))"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True,
+                         env={**plain_env(), **extra}).stdout.split()
+    return set(out)
+
+
+def test_the_hook_line_imports_nothing_without_the_variable(env_with_ep_rt):
+    from ep_rt.cli import alias
+
+    python, site_dir = env_with_ep_rt
+    alias.remove(site_dir)
+    without = modules_at_start(python)
+    alias.install(site_dir)
+    try:
+        assert modules_at_start(python) == without  # the line only read os.environ
+        active = modules_at_start(python, EP_RT_DEEP_EP_ALIAS="1")
+        assert "_ep_rt_deep_ep" in active and "torch" not in active and "ep_rt" not in active
+    finally:
+        alias.remove(site_dir)
+
+
+def _cpu_seconds(python) -> float:
+    """user + system CPU time of one `python -c pass` (the child's own rusage: a loaded machine delays a process,
+    which its wall time shows and its CPU time does not)."""
+    proc = subprocess.Popen([str(python), "-c", "pass"], env=plain_env())
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert status == 0
+    return usage.ru_utime + usage.ru_stime
+
+
+def test_the_hook_costs_under_a_millisecond_per_interpreter_start(env_with_ep_rt):
+    """`python -c pass` with and without the .pth, EP_RT_DEEP_EP_ALIAS unset, interleaved; medians of 31 each.
+    The hook before (it imported this module at every start) measured +27..31 ms CPU here."""
+    import statistics
+
+    from ep_rt.cli import alias
+
+    python, site_dir = env_with_ep_rt
+    without, with_hook = [], []
+    try:
+        for _ in range(31):
+            alias.remove(site_dir)
+            without.append(_cpu_seconds(python))
+            alias.install(site_dir)
+            with_hook.append(_cpu_seconds(python))
+    finally:
+        alias.remove(site_dir)
+    a, b = statistics.median(without), statistics.median(with_hook)
+    assert b - a < 1e-3, f"median CPU time per start: {a * 1e3:.2f} ms without the hook, {b * 1e3:.2f} ms with it"
+
+
+def test_pip_uninstall_removes_the_hook(wheel, tmp_path):
+    from ep_rt.cli import alias
+
+    python, site_dir = make_env(tmp_path / "venv", wheel)
+    path = alias.install(site_dir)
+    assert path.is_file()
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "ep-rt"],
+                   check=True, capture_output=True)
+    assert not path.exists() and not (site_dir / "_ep_rt_deep_ep.py").exists()
+    assert not list(site_dir.glob("ep_rt*"))
+
+
+def test_alias_remove_takes_the_record_line_away_too(tmp_path):
+    """Without pip: a site-packages holding an ep-rt dist-info, as pip leaves it."""
+    from ep_rt.cli import alias
+
+    site_dir = tmp_path / "site"
+    info = site_dir / "ep_rt-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ep-rt\nVersion: 0.1.0\n")
+    record = "_ep_rt_deep_ep.py,sha256=abc,10\nep_rt-0.1.0.dist-info/METADATA,,\nep_rt-0.1.0.dist-info/RECORD,,\n"
+    (info / "RECORD").write_text(record)
+    alias.install(site_dir)
+    alias.install(site_dir)  # idempotent: one line
+    assert alias.is_registered(site_dir)
+    assert any("removed by `pip uninstall ep-rt`" in line for line in alias.status_lines(site_dir))
+    rows = (info / "RECORD").read_text().splitlines()
+    assert rows[:3] == record.splitlines() and len(rows) == 4 and rows[3].startswith(alias.hook.PTH_NAME + ",sha256=")
+    assert alias.remove(site_dir) and (info / "RECORD").read_text() == record
+    other = tmp_path / "elsewhere"  # no ep-rt there: the file alone, and status says who removes it
+    other.mkdir()
+    alias.install(other)
+    assert not alias.is_registered(other)
+    assert any("only `alias remove` removes it" in line for line in alias.status_lines(other))

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ep_rt import installing
 from ep_rt.cli import doctor, doctor_checks as dc
 from ep_rt.runtime import modules
 
@@ -45,6 +46,8 @@ class FakeSystem:
         self.texts = {"/proc/driver/nvidia/params": 'EnableStreamMemOPs: 1\nRegistryDwords: "PeerMappingOverride=1;"\n',
                       "/proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65"}
         self.release, self.env = "6.8.0-45-generic", {}
+        self.host_flavour = "cu13"
+        self.rdma = {"supported": 1, "ordering": 100, "flush_options": 1}  # what an H200 with driver 580 reports
 
     def python_version(self):
         return "3.12.3"
@@ -64,7 +67,12 @@ class FakeSystem:
         return self.cuda
 
     def nvshmem_flavour(self):
-        return "cu13"
+        return self.host_flavour
+
+    def gpudirect_rdma(self, index):
+        if isinstance(self.rdma, Exception):
+            raise self.rdma
+        return self.rdma
 
     def gpus(self):
         return self.gpu_list
@@ -107,6 +115,24 @@ class FakeSystem:
         return self.env
 
 
+def readme_command(series, cuda):
+    """The install command README "Installing" gives for a torch release and CUDA major."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (line,) = [x for x in readme.splitlines() if x.startswith(f"| {series} | {cuda} | `")]
+    return line.split("`")[1]
+
+
+def cuda12_system():
+    """The issue's machine: torch 2.10.0+cu128 from PyPI with the cu12 NVSHMEM it pins, no cu13 package."""
+    s = FakeSystem()
+    s.torch = {"version": "2.10.0+cu128", "cuda": "12.8"}
+    s.versions = {"cuda-bindings": "12.9.4", "nvidia-nvshmem-cu12": "3.4.5", "nvidia-ml-py": "13.580", "numpy": "2.1"}
+    s.host_flavour, s.cuda = "cu12", (12, 8)
+    for e in s.manifest_doc["cubins"]:
+        e.update(flavour="cu12", min_driver=12000, path=e["path"].replace("cu13/", "cu12/"))
+    return s
+
+
 def statuses(items):
     return {i.name: i.status for i in items}
 
@@ -125,7 +151,8 @@ def test_a_healthy_machine_is_all_ok():
     assert "host 3.4.5 (cu13) runs" in by_name["NVSHMEM"].detail and "3.4.5" in by_name["NVSHMEM"].detail
     assert by_name["GPUDirect RDMA"].detail == "nvidia_peermem is loaded"
     smoke = [i for i in items if i.name.startswith("smoke")]
-    assert len(smoke) == 2 and all("80 checks" in i.detail and "2 ranks on 2 GPUs" in i.name for i in smoke)
+    assert len(smoke) == 2 and all("80 checks" in i.detail and i.detail.startswith("2 ranks on 2 GPUs: ")
+                                   for i in smoke)
 
 
 def test_no_driver_no_gpu():
@@ -155,7 +182,11 @@ def test_missing_package():
     s = FakeSystem()
     del s.versions["nvidia-nvshmem-cu13"]
     item = dc.check_packages(s)[0]
-    assert item.status == ERROR and "nvidia-nvshmem-cu13 missing" in item.detail and "nvidia-nvshmem-cu13" in item.hint
+    assert item.status == ERROR and "no nvidia-nvshmem-cu13 beside this CUDA 13.0 torch" in item.detail
+    assert item.hint == readme_command("2.11", 13) and item.blocks == ("ll",)
+    del s.versions["numpy"]
+    item = dc.check_packages(s)[0]
+    assert "missing numpy" in item.detail and item.blocks == ("ht", "ll")
 
 
 def test_cubins_for_another_arch_and_corrupt_files():
@@ -201,21 +232,21 @@ def test_transports_and_their_prerequisites():
     s = FakeSystem()
     s.libs -= {"mlx5", "ucp"}
     s.dirs["/nvshmem/lib"].remove("nvshmem_transport_libfabric.so.3")
-    st = {i.name: i for i in dc.check_transports(s)}
+    st = {i.name: i for i in dc.check_transports(s, s.gpu_list)}
     assert st["transport IBGDA"].status == WARNING and "libmlx5" in st["transport IBGDA"].detail
     assert st["transport IBRC"].status == OK
     assert st["transport UCX"].status == WARNING and "libucp" in st["transport UCX"].detail
     assert "plugin nvshmem_transport_libfabric.so" in st["transport libfabric"].detail
     s.dirs["/sys/class/infiniband"] = []
-    st = {i.name: i for i in dc.check_transports(s)}
+    st = {i.name: i for i in dc.check_transports(s, s.gpu_list)}
     assert st["InfiniBand devices"].status == WARNING and "InfiniBand device" in st["transport IBRC"].detail
 
 
 def test_gdrcopy():
     s = FakeSystem()
-    assert dc.check_gdrcopy(s)[0].status == OK
+    assert dc.check_gdrcopy(s, s.gpu_list)[0].status == OK
     s.files.discard("/dev/gdrdrv")
-    item = dc.check_gdrcopy(s)[0]
+    item = dc.check_gdrcopy(s, s.gpu_list)[0]
     assert item.status == WARNING and "/dev/gdrdrv" in item.detail and "libgdrapi" not in item.detail
 
 
@@ -325,5 +356,156 @@ def test_the_command_on_this_machine_without_gpu(capsys):
     assert main(["doctor"]) == 1
     out = capsys.readouterr().out
     assert "no CUDA GPU visible" in out and "NVSHMEM" in out and "smoke: intranode" in out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert "WARNING" not in out, out  # nothing about transports or GDRCopy on a machine with no GPU
     for line in out.splitlines()[1:-1]:
         assert line.split()[0] in ("ok", "WARNING", "ERROR", "skip") or line.startswith(" "), line
+
+
+def test_a_cuda12_torch_with_its_cu12_nvshmem_is_all_ok():
+    items = run(cuda12_system(), smoke=True, run_ranks=lambda fn, r, g: [(40, []), (40, [])])
+    bad = {n: st for n, st in statuses(items).items() if st != OK}
+    assert bad == {}, bad
+    text = doctor.format_items(items)
+    assert "nvidia-nvshmem-cu13" not in text and "nvidia-nvshmem-cu12 3.4.5" in text
+    assert "host 3.4.5 (cu12) runs" in text
+
+
+def test_a_cuda12_torch_without_its_nvshmem_gets_the_tables_command_and_the_intranode_smoke_round():
+    s = cuda12_system()
+    del s.versions["nvidia-nvshmem-cu12"]
+    s.versions["nvidia-nvshmem-cu13"] = "3.4.5"  # the other flavour: never the one to install here
+    ran = []
+    items = run(s, smoke=True, run_ranks=lambda fn, r, g: ran.append(fn.__name__) or [(40, []), (40, [])])
+    by = {i.name: i for i in items}
+    pk = by["packages"]
+    assert pk.status == ERROR and "nvidia-nvshmem-cu13 3.4.5 is the other flavour" in pk.detail
+    assert pk.hint == readme_command("2.10", 12) and "[cu12]" in pk.hint and "cu13" not in pk.hint
+    assert by["NVSHMEM"].status == SKIP and "see packages" in by["NVSHMEM"].detail
+    assert ran == ["smoke_ht"], ran  # the intranode round needs no NVSHMEM: it runs
+    ll = [i for i in items if i.name.startswith("smoke: low-latency")][0]
+    assert ll.status == SKIP and "packages" in ll.detail
+
+
+@pytest.mark.parametrize("driver,status", [((12, 8), ERROR), ((13, 0), WARNING)])
+def test_cuda_bindings_13_beside_a_cuda12_torch(driver, status):
+    """torch 2.9's CUDA 12 wheels pin no cuda-bindings: a plain install takes 13.x, which refuses drivers < r580."""
+    s = cuda12_system()
+    s.torch, s.cuda = {"version": "2.9.1+cu128", "cuda": "12.8"}, driver
+    s.versions.update({"cuda-bindings": "13.0.3", "nvidia-nvshmem-cu12": "3.3.20"})
+    (item,) = dc.check_packages(s)
+    assert item.status == status and "cuda-bindings 13 refuses drivers below r580" in item.detail
+    assert item.hint == readme_command("2.9", 12)
+
+
+def test_one_nvshmem_error_is_said_once_and_blocks_only_the_low_latency_round():
+    s = FakeSystem()
+    message = "no NVSHMEM host library (the nvidia.nvshmem package is not installed)"
+
+    def broken():
+        raise RuntimeError(message + ': pip install "./ep_rt-0.1.0-py3-none-any.whl[cu13]"')
+    s.nvshmem_host_version = s.nvshmem_lib_dir = broken
+    s.host_flavour = None
+    ran = []
+    items = run(s, smoke=True, run_ranks=lambda fn, r, g: ran.append(fn.__name__) or [(40, []), (40, [])])
+    text = doctor.format_items(items)
+    assert text.count("nvidia.nvshmem package is not installed") == 1, text
+    by = {i.name: i for i in items}
+    assert by["NVSHMEM"].status == ERROR and by["NVSHMEM"].hint == readme_command("2.11", 13)
+    assert by["remote transports"].status == SKIP and "see NVSHMEM" in by["remote transports"].detail
+    assert by["cubins for sm_90"].status == OK and "see NVSHMEM" in by["cubins for sm_90"].detail
+    assert ran == ["smoke_ht"]
+
+
+def test_no_gpu_gives_no_transport_or_gdrcopy_warnings():
+    s = FakeSystem()
+    s.gpu_list, s.libs, s.files, s.dirs = [], set(), set(), {}
+    items = run(s)
+    st = statuses(items)
+    assert st["remote transports"] == st["GDRCopy"] == st["RDMA write ordering"] == SKIP
+    assert not [n for n in st if n.startswith(("transport ", "InfiniBand"))]
+    assert {i.detail for i in items if i.name in ("remote transports", "GDRCopy")} == {"no GPU"}
+
+
+def test_the_two_flavours_cubins_are_listed_apart():
+    s = FakeSystem()
+    s.manifest_doc["cubins"].append({**MANIFEST["cubins"][2], "flavour": "cu12", "arch": "sm_80",
+                                     "compiler": "nvrtc 12.9.86", "path": "cu12/sm_80/default/layout.cubin"})
+    items = {i.name: i for i in dc.check_cubins(s, s.gpu_list, False)[0]}
+    assert items["cubins cu12"].detail.startswith("sm_80: layout (default); built with nvrtc 12.9.86")
+    assert "sm_80" not in items["cubins cu13"].detail and "nvrtc" not in items["cubins cu13"].detail
+    assert "intranode (aggressive/safe)" in items["cubins cu13"].detail
+
+
+@pytest.mark.parametrize("ordering,status,words", [
+    (100, OK, "OWNER: only the GPU that owns the memory reads NIC writes consistently"),
+    (200, OK, "ALL_DEVICES: the owning GPU and its NVLink peers read NIC writes consistently"),
+    (0, WARNING, "NONE: no ordering promised"),
+])
+def test_rdma_write_ordering_per_gpu(ordering, status, words):
+    s = FakeSystem()
+    s.rdma = {"supported": 1, "ordering": ordering, "flush_options": 3}
+    items = dc.check_rdma_ordering(s, s.gpu_list)
+    assert [i.name for i in items] == ["GPU 0 RDMA write ordering", "GPU 1 RDMA write ordering"]
+    assert all(i.status == status and words in i.detail for i in items), items
+    assert "flush options: HOST (cuFlushGPUDirectRDMAWrites), MEMOPS" in items[0].detail
+    s.rdma = RuntimeError("cuDeviceGetAttribute failed")
+    assert dc.check_rdma_ordering(s, s.gpu_list)[0].status == WARNING
+
+
+def test_no_line_is_longer_than_120_characters():
+    s = FakeSystem()
+    s.env = {"EP_RT_REMOTE_TRANSPORT": "ucx", "NVSHMEM_IB_SL": "3"}
+    for system in (s, cuda12_system()):
+        text = doctor.format_items(run(system, smoke=True, run_ranks=lambda fn, r, g: [(40, []), (40, [])]))
+        long = [line for line in text.splitlines() if len(line) > 120]
+        assert not long, long
+
+
+def test_the_driver_reads_the_rdma_attributes_through_its_checked_call(monkeypatch):
+    from types import SimpleNamespace
+
+    from ep_rt.errors import CudaDriverError
+    from ep_rt.runtime import driver
+
+    names = ["CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED", "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
+             "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS"]
+    values = {names[0]: 1, names[1]: 200, names[2]: 2}
+    asked = []
+    fail = set()
+
+    def get_attribute(attr, dev):
+        asked.append((attr, dev))
+        return (1 if attr in fail else 0, values[attr])
+
+    fake = SimpleNamespace(
+        CUresult=SimpleNamespace(CUDA_SUCCESS=0), CUdevice_attribute=SimpleNamespace(**{n: n for n in names}),
+        cuDeviceGet=lambda i: (0, f"dev{i}"), cuDeviceGetAttribute=get_attribute,
+        cuGetErrorName=lambda e: (0, b"CUDA_ERROR_INVALID_VALUE"), cuGetErrorString=lambda e: (0, b"invalid argument"))
+    monkeypatch.setattr(driver, "_cu", lambda: fake)
+    monkeypatch.setattr(driver, "_initialised", lambda: True)
+    assert driver.gpudirect_rdma_attributes(1) == {"supported": 1, "ordering": 200, "flush_options": 2}
+    assert asked == [(n, "dev1") for n in names]
+    fail.add(names[1])
+    with pytest.raises(CudaDriverError, match="GPU_DIRECT_RDMA_WRITES_ORDERING.*CUDA_ERROR_INVALID_VALUE"):
+        driver.gpudirect_rdma_attributes(0)
+
+
+def test_an_error_keeps_its_cause_and_leaves_the_install_hint_to_the_item():
+    from ep_rt.transport import nvshmem_dist
+
+    for flavour in ("cu12", None):
+        e = RuntimeError("no NVSHMEM host library (not installed): " + nvshmem_dist.install_hint(flavour))
+        assert dc._cause(e) == "RuntimeError: no NVSHMEM host library (not installed)"
+
+
+def test_the_hint_command_stays_copyable_in_the_report():
+    """A wrapped hint keeps each command of the table's row whole on one line (two commands split after &&)."""
+    s = cuda12_system()
+    del s.versions["nvidia-nvshmem-cu12"]
+    s.torch = {"version": "2.12.0+cu126", "cuda": "12.6"}
+    lines = doctor.format_items(run(s)).splitlines()
+    first, second = readme_command("2.12", 12).split(" && ")
+    assert any(line.strip() == f"-> {first} &&" for line in lines), lines
+    assert any(line.strip() == second for line in lines), lines
+    assert max(map(len, lines)) <= 120

@@ -8,6 +8,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "ep_rt"
 
 API = {"ep_rt.config", "ep_rt.config_tables", "ep_rt.config_file", "ep_rt.handles", "ep_rt.events", "ep_rt.validate",
+       "ep_rt.deep_ep_runtime",
        "ep_rt.utils"}
 # What each wing may import, downward only. cli is the top: it may use anything.
 ALLOWED = {
@@ -32,7 +33,7 @@ def module_name(path: Path) -> str:
 
 
 def wing(mod: str) -> str:
-    if mod in ("ep_rt.errors", "ep_rt.env"):
+    if mod in ("ep_rt.errors", "ep_rt.env", "ep_rt.installing"):
         return "base"
     if mod in API:
         return "api"

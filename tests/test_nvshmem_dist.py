@@ -39,9 +39,12 @@ def test_compatibility_messages():
 
 
 def test_install_hints_name_the_extras():
-    assert nd.install_hint("cu12") == "pip install 'ep-rt[cu12]' (nvidia-nvshmem-cu12>=3.3.20,<4)"
+    """From the wheel file or the checkout (ep-rt is on no index), with what the extra brings."""
+    assert nd.install_hint("cu12") == ('pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]" (from a checkout: '
+                                       'pip install ".[cu12]"), which brings nvidia-nvshmem-cu12>=3.3.20,<4')
     both = nd.install_hint(None)
-    assert "ep-rt[cu12]" in both and "ep-rt[cu13]" in both and " or " in both
+    assert "beside a CUDA 12 torch: pip install \"./ep_rt-0.1.0-py3-none-any.whl[cu12]\"" in both
+    assert "beside a CUDA 13 torch: pip install \"./ep_rt-0.1.0-py3-none-any.whl[cu13]\"" in both
 
 
 def _record_hash(data):
@@ -107,7 +110,8 @@ def test_session_check_names_both_versions_and_what_to_install(monkeypatch, tmp_
         nvshmem.check_compatible("3.4.5", ibgda=False)
     text = str(e.value)
     assert "host library 3.3.20 (nvidia-nvshmem-cu12," in text and "device library 3.4.5" in text
-    assert "Install 'nvidia-nvshmem-cu12>=3.4,<4'" in text and "pip install 'ep-rt[cu12]'" in text
+    assert "Install 'nvidia-nvshmem-cu12>=3.4,<4'" in text
+    assert 'pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]"' in text
 
 
 def _nvshmem_package_installed() -> bool:

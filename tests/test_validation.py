@@ -1,5 +1,6 @@
 """CPU tests of every bad-input error: dispatch/combine argument checks run before any kernel, so they are
 exercised here with CPU tensors and a stand-in for the Buffer's rank count and device."""
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -145,9 +146,60 @@ def test_buffer_constructor_rejects_before_touching_the_gpu(kwargs, error):
         Buffer(object(), **kwargs)
 
 
-def test_buffer_without_group():
-    with pytest.raises(NotImplementedError, match="process group"):
-        Buffer(None)
+def test_buffer_without_group_names_the_group_not_mpi4py():
+    """Buffer(None, 0) is what Buffer(dist.group.WORLD, 0) is before init_process_group: an error about the group
+    (mpi4py's comm= only when the caller passed comm)."""
+    import torch.distributed as dist
+
+    from ep_rt.errors import EpRtError, GroupError
+
+    assert not dist.is_initialized()  # this test process never initialises torch.distributed
+    for group in (None, dist.group.WORLD):
+        with pytest.raises(GroupError, match=r"init_process_group\(\) has run") as e:
+            Buffer(group, 0)
+        assert isinstance(e.value, EpRtError) and isinstance(e.value, ValueError)
+        assert "comm" not in str(e.value) and "mpi4py" not in str(e.value)
+    with pytest.raises(NotImplementedError, match="mpi4py"):
+        Buffer(None, 0, comm=object())
+
+
+def test_no_cuda_is_said_in_ep_rts_words(monkeypatch):
+    from ep_rt import validate as v
+    from ep_rt.errors import NoGpuError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    with pytest.raises(NoGpuError, match="ep_rt needs a CUDA GPU, and this torch .* is a CPU-only build"):
+        v.cuda_available()
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(NoGpuError, match=r"sees none \(CUDA_VISIBLE_DEVICES=''\)"):
+        v.cuda_available()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-CUDA path: this machine has a GPU")
+def test_buffer_on_a_machine_without_cuda(tmp_path):
+    """A real process group (gloo, one rank) on this machine: ep_rt's message, not torch's 'Torch not compiled with
+    CUDA enabled'."""
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(f"""
+        import torch.distributed as dist
+        from ep_rt import Buffer
+        from ep_rt.errors import NoGpuError
+        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            Buffer(dist.group.WORLD, 1 << 20)
+        except NoGpuError as e:
+            print("raised:", e)
+        dist.destroy_process_group()
+        """)
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "raised: ep_rt needs a CUDA GPU" in proc.stdout and "not compiled" not in proc.stdout + proc.stderr
 
 
 def test_no_value_check_sync_with_num_worst_tokens():

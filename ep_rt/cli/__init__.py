@@ -14,15 +14,28 @@ COMMANDS = {
 }
 
 
+def usage() -> str:
+    lines = ["usage: python -m ep_rt [COMMAND] [OPTIONS]", "", "commands:"]
+    lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
+    lines += ["  help     this list; `help COMMAND`: that command's options", "",
+              "`python -m ep_rt COMMAND --help` for a command's options."]
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["help"]:  # `help` and `help COMMAND`, as `--help` and `COMMAND --help`
+        if len(argv) == 1:
+            argv = ["--help"]
+        elif argv[1] in COMMANDS and len(argv) == 2:
+            argv = [argv[1], "--help"]
+        else:
+            print(f"python -m ep_rt help: no command {' '.join(argv[1:])!r}\n\n{usage()}", file=sys.stderr)
+            return 2
     if argv and argv[0] in ("-h", "--help") and len(argv) == 1:
-        print("usage: python -m ep_rt [COMMAND] [OPTIONS]\n\ncommands:")
-        for name, what in COMMANDS.items():
-            print(f"  {name:<8} {what}")
-        print("\n`python -m ep_rt COMMAND --help` for a command's options.")
+        print(usage())
         return 0
     name = argv.pop(0) if argv and argv[0] in COMMANDS else "check"
     return importlib.import_module(f".{name}", __name__).main(argv)

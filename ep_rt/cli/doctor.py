@@ -27,32 +27,63 @@ def run_checks(s, smoke: bool, num_ranks: int, run_ranks=None) -> list:
     gpu_items, gpus = checks.check_gpus(s)
     cubin_items, manifest = checks.check_cubins(s, gpus, env.aggressive_ptx())
     items += checks.check_driver(s, manifest) + gpu_items + cubin_items + checks.check_nvlink(s, gpus)
-    items += checks.check_nvshmem(s, manifest) + checks.check_transports(s) + checks.check_gdrcopy(s)
-    items += checks.check_ibgda_driver(s) + checks.check_gpudirect_rdma(s) + checks.check_settings(s)
-    items += checks.check_network(s, gpus)
-    names = ("smoke: intranode dispatch + combine", "smoke: low-latency dispatch + combine")
-    blocked = [i.name for i in items if i.status == checks.ERROR]
+    items += checks.check_nvshmem(s, manifest, _nvshmem_package_missing(s)) + checks.check_transports(s, gpus)
+    items += checks.check_gdrcopy(s, gpus) + checks.check_ibgda_driver(s) + checks.check_gpudirect_rdma(s)
+    items += checks.check_rdma_ordering(s, gpus) + checks.check_settings(s) + checks.check_network(s, gpus)
+    rounds = (("ht", "smoke: intranode dispatch + combine"), ("ll", "smoke: low-latency dispatch + combine"))
     if not smoke:
-        return items + [checks.Item(n, checks.SKIP, "--no-smoke") for n in names]
-    if blocked:
-        return items + [checks.Item(n, checks.SKIP, f"not run: fix the errors above first ({', '.join(blocked)})")
-                        for n in names]
+        return items + [checks.Item(n, checks.SKIP, "--no-smoke") for _, n in rounds]
     from ..testing import smoke as smoke_mod
 
     num_gpus = min(len(gpus), num_ranks)
-    for name, fn in zip(names, (smoke_mod.smoke_ht, smoke_mod.smoke_ll)):
-        items.append(checks.smoke_item(f"{name} ({num_ranks} ranks on {num_gpus} GPU{'s' if num_gpus > 1 else ''})",
-                                       lambda fn=fn: run_ranks(fn, num_ranks, num_gpus)))
+    bodies = {"ht": smoke_mod.smoke_ht, "ll": smoke_mod.smoke_ll}
+    for kind, name in rounds:
+        # An error blocks only the rounds it makes pointless (NVSHMEM trouble leaves the intranode round to run).
+        blocked = [i.name for i in items if i.status == checks.ERROR and kind in i.blocks]
+        if blocked:
+            items.append(checks.Item(name, checks.SKIP, f"not run: fix the errors above first ({', '.join(blocked)})"))
+            continue
+        item = checks.smoke_item(name, lambda fn=bodies[kind]: run_ranks(fn, num_ranks, num_gpus))
+        item.detail = f"{num_ranks} ranks on {num_gpus} GPU{'s' if num_gpus > 1 else ''}: {item.detail}"
+        items.append(item)
     return items
 
 
-def format_items(items) -> str:
-    width = max(len(i.name) for i in items)
+def _nvshmem_package_missing(s) -> bool:
+    """No NVSHMEM distribution of torch's flavour (any, for a CPU torch): the packages item says so already."""
+    flavour = checks.torch_flavour(s.torch_info())
+    wanted = [checks.NVSHMEM_PACKAGES[flavour]] if flavour in checks.NVSHMEM_PACKAGES else \
+        list(checks.NVSHMEM_PACKAGES.values())
+    return all(s.package_version(p) is None for p in wanted)
+
+
+WIDTH = 120  # no line of the report is longer
+
+
+def format_items(items, width: int = WIDTH) -> str:
+    """One item per line (mark, name, detail, -> hint), wrapped under the detail column to `width` characters."""
+    import textwrap
+
+    name_width = max(len(i.name) for i in items)
+    indent = " " * (9 + name_width + 2)
     lines = []
+
+    def wrap(first: str, text: str, more: str) -> list:
+        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=more, break_on_hyphens=False) \
+            or [first.rstrip()]
+
     for i in items:
-        line = f"{MARK[i.status]:<8} {i.name:<{width}}  {i.detail}"
-        lines.append(line + (f"  -> {i.hint}" if i.hint else ""))
-        lines += [f"{'':<8} {'':<{width}}  {x}" for x in i.extra]
+        first = f"{MARK[i.status]:<8} {i.name:<{name_width}}  "
+        inline = first + i.detail + (f"  -> {i.hint}" if i.hint else "")
+        if len(inline) <= width:
+            lines.append(inline)
+        else:
+            lines += wrap(first, i.detail, indent)
+            if i.hint:  # its own lines, a command unbroken where it fits (split after &&, as a shell reads it)
+                for k, part in enumerate(i.hint.replace(" && ", " &&\n").split("\n")):
+                    lines += wrap(" " * 9 + ("-> " if k == 0 else "   "), part, " " * 12)
+        for x in i.extra:  # rows under the item (the NVLink matrix, one setting each): their own lines
+            lines += wrap(indent, x, indent + "    ")
     counts = {s: sum(i.status == s for i in items) for s in MARK}
     lines.append(f"{counts[checks.OK]} ok, {counts[checks.WARNING]} warnings, {counts[checks.ERROR]} errors, "
                  f"{counts[checks.SKIP]} skipped")

@@ -15,6 +15,7 @@ class Item:
     detail: str
     hint: str = ""
     extra: list = field(default_factory=list)  # lines printed under the item (the NVLink matrix)
+    blocks: tuple = ("ht", "ll")  # the smoke rounds an ERROR here makes pointless (NVSHMEM trouble: only "ll")
 
 
 def _why(e: Exception) -> str:
@@ -22,26 +23,72 @@ def _why(e: Exception) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"
 
 
+def _cause(e: Exception) -> str:
+    """_why without the install hint an ep_rt error may end with (the item's own hint says what to run)."""
+    text = _why(e)
+    for start in (": pip install ", ": beside a CUDA "):  # nvshmem_dist.install_hint's two forms
+        text = text.split(start)[0]
+    return text
+
+
 # ---- software ----------------------------------------------------------------------------------------
 
-PACKAGES = ("cuda-bindings", "nvidia-nvshmem-cu13", "nvidia-ml-py", "numpy")
+PACKAGES = ("cuda-bindings", "nvidia-ml-py", "numpy")
+NVSHMEM_PACKAGES = {"cu12": "nvidia-nvshmem-cu12", "cu13": "nvidia-nvshmem-cu13"}
+
+
+def torch_flavour(t: dict) -> str | None:
+    """cu12 / cu13 from the CUDA version torch was built for (None: a CPU build)."""
+    return f"cu{t['cuda'].split('.')[0]}" if t["cuda"] else None
 
 
 def check_packages(s) -> list[Item]:
+    """ep_rt's requirements beside this torch, by the rule of README "Installing" (ep_rt.installing): the NVSHMEM
+    distribution of torch's own CUDA major, and for a CUDA 12 torch cuda-bindings 12.9.x. A mismatch names the
+    table's command for this torch, which never installs the other flavour."""
     import os
 
-    from .. import __file__ as package_file, __version__
+    from .. import __file__ as package_file, __version__, installing
 
     t = s.torch_info()
-    versions = ", ".join(f"{p} {s.package_version(p) or 'missing'}" for p in PACKAGES)
+    nvshmem = {f: s.package_version(p) for f, p in NVSHMEM_PACKAGES.items()}
+    versions = [f"{p} {s.package_version(p) or 'missing'}" for p in PACKAGES]
+    versions += [f"{NVSHMEM_PACKAGES[f]} {v}" for f, v in nvshmem.items() if v] or ["no NVSHMEM package"]
     detail = (f"ep_rt {__version__} ({os.path.dirname(package_file)}), Python {s.python_version()}, torch "
-              f"{t['version']} ({'CUDA ' + t['cuda'] if t['cuda'] else 'CPU-only'}), {versions}")
-    missing = [p for p in PACKAGES if s.package_version(p) is None]
+              f"{t['version']} ({'CUDA ' + t['cuda'] if t['cuda'] else 'CPU-only'}), {', '.join(versions)}")
+    command = installing.command_for(t["version"], t["cuda"])
     if t["cuda"] is None:
-        return [Item("packages", ERROR, detail, "this torch is a CPU-only build: install a CUDA build of torch")]
+        return [Item("packages", ERROR, detail, f"this torch is a CPU-only build: {command}")]
+    flavour = torch_flavour(t)
+    problems, status, blocks = [], OK, set()
+
+    def problem(text, level, blocked):
+        nonlocal status
+        problems.append(text)
+        status = ERROR if ERROR in (status, level) else WARNING
+        blocks.update(blocked if level == ERROR else ())
+
+    missing = [p for p in PACKAGES if s.package_version(p) is None]
     if missing:
-        return [Item("packages", ERROR, detail, f"install {' '.join(missing)} (pip install ep-rt pulls them in)")]
-    return [Item("packages", OK, detail)]
+        problem(f"missing {', '.join(missing)}", ERROR, ("ht", "ll"))
+    if flavour in NVSHMEM_PACKAGES and nvshmem[flavour] is None:
+        others = [f"{NVSHMEM_PACKAGES[f]} {v}" for f, v in nvshmem.items() if v]
+        problem(f"no {NVSHMEM_PACKAGES[flavour]} beside this CUDA {t['cuda']} torch (low-latency and internode calls "
+                f"need it)" + (f"; {', '.join(others)} is the other flavour" if others else ""), ERROR, ("ll",))
+    bindings = s.package_version("cuda-bindings")
+    if flavour == "cu12" and bindings and int(bindings.split(".")[0]) >= 13:
+        try:
+            driver = s.cuda_driver_version()
+        except Exception:
+            driver = None
+        why = f"cuda-bindings {bindings} beside a CUDA 12 torch: cuda-bindings 13 refuses drivers below r580 (CUDA 13)"
+        if driver is not None and driver < (13, 0):
+            problem(f"{why}, and this driver supports CUDA {driver[0]}.{driver[1]}", ERROR, ("ht", "ll"))
+        else:
+            problem(f"{why}; this driver runs it, an older one would not", WARNING, ())
+    if not problems:
+        return [Item("packages", OK, detail)]
+    return [Item("packages", status, "; ".join(problems) + f" ({detail})", command, blocks=tuple(sorted(blocks)))]
 
 
 # ---- driver and GPUs ---------------------------------------------------------------------------------
@@ -95,13 +142,17 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
     except Exception as e:
         return [Item("cubins", ERROR, f"no usable cubin manifest ({_why(e)})",
                      "reinstall ep_rt, or point EP_RT_CUBIN_DIR at a folder with manifest.json")], None
-    shipped = {}
+    shipped, compilers = {}, {}
     for e in manifest["cubins"]:
-        shipped.setdefault(e["arch"], {}).setdefault(e["family"], []).append(e["variant"])
-    listing = "; ".join(f"{arch}: " + ", ".join(f"{fam} ({'/'.join(sorted(v))})" for fam, v in sorted(fams.items()))
-                        for arch, fams in sorted(shipped.items()))
-    compilers = sorted({f"{e.get('flavour')}: {e.get('compiler')}" for e in manifest["cubins"]})
-    items = [Item("cubins", OK, f"{listing} in {root}, built with {'; '.join(compilers)}")]
+        flavour = e.get("flavour", "?")
+        shipped.setdefault(flavour, {}).setdefault(e["arch"], {}).setdefault(e["family"], set()).add(e["variant"])
+        compilers.setdefault(flavour, set()).add(str(e.get("compiler")))
+    items = []
+    for flavour, archs in sorted(shipped.items()):
+        listing = "; ".join(f"{arch}: " + ", ".join(f"{fam} ({'/'.join(sorted(v))})" for fam, v in sorted(fams.items()))
+                            for arch, fams in sorted(archs.items()))
+        items.append(Item(f"cubins {flavour}", OK, f"{listing}; built with {', '.join(sorted(compilers[flavour]))}"))
+    items[0].detail += f"; in {root}"
     if not gpus:
         return items + [Item("cubins for this GPU", SKIP, "no GPU: nothing to load")], manifest
     try:
@@ -111,10 +162,12 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
                              "check the NVIDIA driver (nvidia-smi)")], manifest
     driver_version = 1000 * major + 10 * minor
     nvshmem_flavour = s.nvshmem_flavour() if hasattr(s, "nvshmem_flavour") else None
+    linked = {e["family"] for e in manifest["cubins"] if e.get("needs_nvshmem")}
+    undecided = sorted(linked) if nvshmem_flavour is None and env.cubin_flavour() is None else []
     for arch in sorted({g["arch"] for g in gpus}):
         loads, problems = [], []
         cc = choice.parse_arch(arch)[:2]
-        for family in sorted({e["family"] for e in manifest["cubins"]}):
+        for family in sorted({e["family"] for e in manifest["cubins"]} - set(undecided)):
             try:
                 entry = choice.choose_entry(manifest, family, cc, aggressive, driver_version, env.cubin_flavour(),
                                             nvshmem_flavour)
@@ -122,13 +175,15 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
                 loads.append(entry["path"])
             except Exception as e:
                 problems.append(_why(e))
+        archs = sorted({a for fl in shipped.values() for a in fl})
         if problems:
             items.append(Item(f"cubins for {arch}", ERROR, "; ".join(problems),
-                              f"ep_rt ships cubins for {sorted(shipped)}; rebuild with tools/build_cubins.py for "
+                              f"ep_rt ships cubins for {archs}; rebuild with tools/build_cubins.py for "
                               f"{arch}, or reinstall ep_rt if a file is corrupt"))
         else:
             variant = "aggressive (EP_RT_AGGRESSIVE_PTX=1)" if aggressive else "safe"
-            items.append(Item(f"cubins for {arch}", OK, f"loads {', '.join(loads)} ({variant} variant)"))
+            later = f"; {', '.join(undecided)}: by the NVSHMEM library's flavour (see NVSHMEM)" if undecided else ""
+            items.append(Item(f"cubins for {arch}", OK, f"loads {', '.join(loads)} ({variant} variant){later}"))
     return items, manifest
 
 
@@ -158,11 +213,18 @@ def check_nvlink(s, gpus: list[dict]) -> list[Item]:
 
 # ---- NVSHMEM -----------------------------------------------------------------------------------------
 
-def check_nvshmem(s, manifest: dict | None) -> list[Item]:
+def check_nvshmem(s, manifest: dict | None, package_missing: bool = False) -> list[Item]:
     """The host library against the device library of the NVSHMEM-linked cubins of its flavour, by NVSHMEM's rule
-    (same major, host minor >= device minor; ep_rt.transport.nvshmem_dist)."""
+    (same major, host minor >= device minor; ep_rt.transport.nvshmem_dist). Only the low-latency and internode calls
+    need it, so its errors block only the low-latency smoke round. With `package_missing` (the packages item
+    already says so) it only points there."""
+    from .. import installing
     from ..transport import nvshmem_dist
 
+    if package_missing:
+        return [Item("NVSHMEM", SKIP, "no NVSHMEM package of this torch's flavour (see packages)")]
+    t = s.torch_info()
+    command = installing.command_for(t["version"], t["cuda"])
     flavour = s.nvshmem_flavour() if hasattr(s, "nvshmem_flavour") else None
     linked = [e for e in (manifest or {}).get("cubins", []) if e.get("needs_nvshmem")]
     mine = [e for e in linked if flavour is None or e.get("flavour", flavour) == flavour] or linked
@@ -170,7 +232,7 @@ def check_nvshmem(s, manifest: dict | None) -> list[Item]:
     try:
         host = s.nvshmem_host_version()
     except Exception as e:
-        return [Item("NVSHMEM", ERROR, f"host library not loadable ({_why(e)})", nvshmem_dist.install_hint(flavour))]
+        return [Item("NVSHMEM", ERROR, f"host library not loadable ({_cause(e)})", command, blocks=("ll",))]
     if not devices:
         return [Item("NVSHMEM", WARNING, f"host {host}; no NVSHMEM-linked cubin in the manifest",
                      "the low-latency mode needs the low_latency cubin: reinstall ep_rt")]
@@ -179,8 +241,8 @@ def check_nvshmem(s, manifest: dict | None) -> list[Item]:
         problem = nvshmem_dist.compatibility_problem(host, device, ibgda=False)
         if problem:
             return [Item("NVSHMEM", ERROR, f"host library {host}, {which}device library {device}: {problem}",
-                         f"install an NVSHMEM host library in {nvshmem_dist.host_range(device, False)}: "
-                         f"{nvshmem_dist.install_hint(flavour)}")]
+                         f"an NVSHMEM host library in {nvshmem_dist.host_range(device, False)}: {command}",
+                         blocks=("ll",))]
     return [Item("NVSHMEM", OK, f"host {host} ({flavour or 'flavour unknown'}) runs the {which}low-latency cubins' "
                                 f"device library {', '.join(devices)} (same major, host minor >= device minor)")]
 
@@ -195,12 +257,14 @@ TRANSPORTS = {
 NOT_NEEDED = "only low-latency calls across nodes need a remote transport; one node uses NVLink"
 
 
-def check_transports(s) -> list[Item]:
+def check_transports(s, gpus: list[dict]) -> list[Item]:
+    if not gpus:
+        return [Item("remote transports", SKIP, "no GPU")]
     try:
         lib_dir = s.nvshmem_lib_dir()
         plugins = s.listdir(lib_dir)
-    except Exception as e:
-        return [Item("remote transports", SKIP, f"no NVSHMEM library folder ({_why(e)})")]
+    except Exception:
+        return [Item("remote transports", SKIP, "no NVSHMEM host library (see NVSHMEM)")]
     ib = s.listdir("/sys/class/infiniband")
     items = [Item("InfiniBand devices", OK, ", ".join(ib)) if ib else
              Item("InfiniBand devices", WARNING, "none under /sys/class/infiniband", NOT_NEEDED)]
@@ -219,7 +283,9 @@ def check_transports(s) -> list[Item]:
     return items
 
 
-def check_gdrcopy(s) -> list[Item]:
+def check_gdrcopy(s, gpus: list[dict]) -> list[Item]:
+    if not gpus:
+        return [Item("GDRCopy", SKIP, "no GPU")]
     lib, dev = s.find_library("gdrapi"), s.exists("/dev/gdrdrv")
     if lib and dev:
         return [Item("GDRCopy", OK, f"{lib}, /dev/gdrdrv")]
@@ -284,6 +350,40 @@ def check_gpudirect_rdma(s) -> list[Item]:
     why += [] if open_module else ["not the open GPU kernel module"]
     return [Item("GPUDirect RDMA", WARNING, "no nvidia_peermem, and no dma-buf (" + ", ".join(why) + ")",
                  "modprobe nvidia_peermem, or use the open GPU kernel module on Linux >= 5.12; " + NOT_NEEDED)]
+
+
+# What CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING promises (CUGPUDirectRDMAWritesOrdering), in plain words.
+RDMA_ORDERING = {
+    0: ("NONE", "no ordering promised: even the GPU that owns the memory may see a NIC's writes out of order"),
+    100: ("OWNER", "only the GPU that owns the memory reads NIC writes consistently; its NVLink peers may not"),
+    200: ("ALL_DEVICES", "the owning GPU and its NVLink peers read NIC writes consistently"),
+}
+RDMA_FLUSH = {1: "HOST (cuFlushGPUDirectRDMAWrites)", 2: "MEMOPS (stream wait-value flush)"}
+
+
+def check_rdma_ordering(s, gpus: list[dict]) -> list[Item]:
+    """Per GPU: how the driver orders a NIC's writes into its memory for CUDA readers, and how they can be
+    flushed (only ranks on other nodes depend on it)."""
+    if not gpus:
+        return [Item("RDMA write ordering", SKIP, "no GPU")]
+    items = []
+    for g in gpus:
+        name = f"GPU {g['index']} RDMA write ordering"
+        try:
+            a = s.gpudirect_rdma(g["index"])
+        except Exception as e:
+            items.append(Item(name, WARNING, f"the driver cannot tell ({_why(e)})", "check the driver (nvidia-smi)"))
+            continue
+        label, meaning = RDMA_ORDERING.get(a["ordering"], (f"unknown value {a['ordering']}", "not in CUDA's list"))
+        flush = ", ".join(v for bit, v in RDMA_FLUSH.items() if a["flush_options"] & bit) or "none"
+        detail = (f"{label}: {meaning}; flush options: {flush}; GPUDirect RDMA "
+                  f"{'supported' if a['supported'] else 'not supported'}")
+        if a["ordering"] in (100, 200):
+            items.append(Item(name, OK, detail))
+        else:
+            items.append(Item(name, WARNING, detail, "only ranks on other nodes depend on it (a NIC writes into this "
+                                                     "GPU's memory); on one node nothing does"))
+    return items
 
 
 # ---- settings ----------------------------------------------------------------------------------------

@@ -66,6 +66,12 @@ class System:
                         "sms": p.multi_processor_count, "bus_id": driver.pci_bus_id(i)})
         return out
 
+    def gpudirect_rdma(self, index: int) -> dict:
+        """The driver's GPUDirect RDMA attributes of GPU `index` (runtime.driver.gpudirect_rdma_attributes)."""
+        from ..runtime import driver
+
+        return driver.gpudirect_rdma_attributes(index)
+
     def nvlink(self, bus_ids: list[str]) -> dict:
         """{"p2p": {(a, b): NVLink P2P ok?}, "links": {bus id: active NVLinks}} by NVML, for these GPUs."""
         import pynvml

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 
+from .. import installing
 from ..errors import CubinNotFoundError, CudaDriverError
 
 FLAVOURS = ("cu13", "cu12")  # preference order
@@ -57,8 +58,8 @@ def check_bindings(bindings_version: str, driver_version: int) -> None:
     if major * 1000 > driver_version:
         raise CudaDriverError(
             f"cuda-bindings {bindings_version} needs a driver for CUDA {major}; this driver supports "
-            f"{describe_driver(driver_version)}: pip install 'cuda-bindings>=12.9,<13' (or ep-rt[cu12]), or update "
-            f"the driver")
+            f"{describe_driver(driver_version)}: pip install 'cuda-bindings>=12.9,<13' (or ep_rt's cu12 extra: "
+            f"{installing.extra_hint('cu12')}), or update the driver")
 
 
 def runnable_flavours(driver_version: int, forced: str | None) -> list[str]:
@@ -85,13 +86,14 @@ def nvshmem_flavours(flavours: list[str], nvshmem_flavour: str | None, forced: s
     if forced is not None and forced != nvshmem_flavour:
         raise CubinNotFoundError(
             f"EP_RT_CUBIN_FLAVOUR={forced}, but the NVSHMEM host library in this process is "
-            f"nvidia-nvshmem-{nvshmem_flavour}; NVSHMEM-linked cubins must match it: install "
-            f"nvidia-nvshmem-{forced} (pip install 'ep-rt[{forced}]') or unset EP_RT_CUBIN_FLAVOUR")
+            f"nvidia-nvshmem-{nvshmem_flavour}; NVSHMEM-linked cubins must match it: unset EP_RT_CUBIN_FLAVOUR, "
+            f"or install the {forced} extra ({installing.extra_hint(forced)}) beside a CUDA {FLAVOUR_CUDA[forced]} "
+            f"torch")
     if nvshmem_flavour not in flavours:
         raise CubinNotFoundError(
             f"the NVSHMEM host library is nvidia-nvshmem-{nvshmem_flavour} (CUDA {FLAVOUR_CUDA[nvshmem_flavour]}), "
-            f"but this driver runs only {', '.join(flavours)} cubins: install nvidia-nvshmem-cu12 (pip install "
-            f"'ep-rt[cu12]', or a torch built for CUDA 12), or update the driver")
+            f"but this driver runs only {', '.join(flavours)} cubins: update the driver, or use a torch built "
+            f"for CUDA 12 with ep_rt's cu12 extra ({installing.extra_hint('cu12')})")
     return [nvshmem_flavour]
 
 

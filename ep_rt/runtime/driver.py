@@ -222,6 +222,21 @@ def launch_ex(config, function, grid: int, block: int, smem: int, stream, params
     check(_cu().cuLaunchKernelEx(config, function, params_address, 0), f"cuLaunchKernelEx({name})")
 
 
+def gpudirect_rdma_attributes(device_index: int) -> dict:
+    """How a device treats memory a NIC writes into (GPUDirect RDMA), as the driver's raw values: "supported"
+    (GPU_DIRECT_RDMA_SUPPORTED, 0/1), "ordering" (GPU_DIRECT_RDMA_WRITES_ORDERING: CUGPUDirectRDMAWritesOrdering,
+    0 none / 100 owner / 200 all devices) and "flush_options" (GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: a mask of
+    CUflushGPUDirectRDMAWritesOptions, 1 host / 2 memops)."""
+    _initialised()
+    cu = _cu()
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    names = {"supported": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED",
+             "ordering": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
+             "flush_options": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS"}
+    return {key: int(check(cu.cuDeviceGetAttribute(getattr(attr, name), dev), f"cuDeviceGetAttribute({name})"))
+            for key, name in names.items()}
+
 
 def pci_bus_id(device_index: int) -> str:
     _initialised()

@@ -14,10 +14,12 @@ import hashlib
 import importlib.metadata
 from pathlib import Path
 
+from .. import installing
+
 HOST_LIBRARY = "libnvshmem_host.so.3"
 RECORD_PATH = f"nvidia/nvshmem/lib/{HOST_LIBRARY}"
 PACKAGES = {"cu12": "nvidia-nvshmem-cu12", "cu13": "nvidia-nvshmem-cu13"}
-# What pyproject.toml's extras ep-rt[cu12] / ep-rt[cu13] ask for (a CPU test keeps the two equal): from the
+# What pyproject.toml's extras [cu12] / [cu13] ask for (a CPU test keeps the two equal): from the
 # device library the shipped cubins are linked against (the oldest a supported torch pins) up to the next major.
 EXTRAS = {"cu12": "nvidia-nvshmem-cu12>=3.3.20,<4", "cu13": "nvidia-nvshmem-cu13>=3.3.24,<4"}
 IBGDA_LAYOUT_CHANGE = (3, 5, 19)
@@ -53,9 +55,11 @@ def host_range(device: str, ibgda: bool) -> str:
 
 
 def install_hint(flavour: str | None) -> str:
-    """What to install for a flavour (both when unknown)."""
-    flavours = [flavour] if flavour else sorted(PACKAGES)
-    return " or ".join(f"pip install 'ep-rt[{f}]' ({EXTRAS[f]})" for f in flavours)
+    """What to install for a flavour (both, each beside its torch, when unknown): ep_rt with the extra, from the
+    wheel file or the checkout (ep_rt.installing; ep-rt is on no index)."""
+    if flavour:
+        return f"{installing.extra_hint(flavour)}, which brings {EXTRAS[flavour]}"
+    return "; ".join(f"beside a CUDA {f[2:]} torch: {installing.extra_hint(f)}" for f in sorted(PACKAGES))
 
 
 def torch_flavour() -> str | None:

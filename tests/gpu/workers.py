@@ -25,19 +25,28 @@ def buffer_basics(rank, num_ranks):
     local = buf.get_local_buffer_tensor(torch.int32, size=(1024,), offset=256)
     local.copy_(torch.arange(1024, dtype=torch.int32, device=buf.device) * (rank + 1) + 7)
     torch.cuda.synchronize()
-    buf.runtime.barrier(buf.comm_stream)
+    buf._nvl.barrier(buf.comm_stream)
     seen = []
     for peer in range(num_ranks):
-        view = buf.runtime.data_tensor(peer)[256:256 + 4096].view(torch.int32)
+        view = buf._nvl.data_tensor(peer)[256:256 + 4096].view(torch.int32)
         want = torch.arange(1024, dtype=torch.int32, device=buf.device) * (peer + 1) + 7
         seen.append(bool(torch.equal(view, want)))
     assert all(seen), f"rank {rank} read wrong bytes from peers: {seen}"
     # Device barrier several times in a row.
     for _ in range(5):
-        buf.runtime.barrier(buf.comm_stream)
+        buf._nvl.barrier(buf.comm_stream)
+    # DeepEP's C++ runtime methods (buffer.runtime), one node.
+    rt = buf.runtime
+    assert rt.is_available() and not rt.is_internode_available()
+    assert (rt.get_num_rdma_ranks(), rt.get_rdma_rank(), rt.get_root_rdma_rank(True)) == (1, 0, rank)
+    assert rt.get_local_device_id() == torch.cuda.current_device()
+    assert len(rt.get_local_ipc_handle()) == 64 and any(rt.get_local_ipc_handle())
+    assert rt.get_comm_stream() is buf.comm_stream
+    assert rt.get_local_buffer_tensor(torch.int32, 256).data_ptr() == local.data_ptr()
     ev = Buffer.capture()
     ev.current_stream_wait()
     buf.destroy()
+    assert not rt.is_available()
     buf.destroy()  # idempotent
     try:
         buf.get_dispatch_layout(torch.zeros(1, 1, dtype=torch.int64, device=buf.device), 2)
@@ -271,6 +280,9 @@ def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive
     rdma = internode_layout.rdma_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
     assert buf.topology.num_nodes == num_ranks // G, buf.topology.describe()
+    rt = buf.runtime  # DeepEP's "RDMA rank" is ep_rt's node, with Topology's node size
+    assert rt.is_internode_available() and rt.get_num_rdma_ranks() == num_ranks // G
+    assert (rt.get_rdma_rank(), rt.get_root_rdma_rank(True), rt.get_root_rdma_rank(False)) == (rank // G, rank % G, 0)
     seed = checker.shared_seed(buf.group)
     out = []
     for i, case in enumerate(cases):
