@@ -168,6 +168,7 @@ def test_symmetric_buffer_memset_finishes_before_the_barrier(monkeypatch):
 
     class Session:  # rank 9 of 2 nodes of 8 in its rail world: PEs are ranks 1 and 9
         world = nw.rail_world(topo(9, 2, 8))
+        pe_base, pe_stride = world.pe_base, world.pe_stride
 
         def pe_of_rank(self, r):
             return self.world.pe_of_rank(r)
@@ -177,3 +178,4 @@ def test_symmetric_buffer_memset_finishes_before_the_barrier(monkeypatch):
     bases = sym.peer_bases.tolist()
     assert bases[1] == 0x1000 and bases[9] == 0x1001  # PE 0 and PE 1 of the rail
     assert all(b == 0 for r, b in enumerate(bases) if r not in (1, 9))  # node peers and other rails: not PEs
+    assert (sym.pe_base, sym.pe_stride) == (0, 1)

@@ -24,6 +24,15 @@ class SymmetricBuffer:
                                        dtype=torch.int64, device=device)
         self.nvlink_peers = int((self.peer_bases != 0).sum())
 
+    @property
+    def pe_base(self) -> int:
+        """With pe_stride: the PE of the rank with this rank's local index on node n is pe_base + n * pe_stride."""
+        return self.session.pe_base
+
+    @property
+    def pe_stride(self) -> int:
+        return self.session.pe_stride
+
     def destroy(self, collective: bool) -> None:
         """nvshmem_free is collective: only when every peer is in teardown too (the Buffer first runs a barrier
         with a deadline that says so); otherwise the heap is left to process exit."""
