@@ -19,6 +19,7 @@ from .ops import ht_args
 from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
 from .runtime import driver, modules
+from .transport import agreement
 from .transport.error_record import ErrorRecords
 from .transport.nvl import NvlBuffer
 from .transport.topology import Topology
@@ -31,12 +32,13 @@ _NOT_YET = ("ep_rt does not implement {what} yet (this release covers high-throu
             "across nodes over a torch.distributed process group, and the low-latency mode)")
 
 
-def _same_on_every_rank(group, what: str, value) -> None:
-    """Collective: every rank must have the same `value` (peers write into each other's buffers in that format)."""
-    values = [None] * dist.get_world_size(group)
-    dist.all_gather_object(values, value, group=group)
-    if len(set(values)) > 1:
-        raise EpRtError(f"{what} differs between ranks ({values}); set it the same way for every rank")
+class _Setup:
+    """What Buffer._prepare decided (the same on every rank once agreement.exchange returned)."""
+
+    def __init__(self, internode: bool):
+        self.internode = internode
+        self.entries: dict = {}  # kernel family -> manifest entry of its NVSHMEM-linked cubin
+        self.nvshmem = None      # transport.nvshmem.Preparation, when the Buffer uses NVSHMEM
 
 
 class Buffer:
@@ -88,7 +90,40 @@ class Buffer:
             raise ValueError(f"timeout_s must be positive, got {timeout}")
 
         self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
-        _same_on_every_rank(group, "EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)", str(validate.topk_idx_t))
+        # Before the first collective allocation: every rank's local preparation, and the inputs that decide sizes,
+        # layouts, modes and the NVSHMEM world, compared over the group (raises on every rank if they differ or
+        # any rank failed; transport.agreement).
+        args = dict(num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes, low_latency_mode=low_latency_mode,
+                    num_qps_per_rank=num_qps_per_rank,
+                    allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode, allow_mnnvl=allow_mnnvl,
+                    enable_shrink=enable_shrink)
+        shared = agreement.buffer_values(args, topo)
+        shared["EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)"] = str(validate.topk_idx_t)
+        setup = agreement.exchange(group, shared, lambda: self._prepare(group, topo, **args))
+        internode = setup.internode
+        self._errors = self._own(ErrorRecords())
+        self._session = None
+        if topo.num_nodes == 1 or internode:  # the NVL buffer of my node (also the device barrier)
+            topo.require_nvlink(group)
+            self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, timeout, self._errors))
+            self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
+            self._nvl.barrier(self.comm_stream)
+        if topo.num_nodes == 1:
+            self._ht = IntranodeOp(self._nvl)
+        elif internode:
+            self._ht = self._internode_op(topo, setup, num_rdma_bytes, env.net_timeout_s(timeout))
+        if low_latency_mode:
+            self._ll = self._low_latency_op(topo, setup, num_rdma_bytes, timeout, enable_shrink)
+
+    def _own(self, part):
+        self._parts.append(part)
+        return part
+
+    def _prepare(self, group, topo, num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank,
+                 allow_nvlink_for_low_latency_mode, allow_mnnvl, enable_shrink):
+        """This rank's part of the setup that can fail on its own (run inside agreement.exchange, so a failure is
+        raised on every rank): which modes the Buffer has, the cubins, and the NVSHMEM environment and world it
+        would use. Returns (values every rank must share, the setup)."""
         # Internode high-throughput mode: ranks on several nodes, with an RDMA buffer; with low_latency_mode too
         # only when an NVL buffer is given (DeepEP's LL-compatibility case; HT then gets a symmetric buffer of its
         # own, so LL and HT never overwrite each other and clean_low_latency_buffer is not needed between them).
@@ -100,21 +135,27 @@ class Buffer:
         if topo.num_nodes > 1 and not internode and not low_latency_mode:
             raise ValueError(f"the ranks span {topo.describe()}: high-throughput mode across nodes needs "
                              f"num_rdma_bytes > 0 (see Config.get_rdma_buffer_size_hint)")
-        self._errors = self._own(ErrorRecords())
-        self._session = None
-        if topo.num_nodes == 1 or internode:  # the NVL buffer of my node (also the device barrier)
-            topo.require_nvlink(group)
-            self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, timeout, self._errors))
-            self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
-            self._nvl.barrier(self.comm_stream)
-        if topo.num_nodes == 1:
-            self._ht = IntranodeOp(self._nvl)
-        elif internode:
-            self._ht = self._internode_op(group, topo, num_rdma_bytes, num_qps_per_rank, allow_mnnvl,
-                                          env.net_timeout_s(timeout))
+        setup = _Setup(internode)
+        if not (internode or low_latency_mode):
+            return {}, setup
+        from .ops.internode import InternodeOp
+        from .ops.low_latency import LowLatencyOp
+        from .transport import nvshmem, nvshmem_world
+
+        flavour = nvshmem.host_flavour()
+        if internode:
+            setup.entries["internode"] = modules.choose_entry(modules.manifest(), "internode", self.device_index,
+                                                              env.aggressive_ptx(), flavour)
         if low_latency_mode:
-            self._ll = self._low_latency_op(group, topo, num_rdma_bytes, num_qps_per_rank,
-                                            allow_nvlink_for_low_latency_mode, allow_mnnvl, timeout, enable_shrink)
+            setup.entries["low_latency"] = LowLatencyOp.cubin_entry(self.device_index, flavour)
+        # A high-throughput-only Buffer joins its rail's world (N PEs), once its kernels say they can run in one.
+        wanted = nvshmem_world.choose(topo, low_latency_mode, getattr(InternodeOp, "supports_rail_world", False))
+        first = setup.entries["internode" if internode else "low_latency"]  # the first to open the session
+        setup.nvshmem = nvshmem.prepare(group, topo, wanted, first["nvshmem"], num_qps_per_rank,
+                                        allow_nvlink_for_low_latency_mode if low_latency_mode else True, allow_mnnvl)
+        for entry in setup.entries.values():
+            nvshmem.check_compatible(entry["nvshmem"], setup.nvshmem.plan.ibgda_peers)
+        return setup.nvshmem.shared_values(), setup
 
     @property
     def runtime(self) -> DeepEPRuntime:
@@ -122,31 +163,23 @@ class Buffer:
         (ep_rt.deep_ep_runtime)."""
         return DeepEPRuntime(self)
 
-    def _own(self, part):
-        self._parts.append(part)
-        return part
-
-    def _nvshmem(self, group, topo, entry, num_qps_per_rank, allow_nvlink, allow_mnnvl):
-        """The Buffer's one NVSHMEM session (LL and internode HT share the world), and `entry`'s module in it."""
+    def _nvshmem(self, topo, setup, kind):
+        """The Buffer's one NVSHMEM session (LL and internode HT share the world), and `kind`'s module in it."""
         from .transport.nvshmem import NvshmemSession
 
         if self._session is None:
-            self._session = self._own(NvshmemSession(group, entry["nvshmem"], num_qps_per_rank, allow_nvlink,
-                                                     allow_mnnvl, topo.single_host, topo))
+            self._session = self._own(NvshmemSession(self.group, setup.nvshmem, topo))
             self._session.error_slot = "nvshmem"  # healthy only if every NVSHMEM user is (see _release)
             self.nvshmem_qp_depth = self._session.qp_depth
-        module = modules.load_entry(self.device_index, entry)
+        module = modules.load_entry(self.device_index, setup.entries[kind])
         self._session.register(module)
         return self._session, module
 
-    def _internode_op(self, group, topo, num_rdma_bytes, num_qps_per_rank, allow_mnnvl, net_timeout):
+    def _internode_op(self, topo, setup, num_rdma_bytes, net_timeout):
         from .ops.internode import InternodeOp
-        from .transport.nvshmem import host_flavour
         from .transport.symmetric import SymmetricBuffer
 
-        entry = modules.choose_entry(modules.manifest(), "internode", self.device_index, env.aggressive_ptx(),
-                                     host_flavour())
-        session, module = self._nvshmem(group, topo, entry, num_qps_per_rank, True, allow_mnnvl)
+        session, module = self._nvshmem(topo, setup, "internode")
         sym = self._own(SymmetricBuffer(session, InternodeOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks,
                                                                              topo.num_nodes),
                                         topo.num_ranks, self.device))
@@ -156,14 +189,11 @@ class Buffer:
         op.barrier(self.comm_stream)  # every rank's buffers are zeroed and registered before any kernel runs
         return op
 
-    def _low_latency_op(self, group, topo, num_rdma_bytes, num_qps_per_rank, allow_nvlink, allow_mnnvl, timeout,
-                        enable_shrink):
+    def _low_latency_op(self, topo, setup, num_rdma_bytes, timeout, enable_shrink):
         from .ops.low_latency import LowLatencyOp
-        from .transport.nvshmem import host_flavour
         from .transport.symmetric import SymmetricBuffer
 
-        entry = LowLatencyOp.cubin_entry(self.device_index, host_flavour())
-        session, module = self._nvshmem(group, topo, entry, num_qps_per_rank, allow_nvlink, allow_mnnvl)
+        session, module = self._nvshmem(topo, setup, "low_latency")
         sym = self._own(SymmetricBuffer(session, LowLatencyOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks),
                                         topo.num_ranks, self.device))
         sym.error_slot = "low_latency"

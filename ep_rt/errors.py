@@ -43,6 +43,16 @@ class NoGpuError(EpRtError):
     """ep_rt's kernels need a CUDA GPU, and this process has none (or a CPU-only torch)."""
 
 
+class RankMismatchError(EpRtError, ValueError):
+    """The ranks of a Buffer's group passed different values for something every rank must share (a buffer size, a
+    mode, the node size, a knob that shapes a collective allocation); raised on every rank, naming the ranks."""
+
+
+class PeerSetupError(EpRtError):
+    """Another rank of the group failed while setting up the same Buffer (its error is in the message); raised on
+    every other rank, so that none waits in a collective that the failed rank never enters."""
+
+
 class KernelError(EpRtError):
     """A kernel reported a failure through the error record."""
 

@@ -106,7 +106,14 @@ def mem_free(ptr: int) -> None:
 
 
 def memset_d8(ptr: int, value: int, nbytes: int) -> None:
+    """Asynchronous for device memory (CUDA's API sync rules): call ctx_synchronize() before anything that lets a
+    peer write into the bytes, or the memset may land on top of the peer's data."""
     check(_cu().cuMemsetD8(ptr, value, nbytes), "cuMemsetD8")
+
+
+def ctx_synchronize() -> None:
+    """Wait for all work of the current context (a memset included) to finish."""
+    check(_cu().cuCtxSynchronize(), "cuCtxSynchronize")
 
 
 def mem_get_info() -> tuple[int, int]:

@@ -1,9 +1,10 @@
-"""Performance model of internode high-throughput dispatch / combine (shared/docs/INTERNODE.md 5).
+"""Performance model of internode high-throughput dispatch / combine: the link bounds (docs/INTERNODE_DESIGN.md,
+"Performance model"; pipeline_model adds the stages of the design and their overlap, network_ops the network
+operations and their sweeps).
 
 Pure Python (no torch): routing statistics from a seeded Monte Carlo of DeepEP V1's test routing, the byte
 formulas, and the bound t = max(NIC time, NVLink time) + notify, with DeepEP's printed "RDMA" and "NVL"
-bandwidth metrics. ``python -m ep_rt.testing.internode_model`` prints predictions for EP16/32/64/128 on H800 and
-H200 next to DeepEP's published numbers.
+bandwidth metrics, and the published numbers placed on the model. ``python -m ep_rt model`` prints them.
 
 Model (per GPU, per direction; T tokens per rank, B bytes per token, G ranks per node):
   r = distinct destination ranks per token, n = distinct destination nodes per token, p = probability that the
@@ -19,14 +20,13 @@ Bandwidths are in GB/s = 1e9 bytes/s, times in microseconds.
 """
 from __future__ import annotations
 
-import argparse
 import functools
 import heapq
 import random
 from dataclasses import dataclass
 
 # ----------------------------------------------------------------------------------------
-# Routing statistics (INTERNODE.md 5.1)
+# Routing statistics
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RoutingStats:
@@ -39,7 +39,8 @@ class RoutingStats:
         return self.nodes_per_token - self.own_node
 
 
-# INTERNODE.md 5.1's table (R = N x 8, E = 256, top-8, top-min(N, 4) groups), for use as inputs.
+# The routing table of docs/INTERNODE_DESIGN.md "Performance model" (R = N x 8, E = 256, top-8, top-min(N, 4)
+# groups; derived by this Monte Carlo with 8192 tokens), for use as inputs.
 TABLE_5_1 = {
     2: RoutingStats(6.51, 1.991, 0.995),
     4: RoutingStats(7.27, 3.610, 0.903),
@@ -86,7 +87,7 @@ def _routing_stats(num_nodes, ranks_per_node, num_experts, num_topk, num_topk_gr
 
 
 # ----------------------------------------------------------------------------------------
-# Prediction (INTERNODE.md 5.2)
+# Prediction: the link bounds
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Cluster:
@@ -156,7 +157,7 @@ def predict(nic_gbps: float, nvl_gbps: float, num_nodes: int, ranks_per_node: in
     """{kind: Prediction} for dispatch FP8, dispatch BF16 and combine BF16 on one GPU of the cluster.
 
     stats: routing statistics (default: ``routing_stats`` for this shape). record_overhead_bytes: extra wire
-    bytes per token copy (ep_rt's records add ~80 B, INTERNODE.md 4.4); it enters the link times, not DeepEP's
+    bytes per token copy (ep_rt's records add ~80 B: row, scales, top-k, weights, source token, node mask); it enters the link times, not DeepEP's
     metrics, which count B only.
     """
     if nic_gbps <= 0 or nvl_gbps <= 0:
@@ -182,7 +183,8 @@ def rdma_metric_ceiling(nic_gbps: float, nvl_gbps: float, stats: RoutingStats, r
 
 
 # ----------------------------------------------------------------------------------------
-# Published numbers placed on the model (INTERNODE.md 5.4)
+# Published numbers placed on the model (sources: V1 = deepseek-ai/DeepEP at 567632d, V1@ebfe47e = its first
+# commit, V2 = DeepEP V2 README, DeepEP#N = its GitHub issue N, UCCL: = uccl-project/uccl)
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Published:
@@ -215,8 +217,12 @@ PUBLISHED = (
     Published("DeepEP V1 (user)", H200, 2, "combine_bf16", 44.4, "DeepEP#493"),
     Published("DeepEP V1 (user)", H200, 4, "dispatch_fp8", 13.2, "DeepEP#493"),
     Published("DeepEP V1 (user)", H200, 4, "combine_bf16", 12.5, "DeepEP#493"),
+    # V2's README names the GPU only as SM90 (with CX7) and reports "logical bandwidth" that counts local traffic, as
+    # V1's RDMA metric does; placed on the H200 cluster (with H800's NVLink the model caps EP16 near 56 GB/s).
     Published("DeepEP V2 (8K tokens, top-8 without groups)", H200, 2, "dispatch_fp8", 90, "V2:README.md", 8192),
     Published("DeepEP V2 (8K tokens, top-8 without groups)", H200, 4, "dispatch_fp8", 61, "V2:README.md", 8192),
+    Published("DeepEP V2 (8K tokens, top-8 without groups)", H200, 2, "combine_bf16", 81, "V2:README.md", 8192),
+    Published("DeepEP V2 (8K tokens, top-8 without groups)", H200, 4, "combine_bf16", 61, "V2:README.md", 8192),
     Published("UCCL-EP", EFA_P5EN, 2, "dispatch_fp8", 50, "UCCL:ep/README.md"),
     Published("UCCL-EP", EFA_P5EN, 4, "dispatch_fp8", 54, "UCCL:ep/README.md"),
     Published("UCCL-EP", EFA_P5EN, 2, "combine_bf16", 18, "UCCL:ep/README.md"),
@@ -252,79 +258,3 @@ def place(pub: Published, stats: RoutingStats | None = None, hidden: int = 7168,
     t = p.rdma_metric_bytes / pub.rdma_gbps / 1e3
     nic, nvl = p.nic_bytes / t / 1e3, p.nvl_bytes / t / 1e3
     return Placement(pub, t, nic, nvl, nic / pub.cluster.nic_gbps, nvl / pub.cluster.nvl_gbps, p.kernel_us)
-
-
-# ----------------------------------------------------------------------------------------
-# CLI table
-# ----------------------------------------------------------------------------------------
-_SHORT = {"dispatch_fp8": "dispatch FP8", "dispatch_bf16": "dispatch BF16", "combine_bf16": "combine BF16"}
-
-
-def _published_for(cluster: Cluster, num_nodes: int, kind: str) -> str:
-    hits = [p for p in PUBLISHED if p.cluster is cluster and p.num_nodes == num_nodes and p.kind == kind
-            and p.who in ("DeepEP V1", "DeepEP V1 (user)")]
-    return ", ".join(f"{p.rdma_gbps:g} ({p.source})" for p in hits) or "-"
-
-
-def table(num_tokens: int = 4096, hidden: int = 7168, num_topk: int = 8, num_experts: int = 256,
-          nodes=(2, 4, 8, 16), ranks_per_node: int = 8, clusters=(H800, H200), notify_us: float = 0.0,
-          mc_tokens: int = 8192, seed: int = 0, nic_gbps: float | None = None) -> str:
-    """The prediction table (and the published numbers placed on the model) as text."""
-    lines = [f"Internode HT model: T={num_tokens}, H={hidden}, top-{num_topk}, E={num_experts}, "
-             f"top-min(N,4) node groups, G={ranks_per_node}; routing by Monte Carlo ({mc_tokens} tokens, "
-             f"seed {seed}); notify {notify_us:g} us; RDMA / NVL = DeepEP's printed metrics", ""]
-    head = f"{'cluster':<18}{'EP':>5}  {'r':>5} {'n':>6} {'p':>6}  {'kind':<14}{'time us':>10}{'bound':>8}" \
-           f"{'RDMA':>8}{'NVL':>8}{'ceiling':>9}  published RDMA GB/s (DeepEP V1)"
-    lines += [head, "-" * len(head)]
-    for cl in clusters:
-        cluster = Cluster(cl.name, nic_gbps if nic_gbps else cl.nic_gbps, cl.nvl_gbps)
-        for N in nodes:
-            st = routing_stats(N, ranks_per_node, num_experts, num_topk, None, mc_tokens, seed)
-            preds = predict(cluster.nic_gbps, cluster.nvl_gbps, N, ranks_per_node, num_tokens, hidden, num_topk,
-                            num_experts, notify_us, st)
-            ceiling = rdma_metric_ceiling(cluster.nic_gbps, cluster.nvl_gbps, st, ranks_per_node)
-            for i, kind in enumerate(KINDS):
-                p = preds[kind]
-                left = (f"{cl.name.split()[0] + f' ({cluster.nic_gbps:g}/{cluster.nvl_gbps:g})':<18}"
-                        f"{N * ranks_per_node:>5}  {st.ranks_per_token:5.2f} {st.nodes_per_token:6.3f} "
-                        f"{st.own_node:6.3f}") if i == 0 else " " * 44
-                lines.append(f"{left}  {_SHORT[kind]:<14}{p.total_us:10.0f}{p.bound:>8}{p.rdma_gbps:8.1f}"
-                             f"{p.nvl_gbps:8.1f}{ceiling:9.1f}  {_published_for(cl, N, kind)}")
-    lines += ["", "(cluster: NIC/NVLink GB/s per GPU and direction; time = max(NIC, NVLink) + notify; RDMA, NVL: "
-              "DeepEP's metrics at the kernel time; ceiling = the largest RDMA metric the links allow)", "",
-              "Published numbers placed on the model (implied us = T * n * B / RDMA; NIC, NVL = the link loads "
-              "that time implies; model us = the bound on that hardware):"]
-    head = f"{'who':<44}{'hardware':<27}{'EP':>4}  {'kind':<14}{'RDMA':>6}{'implied us':>11}{'NIC GB/s':>9}" \
-           f"{'NVL GB/s':>9}{'model us':>9}  reading"
-    lines += [head, "-" * len(head)]
-    for pub in PUBLISHED:
-        pl = place(pub, routing_stats(pub.num_nodes, pub.ranks_per_node, num_experts, num_topk, None, mc_tokens,
-                                      seed), hidden, num_topk, num_experts)
-        lines.append(f"{pub.who:<44}{pub.cluster.name:<27}{pub.num_nodes * pub.ranks_per_node:>4}  "
-                     f"{_SHORT[pub.kind]:<14}{pub.rdma_gbps:6g}{pl.implied_us:11.0f}{pl.nic_gbps:9.1f}"
-                     f"{pl.nvl_gbps:9.1f}{pl.bound_us:9.0f}  {pl.reading}")
-    return "\n".join(lines)
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ep_rt.testing.internode_model",
-                                 description="Predicted internode HT dispatch/combine times and DeepEP's bandwidth "
-                                             "metrics (shared/docs/INTERNODE.md 5), next to published numbers.")
-    ap.add_argument("--tokens", type=int, default=4096, help="tokens per rank (default 4096)")
-    ap.add_argument("--hidden", type=int, default=7168)
-    ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--experts", type=int, default=256)
-    ap.add_argument("--ranks-per-node", type=int, default=8, help="G (default 8)")
-    ap.add_argument("--nodes", type=int, nargs="+", default=[2, 4, 8, 16], help="node counts (default 2 4 8 16)")
-    ap.add_argument("--nic", type=float, default=None, help="NIC GB/s per GPU for every cluster (default 46)")
-    ap.add_argument("--notify-us", type=float, default=0.0, help="notify time added to every call (default 0)")
-    ap.add_argument("--mc-tokens", type=int, default=8192, help="Monte Carlo tokens (default 8192)")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
-    print(table(args.tokens, args.hidden, args.topk, args.experts, tuple(args.nodes), args.ranks_per_node,
-                notify_us=args.notify_us, mc_tokens=args.mc_tokens, seed=args.seed, nic_gbps=args.nic))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -487,6 +487,23 @@ def apply(p: Plan, environ=None) -> None:
     environ[RECORD] = json.dumps(record, sort_keys=True)
 
 
+# What every rank of a Buffer must set alike (transport.agreement compares it before NVSHMEM starts): every variable
+# the plan governs except those that are rightly per process or per host (the NIC of each GPU, the bootstrap
+# interface, logging), plus NVSHMEM's own heap settings, which decide where nvshmem_align places memory.
+PER_PROCESS = ("NVSHMEM_HCA_LIST", "UCX_NET_DEVICES", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "NVSHMEM_DEBUG",
+               "EP_RT_HCA_LIST_PER_LOCAL_RANK")
+HEAP_VARIABLES = ("NVSHMEM_SYMMETRIC_SIZE", "NVSHMEM_DISABLE_CUDA_VMM", "NVSHMEM_HEAP_KIND", "NVSHMEM_ENABLE_RAIL_OPT")
+
+
+def shared_settings(p: Plan, environ: Mapping | None = None) -> dict:
+    """{variable: value} of `p` and of HEAP_VARIABLES (None: unset) that must be the same on every rank."""
+    environ = os.environ if environ is None else environ
+    out = {k: s.value for k, s in p.settings.items() if k not in PER_PROCESS}
+    out.update({k: environ.get(k) for k in HEAP_VARIABLES})
+    out["remote transport"] = p.transport
+    return out
+
+
 def effective_settings(environ: Mapping | None = None, *, num_qps_per_rank: int = 24, allow_nvlink: bool = True,
                        allow_mnnvl: bool = False, single_host: bool = False, place: HostPlace | None = None,
                        sysfs=None) -> dict:

@@ -53,6 +53,7 @@ class NvlBuffer:
         total = nvl_layout.CONTROL_BYTES + num_nvl_bytes
         self.local_ptr = driver.mem_alloc(total)
         driver.memset_d8(self.local_ptr, 0, total)
+        driver.ctx_synchronize()  # zero before the handle goes out: peers write here after the node barrier
         self.host_ptr, host_dev_ptr = driver.host_alloc_mapped(abi.EP_RT_HOST_COUNTER_WORDS * 4)
         self.counters = (ctypes.c_int32 * abi.EP_RT_HOST_COUNTER_WORDS).from_address(self.host_ptr)
         self.counters_dev_ptr = host_dev_ptr

@@ -1,21 +1,24 @@
 """NVSHMEM from pure Python: ctypes on the host library torch already loads (nvidia-nvshmem-cu12 or -cu13).
 
-`nvshmem_init*` are inline header functions, so initialisation goes through the exported pieces:
-rank 0 makes a unique id, the group broadcasts it, every rank fills an init-attribute struct with
-`nvshmemx_set_attr_uniqueid_args`, sets the struct versions the inline helpers would set, and calls
-`nvshmemx_hostlib_init_attr`. NVSHMEM-linked cubins must be registered with `nvshmemx_cumodule_init`
-before their first launch. One initialisation per process, reference-counted across Buffers. Whether the host
-library can run a cubin's device code is NVSHMEM's version rule (nvshmem_dist.compatibility_problem).
+`nvshmem_init*` are inline header functions, so initialisation goes through the exported pieces: the root of each
+world (nvshmem_world: rank 0 for a world of all ranks, the ranks of node 0 for the rail worlds) makes a unique id, one
+all_gather_object over the group shares them, every rank fills an init-attribute struct with
+`nvshmemx_set_attr_uniqueid_args` (its PE and the world's size), sets the struct versions the inline helpers would
+set, and calls `nvshmemx_hostlib_init_attr`. NVSHMEM-linked cubins must be registered with `nvshmemx_cumodule_init`
+before their first launch. One initialisation per process, reference-counted across Buffers that can share it
+(nvshmem_world.reuse). Whether the host library can run a cubin's device code is NVSHMEM's version rule
+(nvshmem_dist.compatibility_problem). Everything that can fail locally runs in prepare(), before any collective.
 """
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 
 from ..errors import EpRtError
-from . import network_settings, nvshmem_dist
+from . import network_settings, nvshmem_dist, nvshmem_world
 
 _UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
 _INIT_WITH_UNIQUEID = 1 << 3
@@ -23,7 +26,9 @@ _INIT_WITH_UNIQUEID = 1 << 3
 # uniqueid_args {int version; ...}}): attr.version, attr.args.version, attr.args.uid_args.version.
 _ATTR_VERSION_FIELDS = ((0, (1 << 16) + 144), (16, (1 << 16) + 128), (24, (1 << 16) + 24))
 
-_state = {"lib": None, "users": 0, "plan": None}
+# users: Buffers sharing the process's one NVSHMEM world; world / identity: that world and (global ranks of the group
+# that made it, node size), which a later Buffer must match (nvshmem_world.reuse).
+_state = {"lib": None, "users": 0, "plan": None, "world": None, "identity": None}
 
 
 def library_path() -> Path:
@@ -102,24 +107,38 @@ def check_compatible(device_version: str, ibgda: bool) -> None:
                     f"{nvshmem_dist.install_hint(flavour)}).")
 
 
-def init(group, device_version: str, ibgda: bool) -> None:
-    """Initialise NVSHMEM over the process group (PE = group rank); no-op if this process already did."""
+def world_for(wanted: nvshmem_world.NvshmemWorld, identity: tuple, topology) -> nvshmem_world.NvshmemWorld:
+    """The world a new Buffer uses: `wanted` when this process has none yet, else the live one if it can serve
+    (nvshmem_world.reuse; raises EpRtError saying what is supported). Local: no collective."""
+    if _state["users"] == 0:
+        return wanted
+    return nvshmem_world.reuse(_state["world"], _state["identity"], wanted, identity, topology)
+
+
+def init(group, world: nvshmem_world.NvshmemWorld, identity: tuple, topology) -> nvshmem_world.NvshmemWorld:
+    """Join `world` over the process group (collective: every rank of the group calls it, whatever world it joins);
+    returns the world joined (the live one when this process already has one, see world_for). The unique ids come
+    from one all_gather_object over the group, as DeepEP exchanges them: rank 0 makes the full world's, every rank
+    of node 0 its rail's (nvshmem_world.root_ranks), and every rank takes its world root's."""
     if _state["users"] > 0:
+        joined = world_for(world, identity, topology)
         _state["users"] += 1
-        return
+        return joined
     lib = _lib()
-    check_compatible(device_version, ibgda)
     rank, size = dist.get_rank(group), dist.get_world_size(group)
-    uid = ctypes.create_string_buffer(_UNIQUEID_BYTES)
-    if rank == 0:
+    mine = None
+    if rank in nvshmem_world.root_ranks(world.kind, topology):
+        uid = ctypes.create_string_buffer(_UNIQUEID_BYTES)
         ret = lib.nvshmemx_get_uniqueid(uid)
-        if ret != 0:
-            raise EpRtError(f"nvshmemx_get_uniqueid failed ({ret})")
-    shared = [uid.raw if rank == 0 else None]
-    dist.broadcast_object_list(shared, src=dist.get_global_rank(group, 0), group=group)
-    uid = ctypes.create_string_buffer(shared[0], _UNIQUEID_BYTES)
+        mine = uid.raw if ret == 0 else ("error", f"nvshmemx_get_uniqueid failed ({ret}) on rank {rank}")
+    shared = [None] * size
+    dist.all_gather_object(shared, mine, group=group)  # a root's failure is seen by every rank, not only its own
+    chosen = shared[world.root]
+    if not isinstance(chosen, bytes):
+        raise EpRtError(chosen[1] if isinstance(chosen, tuple) else f"rank {world.root} sent no NVSHMEM unique id")
+    uid = ctypes.create_string_buffer(chosen, _UNIQUEID_BYTES)
     attr = ctypes.create_string_buffer(_ATTR_BYTES)
-    ret = lib.nvshmemx_set_attr_uniqueid_args(rank, size, uid, attr)
+    ret = lib.nvshmemx_set_attr_uniqueid_args(world.my_pe, world.npes, uid, attr)
     if ret != 0:
         raise EpRtError(f"nvshmemx_set_attr_uniqueid_args failed ({ret})")
     for offset, value in _ATTR_VERSION_FIELDS:
@@ -127,7 +146,8 @@ def init(group, device_version: str, ibgda: bool) -> None:
     ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
     if ret != 0:
         raise EpRtError(f"NVSHMEM initialisation failed ({ret}); see NVSHMEM's messages above")
-    _state["users"] = 1
+    _state.update(users=1, world=world, identity=identity)
+    return world
 
 
 def finalize() -> None:
@@ -136,6 +156,7 @@ def finalize() -> None:
     _state["users"] -= 1
     if _state["users"] == 0:
         _lib().nvshmemx_hostlib_finalize()
+        _state.update(world=None, identity=None)
 
 
 def align(nbytes: int) -> int:
@@ -168,20 +189,66 @@ def unregister_module(module) -> None:
     _lib().nvshmemx_cumodule_finalize(ctypes.c_void_p(int(module)))
 
 
-class NvshmemSession:
-    """This Buffer's use of the process's NVSHMEM world (one world for LL and internode HT, PE = group rank):
-    DeepEP's environment, the reference-counted initialisation, and the NVSHMEM-linked modules it registered.
-    destroy(collective) unregisters them and finalizes; without `collective` (a failed or abandoned Buffer, whose
-    peers may never come) nothing collective runs and the world is left to process exit."""
+@dataclass(frozen=True)
+class Preparation:
+    """What a Buffer's NVSHMEM session will do, worked out locally before any collective (so that a failure here is
+    shipped to every rank by transport.agreement instead of leaving the peers in NVSHMEM's bootstrap)."""
+    plan: network_settings.Plan
+    world: nvshmem_world.NvshmemWorld   # the world the session will use
+    identity: tuple                      # (global ranks of the group, node size)
+    fresh: bool                          # this process initialises NVSHMEM (no world is live)
 
-    def __init__(self, group, device_version: str, num_qps_per_rank: int, allow_nvlink: bool,
-                 allow_mnnvl: bool, single_host: bool, topology=None):
-        self.plan = apply_plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, topology)
+    def shared_values(self) -> dict:
+        """The values every rank must agree on (transport.agreement)."""
+        values = {f"NVSHMEM setting {k}": v for k, v in network_settings.shared_settings(self.plan).items()}
+        values["NVSHMEM world"] = (("initialise " if self.fresh else "join the live ") + self.world.kind +
+                                   f" world of {self.world.npes} PEs")
+        values["NVSHMEM host library"] = host_version()
+        return values
+
+
+def prepare(group, topology, wanted: nvshmem_world.NvshmemWorld, device_version: str, num_qps_per_rank: int,
+            allow_nvlink: bool, allow_mnnvl: bool) -> Preparation:
+    """Local (no collective; may raise): the environment plan (checked, not applied yet), the world to use, and
+    NVSHMEM's version rule for the cubin linked against `device_version`."""
+    place = network_settings.HostPlace.from_topology(topology)
+    plan = network_settings.plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, topology.single_host, place=place)
+    identity = (tuple(dist.get_global_rank(group, r) for r in range(topology.num_ranks)), topology.node_size)
+    world = world_for(wanted, identity, topology)
+    check_compatible(device_version, plan.ibgda_peers)  # the rule is stricter where IBGDA carries remote peers
+    return Preparation(plan, world, identity, _state["users"] == 0)
+
+
+class NvshmemSession:
+    """This Buffer's use of the process's NVSHMEM world (nvshmem_world: a rail world for high-throughput-only
+    Buffers, all ranks with low_latency_mode): DeepEP's environment, the reference-counted initialisation, and the
+    NVSHMEM-linked modules it registered. destroy(collective) unregisters them and finalizes; without `collective`
+    (a failed or abandoned Buffer, whose peers may never come) nothing collective runs and the world is left to
+    process exit.
+
+    For the kernels: `world` (nvshmem_world.NvshmemWorld), and `pe_base`, `pe_stride` (ints): the PE of the rank with
+    this rank's local index on node n is pe_base + n * pe_stride ((0, 1) in a rail world, (local index, G) in a
+    full one)."""
+
+    def __init__(self, group, preparation: Preparation, topology):
+        network_settings.apply(preparation.plan)
+        _state["plan"] = self.plan = preparation.plan
         self.qp_depth = self.plan.qp_depth
-        # The host library's version rule is stricter when IBGDA carries the peers NVLink does not reach.
-        init(group, device_version, ibgda=self.plan.ibgda_peers)
+        self.world = init(group, preparation.world, preparation.identity, topology)
         self.modules: list = []
         self.live = True
+
+    @property
+    def pe_base(self) -> int:
+        return self.world.pe_base
+
+    @property
+    def pe_stride(self) -> int:
+        return self.world.pe_stride
+
+    def pe_of_rank(self, rank: int) -> int | None:
+        """PE of group rank `rank` in this world, None where it is not a PE (node peers in a rail world)."""
+        return self.world.pe_of_rank(rank)
 
     def register(self, module) -> None:
         """Register a loaded NVSHMEM-linked module (runtime.modules.LoadedModule) before its first launch."""

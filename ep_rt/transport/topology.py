@@ -11,7 +11,7 @@ import socket
 from dataclasses import dataclass
 
 from .. import env
-from ..errors import TopologyError
+from ..errors import RankMismatchError, TopologyError
 
 
 @dataclass(frozen=True)
@@ -26,14 +26,28 @@ class Topology:
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
     def gather(cls, group, bus_id: str) -> "Topology":
-        """Collective over `group`: every rank's host and GPU, then the node structure."""
+        """Collective over `group`: every rank's host, GPU and EP_RT_RANKS_PER_NODE, then the node structure. The
+        knob is compared before it is parsed, so ranks that set it differently all raise RankMismatchError (instead
+        of some raising while the others wait in the Buffer's next collective)."""
+        import os
+
         import torch.distributed as dist
 
-        me = (socket.gethostname(), bus_id)
+        me = (socket.gethostname(), bus_id, os.environ.get("EP_RT_RANKS_PER_NODE", "").strip())
         table = [None] * dist.get_world_size(group)
         dist.all_gather_object(table, me, group=group)
-        return cls.from_table(dist.get_rank(group), [t[0] for t in table], [t[1] for t in table],
-                              env.ranks_per_node())
+        return cls.from_gathered(dist.get_rank(group), table)
+
+    @classmethod
+    def from_gathered(cls, rank: int, table: list) -> "Topology":
+        """The Topology from every rank's (host, bus id, EP_RT_RANKS_PER_NODE as set); the same on every rank."""
+        from .agreement import differences
+
+        diffs = differences([{"EP_RT_RANKS_PER_NODE": t[2] or "(unset)"} for t in table])
+        if diffs:
+            raise RankMismatchError(f"EP_RT_RANKS_PER_NODE must be set alike on every rank (it decides the nodes, "
+                                    f"hence every buffer's layout), but it is {diffs[0].split(': ', 1)[1]}")
+        return cls.from_table(rank, [t[0] for t in table], [t[1] for t in table], env.ranks_per_node())
 
     @classmethod
     def from_table(cls, rank: int, hosts: list, bus_ids: list, ranks_per_node: int | None = None) -> "Topology":

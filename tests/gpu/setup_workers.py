@@ -1,0 +1,63 @@
+"""Per-rank bodies of the Buffer-setup GPU tests (issue 21 items 6 and 7): ranks that disagree all raise before any
+collective allocation, the NVSHMEM world each kind of Buffer joins, and a Buffer that would need a second world."""
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+from ep_rt import Buffer
+from ep_rt.errors import EpRtError, RankMismatchError
+
+MB = 1 << 20
+
+
+def _error(make):
+    """The message of the error `make()` raises (its Buffer destroyed if it does not raise: then None)."""
+    try:
+        buf = make()
+    except (RankMismatchError, EpRtError) as e:
+        return f"{type(e).__name__}: {e}"
+    buf.destroy()
+    return None
+
+
+def disagreeing_ranks(rank, num_ranks):
+    """The last rank asks for another NVL size, then another EP_RT_NVSHMEM_DEBUG: every rank raises (naming it), and
+    a Buffer made alike afterwards works."""
+    out = {"nvl": _error(lambda: Buffer(dist.group.WORLD, (2 if rank == num_ranks - 1 else 1) * MB,
+                                       explicitly_destroy=True))}
+    hint = Buffer.get_low_latency_rdma_size_hint(16, 1024, num_ranks, 4 * num_ranks)
+    os.environ["EP_RT_NVSHMEM_DEBUG"] = "1" if rank == num_ranks - 1 else "0"
+    out["knob"] = _error(lambda: Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=4,
+                                        explicitly_destroy=True))
+    os.environ["EP_RT_NVSHMEM_DEBUG"] = "0"
+    buf = Buffer(dist.group.WORLD, 1 * MB, explicitly_destroy=True)
+    buf.runtime.barrier(buf.comm_stream)
+    buf.destroy()
+    out["after"] = True
+    return out
+
+
+def worlds(rank, num_ranks, ranks_per_node):
+    """On emulated nodes of `ranks_per_node`: a low-latency Buffer joins the world of all ranks (PE of node n's rail
+    peer = n * G + local); an internode high-throughput Buffer made next to it shares that world; a Buffer over a
+    subgroup then needs a second world, which is refused on every rank of the subgroup before anything is
+    allocated."""
+    from ep_rt.transport import internode_layout, nvshmem
+
+    G = ranks_per_node
+    hint = Buffer.get_low_latency_rdma_size_hint(16, 1024, num_ranks, 4 * num_ranks)
+    ll = Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    w = ll._session.world
+    got = {"ll": (w.kind, w.npes, w.my_pe, ll._session.pe_base, ll._session.pe_stride)}
+    ht = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(256, num_ranks, 64),
+                internode_layout.rdma_size_hint(256, num_ranks, G, 64), explicitly_destroy=True)
+    got["ht_shares"] = ht._session.world == w and nvshmem._state["users"] == 2
+    sub = dist.new_group(list(range(G)))  # every rank creates it; only the first node's ranks use it
+    if rank < G:
+        got["sub"] = _error(lambda: Buffer(sub, 0, Buffer.get_low_latency_rdma_size_hint(16, 1024, G, 4 * G),
+                                           low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True))
+    ht.destroy()
+    ll.destroy()
+    return got
