@@ -185,7 +185,7 @@ class Buffer:
                                         topo.num_ranks, self.device))
         sym.error_slot = "internode"
         op = self._own(InternodeOp(topo, sym, self._nvl, module, num_rdma_bytes, self.device_index, net_timeout,
-                                   self._errors))
+                                   self._errors, pe_base=sym.pe_base, pe_stride=sym.pe_stride))
         op.barrier(self.comm_stream)  # every rank's buffers are zeroed and registered before any kernel runs
         return op
 

@@ -10,7 +10,8 @@ import os
 KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CHAOS_TRANSPORT", "EP_RT_CONFIG_FILE",
          "EP_RT_TIMEOUT_S", "EP_RT_NET_TIMEOUT_S", "EP_RT_CHECK_VALUES",
          "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
-         "EP_RT_DEEP_EP_ALIAS", "EP_RT_REMOTE_TRANSPORT", "EP_RT_HCA_LIST_PER_LOCAL_RANK")
+         "EP_RT_DEEP_EP_ALIAS", "EP_RT_REMOTE_TRANSPORT", "EP_RT_HCA_LIST_PER_LOCAL_RANK",
+         "EP_RT_NVSHMEM_HOST_LIBRARY")
 
 
 def _flag(name: str, default: bool, environ=None) -> bool:
@@ -140,3 +141,10 @@ def hca_list_per_local_rank(environ=None) -> str | None:
     process's NVSHMEM_HCA_LIST (UCX: UCX_NET_DEVICES). Unset: NVSHMEM chooses."""
     value = (os.environ if environ is None else environ).get("EP_RT_HCA_LIST_PER_LOCAL_RANK", "").strip()
     return value or None
+
+
+def nvshmem_host_library() -> str | None:
+    """EP_RT_NVSHMEM_HOST_LIBRARY: the path of the libnvshmem_host.so.3 to load, instead of the one torch already
+    loaded or the installed nvidia.nvshmem package's (e.g. a cu12 library beside a cu13 torch, to run the cu12
+    cubins; its flavour is still told from the distribution that installed it, which must be importable)."""
+    return os.environ.get("EP_RT_NVSHMEM_HOST_LIBRARY") or None

@@ -76,6 +76,24 @@ __device__ __forceinline__ void channel_range(int num_tokens, int num_channels, 
 
 __device__ __forceinline__ int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
+// A stream of `count` entries goes in stream_chunks(count) put-with-signals (params.h EP_RT_IN_STREAM_CHUNKS);
+// chunk k covers [chunk_begin(count, n, k), chunk_begin(count, n, k + 1)).
+__device__ __forceinline__ int stream_chunks(int count) { return count <= 0 ? 1 : min(count, EP_RT_IN_STREAM_CHUNKS); }
+__device__ __forceinline__ int chunk_begin(int count, int chunks, int k) {
+    return int(int64_t(max(count, 0)) * k / chunks);
+}
+
+// My own node's entries of channel c are written (call number seq): a local flag from the kernel that wrote them
+// to the next one, which may already run (programmatic dependent launch). kind 0: dispatch records, 1: combine
+// partial sums.
+__device__ __forceinline__ int64_t* own_ready(const InternodeParams& p, int kind, int c) {
+    return reinterpret_cast<int64_t*>(p.sym_base + p.lay.own_ready) + kind * EP_RT_MAX_CHANNELS + c;
+}
+
+// The kernel after this one on the stream may start now (it waits for what it needs through flags); a no-op for an
+// ordinary launch.
+__device__ __forceinline__ void allow_next_kernel_to_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
 // Dispatch record: row | scales (S words) | top-k ids (K int32, global, -1 none) | weights (K f32) | token | mask.
 struct Rec {
     int64_t scales, idx, weights, meta;
@@ -433,6 +451,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
 // (channel, node), a bare signal for an empty range). Records for my own node go straight into my receive area.
 // A cached dispatch starts with the handshake and publishes the handle's start rows for my node's forwarders.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const InternodeParams p) {
+    allow_next_kernel_to_start();  // the forward kernel waits for its data through flags and signal words
     const In in(p);
     const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
@@ -496,18 +515,27 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
     }
     __threadfence();
     __syncthreads();
-    // One put (or bare signal) per other node, starting from a different node per (rank, channel) against incast.
+    if (threadIdx.x == 0) {  // my forward kernel may already run: my own node's records of channel c are here
+        __threadfence();
+        st_release_sys(own_ready(p, 0, c), in.seq(EP_RT_IN_WS_DISPATCH));
+    }
+    // Each other node's range in chunks (a bare signal when empty), starting from a different node per (rank,
+    // channel) against incast. The receiver counts the same chunks from the same count (recv_rdma_cpm).
     for (int k = 0; k < N; ++k) {
         const int n = (in.m + 1 + k + c) % N;
         if (n == in.m) continue;
         const int first = c > 0 ? rdma_cpm[n * C + c - 1] : 0;
         const int count = skip ? 0 : max(0, min(rdma_cpm[n * C + c], int(p.lay.cap)) - first);
         uint64_t* sig = in.word(p.lay.dispatch_words, in.m * EP_RT_MAX_CHANNELS + c);
-        if (count > 0) {
-            net_put_signal_block(in.record(p.lay.recv, in.m, first), in.record(p.lay.stage, n, first),
-                                 size_t(count) * p.lay.record_bytes, sig, 1, in.pe(n));
-        } else if (threadIdx.x == 0) {
-            net_signal_add(sig, 1, in.pe(n));
+        const int chunks = stream_chunks(count);
+        for (int q = 0; q < chunks; ++q) {
+            const int a = chunk_begin(count, chunks, q), b = chunk_begin(count, chunks, q + 1);
+            if (b > a) {
+                net_put_signal_block(in.record(p.lay.recv, in.m, first + a), in.record(p.lay.stage, n, first + a),
+                                     size_t(b - a) * p.lay.record_bytes, sig, 1, in.pe(n));
+            } else if (threadIdx.x == 0) {
+                net_signal_add(sig, 1, in.pe(n));
+            }
         }
     }
     __syncthreads();
@@ -521,6 +549,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
 // it published, plus the records before it for that rank), record where it went (send_nvl_head), and tell each
 // rank of my node that block (src, c) is in its buffer.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const InternodeParams p) {
+    allow_next_kernel_to_start();  // the receive kernel waits for every block it copies through the relay flags
     const In in(p);
     const int C = in.C, G = in.G, s = blockIdx.x / C, c = blockIdx.x % C, src = s * G + in.j;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
@@ -537,10 +566,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
     __shared__ int warp_counts[EP_RT_MAX_NVL_RANKS][32];
 
     bool ok = true;
-    if (s != in.m && threadIdx.x == 0)
-        ok = wait_next(in.word(p.lay.dispatch_words, s * EP_RT_MAX_CHANNELS + c),
-                       reinterpret_cast<int64_t*>(p.consumed) + s * EP_RT_MAX_CHANNELS + c, p.net_timeout_ns, sink,
-                       EP_RT_PHASE_IN_FORWARD, in.rail(s), c);
+    if (s == in.m && threadIdx.x == 0)  // my own node's records, written by my send kernel (which may still run)
+        ok = wait_flag(own_ready(p, 0, c), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_FORWARD, in.me, c);
     if (threadIdx.x >= kWarp && threadIdx.x < kWarp + G) {  // the start rows of every rank of my node
         const int l = threadIdx.x - kWarp;
         ok = wait_flag(in.nvl_word(l, p.nvl.pub_flag, 0), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_FORWARD,
@@ -554,12 +581,20 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
     if (__syncthreads_or(!ok || error_raised(sink))) return;
 
     const int first = min(c > 0 ? recv_rdma_cpm[s * C + c - 1] : 0, int(p.lay.cap));
-    const int last = min(recv_rdma_cpm[s * C + c], int(p.lay.cap));  // (capacity: reported by the sender)
+    const int count = skip ? 0 : min(recv_rdma_cpm[s * C + c], int(p.lay.cap)) - first;  // (capacity: the sender's)
+    const int chunks = stream_chunks(count);
     int running = 0;  // lane l < G of every warp: records of this block already sent to rank (my node, l)
-    if (!skip) {
+    for (int chunk = 0; chunk < chunks; ++chunk) {
+        // The chunk's records are in my receive area once its signal is here (put-with-signal).
+        if (s != in.m && threadIdx.x == 0)
+            ok = wait_next(in.word(p.lay.dispatch_words, s * EP_RT_MAX_CHANNELS + c),
+                           reinterpret_cast<int64_t*>(p.consumed) + s * EP_RT_MAX_CHANNELS + c, p.net_timeout_ns,
+                           sink, EP_RT_PHASE_IN_FORWARD, in.rail(s), c);
+        if (__syncthreads_or(!ok || error_raised(sink))) return;
+        const int lo = first + chunk_begin(count, chunks, chunk), last = first + chunk_begin(count, chunks, chunk + 1);
         // Tiles of blockDim records: each warp ballots its 32 per local rank, a block scan gives each warp its
         // first row per rank, then each warp pushes its selected records one after another.
-        for (int i0 = first; i0 < last; i0 += blockDim.x) {
+        for (int i0 = lo; i0 < last; i0 += blockDim.x) {
             const int i = i0 + threadIdx.x;
             const uint8_t* r = in.record(p.lay.recv, s, i);
             const int mask = i < last ? ld_peer_written_b32(reinterpret_cast<const int32_t*>(r + rec.meta) + 1) : 0;
@@ -618,14 +653,16 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
             __syncthreads();  // warp_counts is reused
         }
     }
-    __syncthreads();
-    if (threadIdx.x < G) release_nvl(in.nvl_word(threadIdx.x, p.nvl.relay, src * EP_RT_MAX_CHANNELS + c), seq);
     // num_worst_tokens: rows of send_nvl_head past the real ones carry no destination.
     if (p.fill_unused && blockIdx.x == 0) {
         const int num_rdma_recv = recv_rdma_prefix[in.N - 1];
         for (int64_t i = int64_t(num_rdma_recv) * G + threadIdx.x; i < int64_t(p.num_fwd_rows) * G; i += blockDim.x)
             nvl_head[i] = -1;
     }
+    // The block's last writes: after its relay flags nothing more of this call is written here (the receive kernel,
+    // which may complete before this kernel does, is the call's end).
+    __syncthreads();
+    if (threadIdx.x < G) release_nvl(in.nvl_word(threadIdx.x, p.nvl.relay, src * EP_RT_MAX_CHANNELS + c), seq);
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -736,6 +773,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
 // on my node's ranks (local rank ascending, f32) -> bf16 (the first rounding), weights in f32, at its stream
 // position; put each (s, c) range back to the source (my rail peer on node s), or write it in place for my node.
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forward(const InternodeParams p) {
+    allow_next_kernel_to_start();  // the reduce kernel waits for every partial through signal words and a flag
     const In in(p);
     const int N = in.N, C = in.C, G = in.G, c = blockIdx.x;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
@@ -761,67 +799,75 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
     }
     __syncthreads();
 
+    // The other nodes first (from a different one per (rank, channel), against incast), my own node last: its
+    // flag is this block's last write, after which the reduce kernel (perhaps already running) may finish the call.
     for (int k = 0; k < N; ++k) {
-        const int s = (in.m + 1 + k + c) % N;
+        const int s = k == N - 1 ? in.m : (in.m + 1 + (k + c) % (N - 1)) % N;
         const int cap = int(p.lay.cap);
         const int first = min(c > 0 ? recv_rdma_cpm[s * C + c - 1] : 0, cap);
-        const int last = min(recv_rdma_cpm[s * C + c], cap);
+        const int count = min(recv_rdma_cpm[s * C + c], cap) - first;
         if (recv_rdma_cpm[s * C + c] > cap && threadIdx.x == 0)  // only a handle without facts gets here
             defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_FORWARD, -1, c, recv_rdma_cpm[s * C + c], cap);
         const int row_base = s > 0 ? recv_rdma_prefix[s - 1] : 0;
         const int64_t area = s == in.m ? p.lay.recv : p.lay.stage;
-        for (int i = first + warp; i < last; i += num_warps) {
-            const int32_t* head = nvl_head + int64_t(row_base + i) * G;
-            uint8_t* out = in.record(area, s, i);
-            const uint8_t* rows[EP_RT_MAX_NVL_RANKS];
-#pragma unroll
-            for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
-                const int q = l < G ? head[l] : -1;
-                // (rows past the NVL capacity were never published: only a handle without facts gets there,
-                // and its publish kernel defers the error)
-                rows[l] = q >= 0 && prefix[l][s] + q < p.nvl_capacity_rows
-                              ? in.nvl(l, p.nvl.records + int64_t(prefix[l][s] + q) * row_bytes)
-                              : nullptr;
-            }
-            for (int v = lane; v < hidden_int4; v += kWarp) {
-                float acc[8];
-#pragma unroll
-                for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+        uint64_t* sig = in.word(p.lay.combine_words, in.m * EP_RT_MAX_CHANNELS + c);
+        const int chunks = stream_chunks(count);
+        for (int chunk = 0; chunk < chunks; ++chunk) {
+            const int lo = first + chunk_begin(count, chunks, chunk), last = first + chunk_begin(count, chunks, chunk + 1);
+            for (int i = lo + warp; i < last; i += num_warps) {
+                const int32_t* head = nvl_head + int64_t(row_base + i) * G;
+                uint8_t* out = in.record(area, s, i);
+                const uint8_t* rows[EP_RT_MAX_NVL_RANKS];
 #pragma unroll
                 for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
-                    if (rows[l] == nullptr) continue;
-                    const int4 w = ld_peer_written_v4(reinterpret_cast<const int4*>(rows[l]) + v);
-                    const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&w);
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(h[e]);
+                    const int q = l < G ? head[l] : -1;
+                    // (rows past the NVL capacity were never published: only a handle without facts gets there,
+                    // and its publish kernel defers the error)
+                    rows[l] = q >= 0 && prefix[l][s] + q < p.nvl_capacity_rows
+                                  ? in.nvl(l, p.nvl.records + int64_t(prefix[l][s] + q) * row_bytes)
+                                  : nullptr;
                 }
-                int4 packed;
-                __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
+                for (int v = lane; v < hidden_int4; v += kWarp) {
+                    float acc[8];
 #pragma unroll
-                for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(acc[e]);
-                reinterpret_cast<int4*>(out)[v] = packed;
-            }
-            for (int kk = lane; kk < K; kk += kWarp) {
-                float acc = 0.0f;
+                    for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
 #pragma unroll
-                for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l)
-                    if (rows[l] != nullptr)
-                        acc += __int_as_float(ld_peer_written_b32(reinterpret_cast<const int32_t*>(rows[l] + p.hidden_bytes) + kk));
-                reinterpret_cast<float*>(out + p.hidden_bytes)[kk] = acc;
+                    for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
+                        if (rows[l] == nullptr) continue;
+                        const int4 w = ld_peer_written_v4(reinterpret_cast<const int4*>(rows[l]) + v);
+                        const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&w);
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(h[e]);
+                    }
+                    int4 packed;
+                    __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(acc[e]);
+                    reinterpret_cast<int4*>(out)[v] = packed;
+                }
+                for (int kk = lane; kk < K; kk += kWarp) {
+                    float acc = 0.0f;
+#pragma unroll
+                    for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l)
+                        if (rows[l] != nullptr)
+                            acc += __int_as_float(ld_peer_written_b32(reinterpret_cast<const int32_t*>(rows[l] + p.hidden_bytes) + kk));
+                    reinterpret_cast<float*>(out + p.hidden_bytes)[kk] = acc;
+                }
             }
+            __threadfence();
+            __syncthreads();
+            if (s == in.m) continue;  // my own node's partials stay here for my reduce kernel
+            if (last > lo)
+                net_put_signal_block(in.record(p.lay.recv, in.m, lo), in.record(p.lay.stage, s, lo),
+                                     size_t(last - lo) * p.lay.record_bytes, sig, 1, in.pe(s));
+            else if (threadIdx.x == 0)
+                net_signal_add(sig, 1, in.pe(s));
         }
-        __threadfence();
+        if (s != in.m) continue;
         __syncthreads();
-        if (s == in.m) continue;  // my own node's partials stay here for my reduce kernel
-        uint64_t* sig = in.word(p.lay.combine_words, in.m * EP_RT_MAX_CHANNELS + c);
-        if (last > first)
-            net_put_signal_block(in.record(p.lay.recv, in.m, first), in.record(p.lay.stage, s, first),
-                                 size_t(last - first) * p.lay.record_bytes, sig, 1, in.pe(s));
-        else if (threadIdx.x == 0)
-            net_signal_add(sig, 1, in.pe(s));
+        if (threadIdx.x == 0) net_flush();
+        if (threadIdx.x == 0) st_release_sys(own_ready(p, 1, c), seq);  // (after the fence of the last chunk)
     }
-    __syncthreads();
-    if (threadIdx.x == 0) net_flush();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -837,12 +883,21 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
     const int32_t* rdma_head = reinterpret_cast<const int32_t*>(p.send_rdma_head);
     const int H = p.hidden_bytes / 2, K = p.num_topk, hidden_int4 = H / 8;
 
+    // Every chunk of every other node's partials for channel c (the chunks of the count I sent it in dispatch), and
+    // my own node's, which my forward kernel (perhaps still running) flags.
     bool ok = true;
-    for (int n = threadIdx.x; n < N; n += blockDim.x)
-        if (n != in.m)
-            ok = ok && wait_next(in.word(p.lay.combine_words, n * EP_RT_MAX_CHANNELS + c),
-                                 reinterpret_cast<int64_t*>(p.consumed) + (EP_RT_IN_MAX_NODES + n) * EP_RT_MAX_CHANNELS + c,
-                                 p.net_timeout_ns, sink, EP_RT_PHASE_IN_COMBINE_REDUCE, in.rail(n), c);
+    for (int n = threadIdx.x; n < N; n += blockDim.x) {
+        if (n == in.m) {
+            ok = ok && wait_flag(own_ready(p, 1, c), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_COMBINE_REDUCE, in.me, c);
+            continue;
+        }
+        const int first = min(c > 0 ? rdma_cpm[n * C + c - 1] : 0, int(p.lay.cap));
+        const int chunks = stream_chunks(min(rdma_cpm[n * C + c], int(p.lay.cap)) - first);
+        for (int q = 0; q < chunks && ok; ++q)
+            ok = wait_next(in.word(p.lay.combine_words, n * EP_RT_MAX_CHANNELS + c),
+                           reinterpret_cast<int64_t*>(p.consumed) + (EP_RT_IN_MAX_NODES + n) * EP_RT_MAX_CHANNELS + c,
+                           p.net_timeout_ns, sink, EP_RT_PHASE_IN_COMBINE_REDUCE, in.rail(n), c);
+    }
     if (__syncthreads_or(!ok || error_raised(sink))) return;
 
     int begin, end;

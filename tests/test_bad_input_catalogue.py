@@ -41,17 +41,18 @@ def test_catalogue_problems_names_every_kind_of_failure():
 def test_the_catalogues_have_their_exact_sizes():
     """The README and the GPU tests name these counts; a case added or dropped must change them on purpose."""
     assert len(bad_inputs.CASES) == 147
-    assert len(bad_inputs.internode_cases()) == 81
+    assert len(bad_inputs.internode_cases()) == 82
 
 
 def test_the_cases_that_launch_kernels_are_exactly_those_whose_errors_kernels_find():
-    """Every other case must raise before any ep_rt kernel runs (docs/INTERNODE_DESIGN.md "Errors" for the two
+    """Every other case must raise before any ep_rt kernel runs (docs/INTERNODE_DESIGN.md "Errors" for the three
     internode ones); those that launch say why, and the GPU run checks the counter moved for them."""
     launching = {c.name for c in bad_inputs.CASES if c.launches}
     assert launching == {"LL expert id == num_experts", "LL expert id -3", "num_worst_tokens too small"}
     assert all(c.completes for c in bad_inputs.CASES if c.launches)
     internode = {c.name for c in bad_inputs.internode_cases() if c.launches}
-    assert internode == {"num_worst_tokens too small", "internode dispatch too large for the RDMA buffer"}
+    assert internode == {"num_worst_tokens too small", "internode dispatch too large for the RDMA buffer",
+                         "internode dispatch too large for the NVL buffer"}
     with pytest.raises(ValueError, match="say why"):
         bad_inputs.BadInput("x", lambda c: None, ValueError, "x", completes=True)
 

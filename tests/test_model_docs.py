@@ -75,13 +75,20 @@ def test_readme_lists_the_model_command():
 def test_ht_counts_by_hand_ep16():
     s = ops.Shape(16)  # 2 nodes x 8, 20 channels
     got = {(o.call, o.kernel): (o.puts, o.signals, o.quiets("cu13"), o.quiets("cu12")) for o in ops.ht_ops(s)}
-    assert got["dispatch", "notify"] == (8, 8, 0, 8)        # one slot to each of the 8 ranks of the other node
-    assert got["dispatch", "send"] == (20, 20, 0, 20)       # one per (channel, other node)
+    assert got["dispatch", "notify"] == (1, 1, 0, 1)          # one slot to the other node's rail peer (it relays)
+    assert got["dispatch", "send"] == (160, 160, 0, 160)      # 8 chunks per (channel, other node)
     assert got["dispatch", "forward"] == got["dispatch", "receive"] == (0, 0, 0, 0)
-    assert got["combine", "handshake"] == (0, 8, 0, 0)
-    assert got["combine", "forward"] == (20, 20, 0, 20)
+    assert got["combine", "handshake"] == (0, 1, 0, 0)
+    assert got["combine", "forward"] == (160, 160, 0, 160)
     assert all(o.fences(f) == 0 for o in ops.ht_ops(s) for f in ops.FLAVOURS)
-    assert ops.ht_ops(ops.Shape(64))[1].puts == 20 * 7 and ops.ht_ops(s, chunks_per_stream=8)[1].puts == 160
+    assert ops.ht_ops(ops.Shape(64))[0].puts == 7 and ops.ht_ops(ops.Shape(64))[1].puts == 20 * 7 * 8
+    assert ops.ht_ops(s, chunks_per_stream=1)[1].puts == 20
+
+
+def test_stream_chunks_match_the_kernels():
+    from ep_rt.runtime import abi
+
+    assert ops.STREAM_CHUNKS == abi.EP_RT_IN_STREAM_CHUNKS
 
 
 def test_ll_counts_by_hand():

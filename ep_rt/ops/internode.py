@@ -22,6 +22,7 @@ from ..handles import DispatchResult, HandleFacts, InternodeHandle, next_serial,
 from ..runtime import abi, driver
 from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
+from ..transport import net_stats
 from ..transport import nvl_layout
 from ..transport.device_view import device_tensor
 from ..transport.error_record import ErrorRecords
@@ -33,6 +34,7 @@ from ..transport.topology import Topology
 SLOT = "internode"
 _BLOCK, _BARRIER_BLOCK = 512, 256
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
+_EARLY = frozenset(("forward", "recv", "combine_forward", "combine_reduce"))
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
 
 
@@ -41,6 +43,9 @@ class InternodeOp:
     workspace, scratch and host counters are its own."""
 
     is_internode = True
+    # Its kernels reach other nodes only through rail peers and keep node peers to the NVL buffers, so a Buffer
+    # without low_latency_mode can join a world of its rail (transport.nvshmem_world).
+    supports_rail_world = True
 
     @staticmethod
     def symmetric_bytes(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> int:
@@ -74,6 +79,10 @@ class InternodeOp:
         self.pe_base = topology.local_rank if pe_base is None else pe_base
         self.pe_stride = G if pe_stride is None else pe_stride
         self.sym_base = sym.ptr
+        self.module = module
+        # The chaos variant counts its network operations and charges each quiet a sweep (transport.net_stats);
+        # the world it sweeps: the rail (pe_stride 1) or every rank.
+        self.net_stats = net_stats.charged(module, self.device, N if self.pe_stride == 1 else R)
         self.workspace = torch.zeros(abi.EP_RT_IN_WS_WORDS, dtype=torch.int64, device=self.device)
         self.scratch = torch.zeros(abi.EP_RT_MAX_CHANNELS * (R + N), dtype=torch.int32, device=self.device)
         self.consumed = torch.zeros(2 * abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS, dtype=torch.int64,
@@ -129,10 +138,14 @@ class InternodeOp:
             self.host_ptr, self.counters = 0, None
 
     def _launch(self, name: str, grid: int, stream, **fields) -> None:
+        """Launch one kernel of a call. The forward and receive kernels (dispatch) and the forward and reduce kernels
+        (combine) start early (programmatic dependent launches): they wait for the kernel before them through flags
+        and signal words only, so the roles of a call overlap (sending, forwarding, copying out). Timed by the
+        benchmark, every kernel starts after the one before it."""
         k = self.kernels[name]
         k.set(**fields)
         if self.timer is None:
-            k(grid, stream)
+            k(grid, stream, early=name in _EARLY)
         else:
             self.timer.around(name, stream, lambda: k(grid, stream))
 

@@ -16,7 +16,7 @@ from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
-from ..transport import ll_layout
+from ..transport import ll_layout, net_stats
 from ..transport.device_view import device_tensor
 from ..transport.error_record import ErrorRecords
 from ..transport.symmetric import SymmetricBuffer
@@ -72,6 +72,8 @@ class LowLatencyOp:
         self.sym_bytes = self.control["end"]
         self.sym = sym.ptr
         self.module = module  # which cubin (module.entry: variant, path); test kernels of the family launch from it
+        # The chaos variant counts its network operations and charges each quiet a sweep (transport.net_stats).
+        self.net_stats = net_stats.charged(module, self.device, topology.num_ranks)
         self.peer_bases = sym.peer_bases.clone()
         if topology.emulated:
             # Emulated nodes (EP_RT_RANKS_PER_NODE): peers on other nodes take the NVSHMEM put path, as they would

@@ -65,6 +65,7 @@ EP_RT_LL_WS_COUNTERS = 16
 # internode high-throughput mode
 EP_RT_IN_MAX_RANKS = 256
 EP_RT_IN_MAX_NODES = 64
+EP_RT_IN_STREAM_CHUNKS = 8
 EP_RT_IN_SLOT_HIDDEN_BYTES = 0
 EP_RT_IN_SLOT_NUM_TOPK = 1
 EP_RT_IN_SLOT_NUM_CHANNELS = 2
@@ -332,6 +333,7 @@ class InternodeLayout(ctypes.Structure):
         ("dispatch_words", _i64),
         ("combine_words", _i64),
         ("hs_words", _i64),
+        ("own_ready", _i64),
         ("end", _i64),
     ]
 

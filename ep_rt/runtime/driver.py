@@ -173,6 +173,12 @@ def module_unload(module) -> None:
     check(_cu().cuModuleUnload(module), "cuModuleUnload")
 
 
+def module_global(module, name: str) -> tuple[int, int]:
+    """(device address, bytes) of a __device__ variable of a loaded module, by its (unmangled) symbol name."""
+    ptr, size = check(_cu().cuModuleGetGlobal(module, name.encode()), f"cuModuleGetGlobal({name})")
+    return int(ptr), int(size)
+
+
 def module_function(module, name: str):
     return check(_cu().cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
 

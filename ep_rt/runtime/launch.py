@@ -58,9 +58,16 @@ class Launcher:
             setattr(self.params, key, value)
         return self
 
-    def __call__(self, grid: int, stream, smem: int | None = None) -> None:
+    def __call__(self, grid: int, stream, smem: int | None = None, early: bool = False) -> None:
+        """Launch on `stream`. early=True: a programmatic dependent launch (see snapshot), for kernels that wait for
+        the previous kernel's results through memory flags only."""
         smem = self.smem if smem is None else smem
-        if self._config is None:
+        if early:
+            if self._early_config is None:
+                self._early_config = driver.make_launch_config(False, 1, programmatic=True)
+            driver.launch_ex(self._early_config, self.function, grid, self.block, smem, driver_stream(stream),
+                              self._args_address, self.name)
+        elif self._config is None:
             driver.launch(self.function, grid, self.block, smem, driver_stream(stream), self._args_address, self.name)
         else:
             driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),

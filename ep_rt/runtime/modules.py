@@ -88,6 +88,10 @@ class LoadedModule:
             self.functions[name] = driver.module_function(self.handle, name)
         return self.functions[name]
 
+    def global_address(self, name: str) -> tuple[int, int]:
+        """(device address, bytes) of one of the module's __device__ variables (the chaos build's counters)."""
+        return driver.module_global(self.handle, name)
+
 
 _lock = threading.Lock()
 _modules: dict[tuple[int, str, bool], LoadedModule] = {}

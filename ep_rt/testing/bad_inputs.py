@@ -460,6 +460,10 @@ def _internode_only_cases() -> list[BadInput]:
             x=_bf16(c.rows, _rdma_hidden(c))), B, "num_rdma_bytes"),
         BadInput("internode combine too large for the NVL buffer", lambda c: c.combine(x=_bf16(c.rows, _nvl_hidden(c))),
                  B, "num_nvl_bytes"),
+        BadInput("internode dispatch too large for the NVL buffer", lambda c: c.dispatch(x=_bf16(N, _nvl_hidden(c))),
+                 B, "num_nvl_bytes", launches="the notify kernel counts the rows each rank receives (the records its "
+                                               "node's forwarders push into its NVL buffer); the host raises on the "
+                                               "counts before any data kernel"),
         BadInput("internode Buffer without LL: low_latency_dispatch", lambda c: c.buf.low_latency_dispatch(
             c.x, c.idx, N, E), EpRtError, "low_latency_mode=True"),
     ]

@@ -3,11 +3,14 @@ for the kernel design of issue 21 (docs/INTERNODE_DESIGN.md, "Network operations
 and fences cost on IBGDA. Pure Python (stdlib only), so the tables in the docs are generated and checked on the CPU.
 
 The design counted here (R ranks, G per node, N = R / G nodes, C channels, T tokens per rank, K top-k, E experts):
-  HT dispatch  notify: one put-with-signal of a slot to every rank of another node (R - G); node peers by NVLink.
-               send: one put-with-signal per (channel, other node), a bare signal when the range is empty.
+  HT dispatch  notify: one put-with-signal of a slot to the rail peer on every other node (N - 1), which relays
+               each of its node's ranks its part over NVLink; node peers and self by NVLink only.
+               send: each (channel, other node) stream in min(count, EP_RT_IN_STREAM_CHUNKS = 8) put-with-signals
+               (a bare signal when the range is empty), so forwarding overlaps the network.
                forward, receive: NVLink and local copies only.
-  cached dispatch / combine: a handshake (one signal to every rank of another node) instead of notify; combine's
-               forward sends one put-with-signal per (channel, other node); publish and reduce are local.
+  cached dispatch / combine: a handshake (one signal to the rail peer on every other node, then NVLink flags inside
+               the node) instead of notify; combine's forward sends each (channel, other node) stream of partial
+               sums in the same chunks; publish and reduce are local.
   LL dispatch  send: one put-with-signal per (token, top-k choice) whose expert is on another node, and one signal
                per (expert, other-node rank) announcing its count; receive: one credit signal per other-node rank.
   LL combine   send: one put-with-signal per row going back to another node, one count signal per (local expert,
@@ -16,7 +19,7 @@ The design counted here (R ranks, G per node, N = R / G nodes, C channels, T tok
   signal for each put-with-signal (NVRTC cannot link NVSHMEM's put-with-signal, kernels_src/include/ep_rt/net.cuh):
   one quiet per put-with-signal that carries data.
 LL message counts are expectations under uniform routing (a top-k choice lands on another node with probability
-(R - G) / R); HT counts are exact (the maximum: every (channel, node) range non-empty).
+(R - G) / R); HT counts are exact for streams of at least 8 records (the most chunks: every range that long).
 
 Cost: on IBGDA a quiet (and a fence, when more than one QP exists) sweeps every RC queue pair to every other PE plus
 the DCIs (NVSHMEM 3.4.5 ibgda_device.cuh, nvshmemi_ibgda_quiet / nvshmemi_ibgda_fence): num_qps x (npes - 1) + DCIs.
@@ -36,6 +39,7 @@ QP_POLL_US = tuple(ms * 1e3 / SWEEP_ESTIMATE_QPS for ms in SWEEP_ESTIMATE_MS)
 DCIS = 1            # NVSHMEM_IBGDA_NUM_DCI's default: the DCIs a quiet sweeps besides the RCs
 DEFAULT_QPS = 24    # Buffer(num_qps_per_rank=24): ep_rt's and DeepEP V1's default
 CONFIG_CHANNELS = 10  # DeepEP's HT rule num_qps_per_rank == Config.num_sms / 2 with the default num_sms (20)
+STREAM_CHUNKS = 8     # params.h EP_RT_IN_STREAM_CHUNKS: put-with-signals per (channel, node) stream, at most
 
 
 # ---- queue pairs ------------------------------------------------------------------------------------------------
@@ -144,25 +148,25 @@ def _check_flavour(flavour: str) -> None:
         raise ValueError(f"flavour must be one of {FLAVOURS}, got {flavour!r}")
 
 
-def ht_ops(s: Shape, world: str = "rail", chunks_per_stream: int = 1) -> list[KernelOps]:
+def ht_ops(s: Shape, world: str = "rail", chunks_per_stream: int = STREAM_CHUNKS) -> list[KernelOps]:
     """Per-kernel network operations of one call of each HT kind, on one rank. `world`: "rail" for an HT-only Buffer,
     "full" for a low_latency_mode Buffer that serves HT calls too (same operations, bigger sweeps).
-    `chunks_per_stream`: put-with-signals per (channel, other node) stream (the design: 1; sub-chunks let forwarding
-    overlap the network, see internode_model.pipeline)."""
-    remote, streams = s.other_node_ranks, s.channels * (s.nodes - 1) * chunks_per_stream
+    `chunks_per_stream`: put-with-signals per (channel, other node) stream (the kernels: up to STREAM_CHUNKS, fewer
+    for shorter streams; sub-chunks let forwarding overlap the network, see internode_model.pipeline)."""
+    rails, streams = s.nodes - 1, s.channels * (s.nodes - 1) * chunks_per_stream
     k = lambda call, kernel, ps, bs, who: KernelOps(call, kernel, ps, bs, world, who)  # noqa: E731
     return [
-        k("dispatch", "notify", remote, 0, "one slot per other-node rank"),
-        k("dispatch", "send", streams, 0, "one per (channel, other node)"),
+        k("dispatch", "notify", rails, 0, "one slot per other node's rail peer"),
+        k("dispatch", "send", streams, 0, "chunks of each (channel, other node) stream"),
         k("dispatch", "forward", 0, 0, "NVLink pushes"),
         k("dispatch", "receive", 0, 0, "local copies"),
-        k("cached dispatch", "handshake", 0, remote, "one per other-node rank"),
-        k("cached dispatch", "send", streams, 0, "one per (channel, other node)"),
+        k("cached dispatch", "handshake", 0, rails, "one per other node's rail peer"),
+        k("cached dispatch", "send", streams, 0, "chunks of each (channel, other node) stream"),
         k("cached dispatch", "forward", 0, 0, "NVLink pushes"),
         k("cached dispatch", "receive", 0, 0, "local copies"),
-        k("combine", "handshake", 0, remote, "one per other-node rank"),
+        k("combine", "handshake", 0, rails, "one per other node's rail peer"),
         k("combine", "publish", 0, 0, "local copies"),
-        k("combine", "forward", streams, 0, "one per (channel, other node)"),
+        k("combine", "forward", streams, 0, "chunks of each (channel, other node) stream"),
         k("combine", "reduce", 0, 0, "local reads"),
     ]
 

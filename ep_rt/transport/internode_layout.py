@@ -66,6 +66,7 @@ def control_offsets(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> dict
         ("dispatch_words", num_nodes * MAX_CHANNELS * 8),
         ("combine_words", num_nodes * MAX_CHANNELS * 8),
         ("hs_words", HS_KINDS * num_nodes * 8),
+        ("own_ready", 2 * MAX_CHANNELS * 8),
     )
     offsets, at = {}, _align(num_rdma_bytes)
     for name, size in sizes:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .. import env
 from ..errors import EpRtError
 from . import network_settings, nvshmem_dist, nvshmem_world
 
@@ -32,7 +33,14 @@ _state = {"lib": None, "users": 0, "plan": None, "world": None, "identity": None
 
 
 def library_path() -> Path:
-    """The host library already in the process (torch's), else the one of the installed nvidia.nvshmem package."""
+    """EP_RT_NVSHMEM_HOST_LIBRARY if set; else the host library already in the process (torch's); else the one of
+    the installed nvidia.nvshmem package."""
+    forced = env.nvshmem_host_library()
+    if forced is not None:
+        path = Path(forced)
+        if not path.is_file():
+            raise EpRtError(f"EP_RT_NVSHMEM_HOST_LIBRARY={forced!r} is not a file")
+        return path
     loaded = nvshmem_dist.loaded_library()
     if loaded is not None:
         return loaded

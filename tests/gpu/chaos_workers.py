@@ -82,3 +82,112 @@ def net_probe(rank, num_ranks):
         "flood_ok": int((area["flood"].view(torch.int32).view(-1, 4) == flood_want).all(dim=1).sum()),
         "sink": int(area["sink"].view(torch.int64)[0]),  # one per put-with-signal of the probe
     }
+
+
+def _chunks(count: int) -> tuple[int, int]:
+    """(put-with-signals, bare signals) of one (channel, node) stream of `count` entries (params.h
+    EP_RT_IN_STREAM_CHUNKS): min(count, 8) chunks, or one bare signal when empty. Written from the rule, not the
+    kernels."""
+    return (min(count, 8), 0) if count > 0 else (0, 1)
+
+
+def _streams(cpm: torch.Tensor, me_node: int) -> tuple[int, int]:
+    """Sum of _chunks over every (channel, other node) stream of an inclusive prefix matrix [N, C]."""
+    counts = torch.diff(cpm.cpu().to(torch.int64), dim=1, prepend=torch.zeros(cpm.size(0), 1, dtype=torch.int64))
+    puts = bare = 0
+    for n in range(counts.size(0)):
+        if n == me_node:
+            continue
+        for c in counts[n].tolist():
+            p, b = _chunks(int(c))
+            puts, bare = puts + p, bare + b
+    return puts, bare
+
+
+def net_ops(rank, num_ranks):
+    """Under the chaos variant's cost mode: the network operations one internode dispatch, cached dispatch and
+    combine, and one LL dispatch and combine issue on this rank (counted by the kernels' module), with what the
+    design says they must be, worked out here from the call's own routing."""
+    from ep_rt import Buffer, Config
+    from ep_rt.transport import internode_layout, ll_layout
+
+    G = int(__import__("os").environ["EP_RT_RANKS_PER_NODE"])
+    N, me_node = num_ranks // G, rank // G
+    T, H, K, E = 64, 512, 4, 8 * num_ranks
+    g = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    out = {"rank": rank}
+    # ---- internode high-throughput (an HT-only Buffer: the rail world) ----
+    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, G, T),
+                 internode_layout.rdma_size_hint(2 * H, num_ranks, G, T), explicitly_destroy=True)
+    stats = buf._ht.net_stats
+    assert stats is not None, "the chaos variant counts"
+    out["flavour"] = buf._ht.module.entry["flavour"]
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, device="cuda", generator=g)[:K] for _ in range(T)])
+    w = torch.rand(T, K, device="cuda", generator=g)
+    layout = buf.get_dispatch_layout(idx, E)
+    torch.cuda.synchronize()
+    dist.barrier()
+    stats.reset()
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=layout[0], num_tokens_per_rdma_rank=layout[1],
+                                                   is_token_in_rank=layout[3], num_tokens_per_expert=layout[2],
+                                                   topk_idx=idx, topk_weights=w)
+    got = stats.read()
+    puts, bare = _streams(handle[1], me_node)  # rdma_channel_prefix_matrix: my streams to each node
+    out["dispatch"] = (got, {"put_signals": (N - 1) + puts, "signals": bare})
+    dist.barrier()
+    stats.reset()
+    buf.dispatch(x, handle=handle)
+    got = stats.read()
+    out["cached"] = (got, {"put_signals": puts, "signals": (N - 1) + bare})
+    dist.barrier()
+    stats.reset()
+    buf.combine(recv_x, handle, recv_w)
+    got = stats.read()
+    cputs, cbare = _streams(handle[3], me_node)  # recv_rdma_channel_prefix_matrix: what I forward back per node
+    out["combine"] = (got, {"put_signals": cputs, "signals": (N - 1) + cbare})
+    torch.cuda.synchronize()
+    buf.destroy()
+    return out
+
+
+def net_ops_ll(rank, num_ranks):
+    """As net_ops, for one LL dispatch and combine (a low_latency_mode Buffer: the world of all ranks)."""
+    from ep_rt import Buffer
+
+    G = int(__import__("os").environ["EP_RT_RANKS_PER_NODE"])
+    T, H, K, E = 32, 1024, 4, 4 * num_ranks
+    L = E // num_ranks
+    g = torch.Generator(device="cuda").manual_seed(99 + rank)
+    buf = Buffer(dist.group.WORLD, 0, Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E), low_latency_mode=True,
+                 num_qps_per_rank=L, explicitly_destroy=True)
+    stats = buf._ll.net_stats
+    assert stats is not None, "the chaos variant counts"
+    x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, device="cuda", generator=g)[:K] for _ in range(T)])
+    idx[0, 0] = -1  # a hole: no message
+    w = torch.rand(T, K, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    dist.barrier()
+    stats.reset()
+    recv, counts, handle, _, _ = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False)
+    torch.cuda.synchronize()
+    got = stats.read()
+    remote = lambda r: r // G != rank // G  # noqa: E731  (a rank of another node)
+    valid = idx[idx >= 0]
+    messages = int(sum(int(remote(int(e) // L)) for e in valid.tolist()))
+    other = sum(1 for r in range(num_ranks) if remote(r))
+    out = {"rank": rank, "flavour": buf._ll.module.entry["flavour"],
+           "dispatch": (got, {"put_signals": messages, "signals": L * other + other})}
+    dist.barrier()
+    stats.reset()
+    buf.low_latency_combine(recv, idx, w, handle)
+    torch.cuda.synchronize()
+    got = stats.read()
+    # rows I send back to other nodes: every row I received from one (the dispatch layout of my experts)
+    layout_range = handle[1]
+    rows_back = int(sum(int(v) & 0xFFFFFFFF for i, v in enumerate(layout_range.flatten().tolist())
+                        if remote(i % num_ranks)))
+    out["combine"] = (got, {"put_signals": rows_back, "signals": L * other + other})
+    buf.destroy()
+    return out

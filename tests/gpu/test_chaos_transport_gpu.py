@@ -67,3 +67,40 @@ def test_low_latency_suite_under_the_chaos_transport(num_ranks, ranks_per_node):
             assert checks > 0, name
             problems += [f"rank {rank} {name}: {f}" for f in failures]
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
+
+
+def _check_counts(results, calls):
+    problems = []
+    for res in results:
+        for call in calls:
+            got, want = res[call]
+            for key, value in want.items():
+                if got[key] != value:
+                    problems.append(f"rank {res['rank']} {call}: {key} {got[key]}, the design says {value}")
+            # cu13: no quiet, no fence; cu12: its put + quiet + signal, one quiet per put-with-signal (net.cuh)
+            quiets = got["put_signals"] if res["flavour"] == "cu12" else 0
+            if got["quiets"] != quiets or got["fences"]:
+                problems.append(f"rank {res['rank']} {call}: {got['quiets']} quiets, {got['fences']} fences "
+                                f"({res['flavour']}: {quiets} quiets, no fence)")
+    return problems
+
+
+@gpus(1)
+def test_internode_network_operations_per_call_are_the_designs():
+    """Issue 21: the chaos build counts every network operation; one internode dispatch, cached dispatch and combine
+    on 2 nodes x 2 issue exactly: notify one slot to the other node's rail peer, each (channel, node) stream in
+    min(count, 8) put-with-signals (a bare signal when empty), one handshake signal per other node, no quiet, no
+    fence."""
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_CHAOS_TRANSPORT": "1"}  # (the flavour: as the step sets it)
+    results = run_ranks(chaos_workers.net_ops, 4, env=env, timeout_s=600)
+    assert not _check_counts(results, ("dispatch", "cached", "combine")), _check_counts(results, ("dispatch", "cached",
+                                                                                                  "combine"))
+
+
+@gpus(1)
+def test_low_latency_network_operations_per_call_are_the_designs():
+    """One LL dispatch and combine on 2 nodes x 2: one put-with-signal per message for a rank of another node, one
+    count signal per (local expert, other-node rank) and one credit per other-node rank; no quiet, no fence."""
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_CHAOS_TRANSPORT": "1"}
+    results = run_ranks(chaos_workers.net_ops_ll, 4, env=env, timeout_s=600)
+    assert not _check_counts(results, ("dispatch", "combine")), _check_counts(results, ("dispatch", "combine"))

@@ -76,7 +76,7 @@ def test_internode_killed_node(mid_call):
 
 @gpus(1)
 def test_internode_bad_input_catalogue():
-    """The 81-case bad-input catalogue on an internode Buffer (2 nodes x 2 ranks): every case raises its error with a
+    """The 82-case bad-input catalogue on an internode Buffer (2 nodes x 2 ranks): every case raises its error with a
     clear message on every rank alike, before any ep_rt kernel launched except the two cases whose errors the
     kernels find by design (num_worst_tokens too small; the notify kernel's stream counts), and the good rounds
     between them stay bit-exact with the internode reference."""
@@ -85,7 +85,7 @@ def test_internode_bad_input_catalogue():
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30"}
     seed = int(torch.randint(0, 1 << 30, ()).item())
     results = run_ranks(bad_inputs.run_catalogue, 4, args=(seed, 25, True), env=env, timeout_s=900)
-    assert [res["num_cases"] for res in results] == [81] * 4
+    assert [res["num_cases"] for res in results] == [82] * 4
     problems = bad_inputs.catalogue_problems(results)
     assert not problems, f"(seed {seed})\n" + "\n".join(problems)
 

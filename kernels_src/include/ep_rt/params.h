@@ -303,6 +303,11 @@ struct LowLatencyParams {
 // [N][cap] records in the caller's num_rdma_bytes, then a control area at fixed offsets.
 #define EP_RT_IN_MAX_RANKS 256
 #define EP_RT_IN_MAX_NODES 64
+// Each (channel, destination node) stream of records (dispatch) or partial sums (combine) goes over the network in
+// min(count, EP_RT_IN_STREAM_CHUNKS) put-with-signals, one signal each (an empty stream: one bare signal), so the
+// receiving side works on the first chunks while the last are on the wire. Chunk k of n covers
+// [count * k / n, count * (k + 1) / n).
+#define EP_RT_IN_STREAM_CHUNKS 8
 // Notify slot (int32 words) a source puts to its rail peer on node n, and the per-rank part the rail peer relays
 // to each rank d of node n (in d's NVL buffer, one slot per source rank). Both start with this header, then:
 //   rank totals [R], node totals [N], stream counts to node n per channel [C], then
@@ -365,6 +370,8 @@ struct InternodeLayout {
     int64_t dispatch_words;  // u64 [N][EP_RT_MAX_CHANNELS]: word [s][c] from the rail peer on node s, +1 per dispatch
     int64_t combine_words;   // u64 [N][EP_RT_MAX_CHANNELS]: word [n][c] from my rail peer on node n, +1 per combine
     int64_t hs_words;        // u64 [EP_RT_IN_HS_KINDS][N]: handshakes, word [kind][s] from the rail peer on node s
+    int64_t own_ready;       // int64 [2][EP_RT_MAX_CHANNELS]: my own node's records (dispatch) or partial sums
+                             // (combine) of channel c are written (call number); written and read by me only
     int64_t end;
 };
 
