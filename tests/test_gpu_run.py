@@ -92,3 +92,21 @@ def test_steps_are_recorded_ok_failed_and_timed_out(tmp_path):
     with tarfile.open(attempt / "logs.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"retest.log", "soak_base.log", "gpu_core.log", "summary.txt", "env.txt"} <= names
+
+
+def test_parallel_groups_each_run_their_steps_and_all_are_recorded(tmp_path):
+    rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; soak_base",
+                    RETEST="tests/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
+                    BASE=str(tmp_path / "no_checkout"))
+    assert rc == 1, text
+    (attempt,) = _attempts(tmp_path)
+    summary = (attempt / "summary.txt").read_text()
+    assert "groups at the same time: 2" in summary
+    assert re.search(r"=== retest: ok after \d+ s", summary) and re.search(r"=== soak_base: FAILED", summary)
+    assert "result: failed or timed out: soak_base (of 2 steps)" in summary
+    with tarfile.open(attempt / "logs.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"retest.log", "soak_base.log"} <= names
+    rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; no_such_step",
+                    RETEST="tests/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored")
+    assert rc == 2 and "step 'no_such_step' is unknown" in text

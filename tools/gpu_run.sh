@@ -11,6 +11,9 @@
 #   e.g.    CPU side:  C=$(git rev-parse --short HEAD); D=$(python3 tools/tree_digest.py --commit "$C")
 #           device:    STEPS="tests main" bash tools/gpu_run.sh $C $D
 # Environment:
+#   PARALLEL  instead of STEPS: groups of steps separated by ";" that run at the same time, each group's steps in
+#          order (e.g. PARALLEL="internode; chaos ll; catalogue"): several test processes then share the GPU and the
+#          CPUs, so a group takes longer than alone, and timings mean nothing
 #   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
 #          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
@@ -39,7 +42,9 @@ if [ $# -ne 2 ] || ! [[ $2 =~ ^[0-9a-f]{64}$ ]]; then
 fi
 COMMIT=$1 EXPECTED=$2
 OUT=${OUT:-/tmp/ep_rt_gpu_run}
+PARALLEL=${PARALLEL:-}
 STEPS=${STEPS:-tests main main_aggressive bench}
+[ -n "$PARALLEL" ] && STEPS=$(echo "$PARALLEL" | tr ';' ' ')
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # NVLink multicast stays off on these machines (shared hosts); EP_RT needs none of it.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -57,10 +62,10 @@ SUMMARY=$LOGS/summary.txt
 : > "$SUMMARY"
 
 say() { echo "$*" | tee -a "$SUMMARY"; }
-pack() {  # the attempt's files into $RES (the archive replaced whole, never half-written)
-  cp "$SUMMARY" "$RES/summary.txt"
+pack() {  # the attempt's files into $RES (the archive replaced whole, never half-written; groups pack apart)
+  cp "$SUMMARY" "$RES/summary.txt.$BASHPID" && mv "$RES/summary.txt.$BASHPID" "$RES/summary.txt"
   [ -f "$LOGS/env.txt" ] && cp "$LOGS/env.txt" "$RES/env.txt"
-  tar czf "$RES/logs.tar.gz.part" -C "$LOGS" . && mv "$RES/logs.tar.gz.part" "$RES/logs.tar.gz"
+  tar czf "$RES/logs.tar.gz.$BASHPID" -C "$LOGS" . 2>/dev/null && mv "$RES/logs.tar.gz.$BASHPID" "$RES/logs.tar.gz"
 }
 refuse() { say "REFUSED: $*"; say "result: refused, no step ran"; pack; exit 2; }
 CURRENT=setup
@@ -87,7 +92,8 @@ run() {
     124|137) verdict="TIMEOUT (limit ${limit} s, exit $rc)" ;;
     *) verdict="FAILED (exit $rc)" ;;
   esac
-  [ "$rc" = 0 ] || FAILED_STEPS="$FAILED_STEPS $name"
+  [ "$rc" = 0 ] || echo "$name" >> "$LOGS/failed_steps"  # (a file: groups run in subshells)
+  echo "$name" >> "$LOGS/steps_run"
   say "=== $name: $verdict after ${secs} s, log $(basename "$log")"
   tail -n 5 "$log" | tee -a "$SUMMARY"
   CURRENT=between-steps
@@ -149,6 +155,20 @@ step() {  # one named step; returns 3 for a name it does not know
              --internode 2 --no-bench ;;
     internode_chaos) run internode_chaos 600 env EP_RT_CHAOS_TRANSPORT=1 EP_RT_NET_TIMEOUT_S=120 python3 -m ep_rt \
              --ranks 4 --internode 2 --no-bench ;;
+    # Issue 21: the network operations per call under the chaos build's cost mode; the Buffer setup (agreement,
+    # NVSHMEM worlds); the killed-node and shrink-mode faults again.
+    net_counts) run net_counts 300 python3 -m pytest -q -rs tests/gpu/test_chaos_transport_gpu.py -k network_operations ;;
+    setup) run setup 300 python3 -m pytest -q -rs tests/gpu/test_setup_gpu.py ;;
+    # The cu12 flavour's NVSHMEM-linked cubins with the cu12 NVSHMEM host library carried to the machine (the folder
+    # CU12_NVSHMEM, default .cu12nvshmem: libnvshmem_host.so.3.xz, nvshmem_bootstrap_uid.so.3, the wheel's
+    # .dist-info; HARDWARE_REACH.md section 6): unpacked into /tmp/ep_rt_cu12_site, then the LL and internode GPU
+    # tests (chaos counts included) with EP_RT_CUBIN_FLAVOUR=cu12 and EP_RT_NVSHMEM_HOST_LIBRARY.
+    cu12_net) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
+             run cu12_net 480 env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
+               EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
+               python3 -m pytest -q -rs ${CU12_TESTS:-tests/gpu/test_low_latency_gpu.py \
+               "tests/gpu/test_internode_gpu.py::test_internode_matches_reference" \
+               tests/gpu/test_chaos_transport_gpu.py} ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$LOGS/bench.json" ;;
     *) return 3 ;;
@@ -191,10 +211,23 @@ say "tree digest $DIGEST = commit $COMMIT's; cubins up to date"
   python3 -c "import torch, cuda.bindings, importlib.metadata as m; from ep_rt.runtime import driver; from ep_rt.transport import nvshmem; v = lambda n: next((d.version for d in m.distributions() if d.metadata['Name'] == n), 'none'); print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| driver', driver.driver_version(), '| nvshmem-cu12', v('nvidia-nvshmem-cu12'), '| nvshmem-cu13', v('nvidia-nvshmem-cu13'), '| host library flavour', nvshmem.host_flavour(), '| EP_RT_CUBIN_FLAVOUR', __import__('os').environ.get('EP_RT_CUBIN_FLAVOUR', 'unset'), '| pytest-benchmark', m.version('pytest-benchmark'))"
 } >> "$LOGS/env.txt" 2>&1
 
-for s in $STEPS; do step "$s"; done
-if [ -z "$FAILED_STEPS" ]; then
+: > "$LOGS/failed_steps"; : > "$LOGS/steps_run"
+if [ -n "$PARALLEL" ]; then
+  IFS=';' read -ra groups <<< "$PARALLEL"
+  pids=()
+  for g in "${groups[@]}"; do
+    ( for s in $g; do step "$s"; done ) &
+    pids+=($!)
+  done
+  say "groups at the same time: ${#groups[@]} (${PARALLEL})"
+  for pid in "${pids[@]}"; do wait "$pid"; done
+else
+  for s in $STEPS; do step "$s"; done
+fi
+FAILED_STEPS=$(tr '\n' ' ' < "$LOGS/failed_steps") NUM_STEPS=$(wc -l < "$LOGS/steps_run")
+if [ -z "${FAILED_STEPS// /}" ]; then
   say "result: all $NUM_STEPS steps ok"
   pack; exit 0
 fi
-say "result: failed or timed out:$FAILED_STEPS (of $NUM_STEPS steps)"
+say "result: failed or timed out: $FAILED_STEPS(of $NUM_STEPS steps)"
 pack; exit 1
