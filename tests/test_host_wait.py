@@ -42,3 +42,38 @@ def test_a_host_timeout_fails_the_slot_and_names_rank_and_phase():
         wait_for_token([0], 0, 1, 0.01, rec, "nvl", "rank 2 (node 1)", "dispatch notify")
     assert 1.9 < time.monotonic() - t0 < 10
     assert "unusable" in str(rec.failed["nvl"])
+
+
+def _count_for(seconds: float, stop_waiter=None) -> int:
+    """How often a Python thread can bump a counter in `seconds` of wall time (while the main thread does whatever
+    the caller does meanwhile)."""
+    box = {"n": 0, "run": True}
+
+    def busy():
+        while box["run"]:
+            box["n"] += 1
+
+    t = threading.Thread(target=busy)
+    t.start()
+    if stop_waiter is None:
+        time.sleep(seconds)
+    else:
+        stop_waiter()
+    box["run"] = False
+    t.join()
+    return box["n"]
+
+
+def test_another_python_thread_keeps_running_while_the_host_waits():
+    """The wait yields the GIL after its first microseconds: a busy Python thread beside it gets about the progress
+    it gets while the main thread sleeps. A wait that spun holding the GIL would halve it (the interpreter then
+    switches between the two threads every 5 ms)."""
+    alone = _count_for(0.3)
+    counters = [0]
+
+    def wait():
+        threading.Timer(0.3, counters.__setitem__, (0, 9)).start()
+        wait_for_token(counters, 0, 9, 5.0, _Records(), "nvl", "rank 0", "dispatch notify")
+
+    beside = _count_for(0.3, wait)
+    assert beside > 0.75 * alone, (beside, alone)

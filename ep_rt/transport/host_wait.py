@@ -6,20 +6,32 @@ import time
 from ..errors import EpRtError
 from .error_record import ErrorRecords
 
+# The first microseconds the wait spins holding the GIL (most notify kernels publish within them); after that every
+# turn yields the GIL and the CPU (time.sleep(0)), so the caller's other Python threads, and the host proxy thread of
+# NVSHMEM's IBRC / UCX / libfabric transports, keep running while a dispatch waits (shared/docs/NETWORK.md §8).
+SPIN_S = 50e-6
+
 
 def wait_for_token(counters, index: int, token: int, timeout_s: float, errors: ErrorRecords, slot: str, who: str,
                    phase: str) -> None:
-    """Spin until counters[index] == token. The kernel's own error (which names the missing peer) is raised as soon
-    as it is recorded; past 1.5 x timeout_s + 2 s (later than the kernels' deadline, so theirs comes first) the slot
-    is failed with a host timeout. `who` names the rank in the message."""
-    deadline = time.monotonic() + 1.5 * timeout_s + 2.0
+    """Wait until counters[index] == token: spin for SPIN_S, then yield the GIL between looks. The kernel's own
+    error (which names the missing peer) is raised as soon as it is recorded; past 1.5 x timeout_s + 2 s (later than
+    the kernels' deadline, so theirs comes first) the slot is failed with a host timeout. `who` names the rank in
+    the message."""
+    start = time.monotonic()
+    deadline = start + 1.5 * timeout_s + 2.0
+    spin_until = start + SPIN_S
     spins = 0
     while counters[index] != token:
         spins += 1
-        if spins % 256 == 0:
-            errors.raise_if_failed(slot)
-            if time.monotonic() > deadline:
-                raise errors.fail(slot, EpRtError(
-                    f"{who}: host timed out after {timeout_s:.1f} s in {phase}: the GPU never published the receive "
-                    f"counts. A peer rank did not make the same call, or the GPU is stuck behind earlier work. The "
-                    f"Buffer is unusable now; destroy it."))
+        if spins % 32 == 0:
+            now = time.monotonic()
+            if now > spin_until:
+                time.sleep(0)  # releases the GIL, yields the CPU
+            if spins % 256 == 0:
+                errors.raise_if_failed(slot)
+                if now > deadline:
+                    raise errors.fail(slot, EpRtError(
+                        f"{who}: host timed out after {timeout_s:.1f} s in {phase}: the GPU never published the "
+                        f"receive counts. A peer rank did not make the same call, or the GPU is stuck behind earlier "
+                        f"work. The Buffer is unusable now; destroy it."))
