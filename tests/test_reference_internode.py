@@ -671,3 +671,20 @@ def test_errors():
     broken[2][9] = torch.full_like(broken[2][9], -1)  # rank 2 forgets where it forwarded
     with pytest.raises(ValueError, match="chain"):
         ref.internode_cached_dispatch(B_X, [tuple(h) for h in broken])
+
+
+def test_the_per_expert_list_comes_without_topk_too():
+    """DeepEP's tests/test_internode.py checks num_recv_tokens_per_expert_list in its first case, which has no
+    top-k: the list comes from the num_tokens_per_expert each rank passes, with or without topk_idx (issue 24)."""
+    o = dispatch_b()
+    routes = [x["is_token_in_rank"] for x in o]
+    counts = [torch.arange(8, dtype=torch.int32) + r for r in range(4)]  # what each rank passes, by hand
+    got = ref.internode_dispatch(B_X, None, None, 8, 2, 2, is_token_in_ranks=routes, num_tokens_per_experts=counts)
+    for me in range(4):  # local experts me*2, me*2+1: sum over sources r of (e + r)
+        e0 = 2 * me
+        assert got[me]["num_recv_tokens_per_expert_list"] == [4 * e0 + 6, 4 * (e0 + 1) + 6]
+    aligned = ref.internode_dispatch(B_X, None, None, 8, 2, 2, expert_alignment=4, is_token_in_ranks=routes,
+                                     num_tokens_per_experts=counts)
+    assert aligned[0]["num_recv_tokens_per_expert_list"] == [8, 12]  # 6 -> 8, 10 -> 12
+    with pytest.raises(ValueError, match="one entry per rank"):
+        ref.internode_dispatch(B_X, None, None, 8, 2, 2, is_token_in_ranks=routes, num_tokens_per_experts=counts[:3])

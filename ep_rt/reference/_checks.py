@@ -61,3 +61,18 @@ def _check_masked(masked_ranks, R):
 
 def _pack_range(begin, count):
     return (int(begin) << 32) | int(count)
+
+
+def _given_expert_counts(num_tokens_per_experts, derived, num_ranks, num_experts):
+    """The per-expert counts each rank passes to dispatch (num_tokens_per_experts, checked), which make
+    num_recv_tokens_per_expert_list as in DeepEP with or without top-k; `derived` (from topk_idx) when None."""
+    if num_tokens_per_experts is None:
+        return derived
+    if len(num_tokens_per_experts) != num_ranks:
+        raise ValueError(f"num_tokens_per_experts must have one entry per rank ({num_ranks}), got "
+                         f"{len(num_tokens_per_experts)}")
+    for r, counts in enumerate(num_tokens_per_experts):
+        _check_tensor(counts, f"num_tokens_per_experts[{r}]", torch.int32, 1)
+        if counts.shape != (num_experts,):
+            raise ValueError(f"num_tokens_per_experts[{r}] shape {tuple(counts.shape)} != {(num_experts,)}")
+    return list(num_tokens_per_experts)

@@ -16,7 +16,7 @@ NVLink; for f itself and for G = 1 this hop is a local copy).
 Outputs (receive side) match intranode: rows grouped by global source rank ascending, inside by source token
 ascending; recv_topk_idx = local expert id (idx - me*L) where the expert is on me, else -1; recv_topk_weights =
 the weight there, else 0; num_recv_tokens_per_expert_list[l] = sum over sources of their tokens-per-expert for
-expert me*L + l, rounded up to expert_alignment (empty with num_worst_tokens or without topk).
+expert me*L + l, rounded up to expert_alignment, with or without topk (empty with num_worst_tokens).
 
 Handle: DeepEP's 10-tuple, field order ``INTERNODE_HANDLE_FIELDS``; int32 unless noted; on rank me:
 
@@ -58,8 +58,8 @@ Where a field's meaning differs from DeepEP V1:
  * num_worst_tokens: every row-sized output (recv_x, scales, topk, [7]) and [9] have num_worst_tokens rows
    as in DeepEP; the tail rows are defined here (0, recv_topk_idx -1, [9] -1) where DeepEP leaves all but
    recv_topk_idx uninitialised: GPU tests compare the first num_recv (num_rdma_recv for [9]) rows.
- * Without topk the per-expert list is empty (ep_rt's intranode rule); DeepEP fills it from
-   num_tokens_per_expert.
+ * Without topk the per-expert list is still filled from num_tokens_per_expert, as DeepEP (whose
+   tests/test_internode.py checks it in its first case).
 
 Combine rounding (INTERNODE.md 1.3, 4.2): for token t of rank me, all adds in f32, in exactly this order:
     acc = f32(b0[t]) + f32(b1[t])                      (a missing bias is +0)
@@ -73,7 +73,7 @@ A token sent nowhere gets bf16(f32(b0) + f32(b1)) and weights 0.
 """
 import torch
 
-from ._checks import _check_tensor, _split_x
+from ._checks import _check_tensor, _given_expert_counts, _split_x
 from .layout import NUM_RANKS_PER_NODE, channel_ranges, dispatch_inputs
 
 INTERNODE_HANDLE_FIELDS = (
@@ -171,7 +171,7 @@ def _fields(handle, r):
 # Dispatch
 # ----------------------------------------------------------------------------------------
 def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, num_ranks_per_node,
-                       expert_alignment=1, num_worst_tokens=0, is_token_in_ranks=None):
+                       expert_alignment=1, num_worst_tokens=0, is_token_in_ranks=None, num_tokens_per_experts=None):
     """Simulates a (non-cached) internode dispatch on all R = len(xs) ranks, G = num_ranks_per_node per node.
 
     xs[r]: bf16 [T_r, H] or (fp8 e4m3 [T_r, H], scales f32 or UE8M0-packed int32 [T_r, S], any strides).
@@ -179,7 +179,8 @@ def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, n
     topk_weights[r]: f32 [T_r, K] (None without topk_idxs). is_token_in_ranks[r]: bool [T_r, R]; when given
     it is the routing (DeepEP routes by is_token_in_rank), otherwise it is derived from topk_idxs.
     num_worst_tokens > 0: every rank's outputs get exactly that many rows (it must cover both num_recv and
-    num_rdma_recv), the per-expert list is empty.
+    num_rdma_recv), the per-expert list is empty. num_tokens_per_experts[r]: int32 [E], the counts rank r passes to
+    dispatch; they make num_recv_tokens_per_expert_list (with or without top-k), else it comes from topk_idxs.
 
     Returns one dict per rank: recv_x, recv_x_scales (contiguous, input dtype), recv_topk_idx,
     recv_topk_weights, num_recv_tokens_per_expert_list, the ten handle fields by name (module docstring),
@@ -191,6 +192,7 @@ def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, n
     R, L, datas, scaless, has_topk, H, K, routes, tokens_per_expert, topk_idxs, topk_weights = dispatch_inputs(
         xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens,
         G)
+    tokens_per_expert = _given_expert_counts(num_tokens_per_experts, tokens_per_expert, R, num_experts)
     dev = datas[0].device
 
     # ---- sender-side fields of every rank --------------------------------------------
@@ -260,10 +262,10 @@ def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, n
             res["recv_topk_idx"] = torch.where(local, idx - me * L, torch.full_like(idx, -1))
             w = gather("weights")
             res["recv_topk_weights"] = torch.where(local, w, torch.zeros_like(w))
-            if num_worst_tokens == 0:
-                counts = torch.stack([tpe[me * L:(me + 1) * L] for tpe in tokens_per_expert]).sum(0)
-                a = expert_alignment
-                res["num_recv_tokens_per_expert_list"] = [(int(c) + a - 1) // a * a for c in counts]
+        if num_worst_tokens == 0 and tokens_per_expert:  # with or without top-k, as DeepEP (and intranode)
+            counts = torch.stack([tpe[me * L:(me + 1) * L].cpu() for tpe in tokens_per_expert]).sum(0)
+            a = expert_alignment
+            res["num_recv_tokens_per_expert_list"] = [(int(c) + a - 1) // a * a for c in counts]
         res.update({
             "is_token_in_rank": routes[me].clone(),
             "rdma_channel_prefix_matrix": rdma_cpm[me].clone(),

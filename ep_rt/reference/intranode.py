@@ -1,7 +1,7 @@
 """Reference intranode dispatch, cached dispatch and combine (deepep-v1-reference.md 2.2-2.3)."""
 import torch
 
-from ._checks import _check_tensor, _split_x
+from ._checks import _check_tensor, _given_expert_counts, _split_x
 from .layout import channel_ranges, dispatch_inputs
 
 
@@ -31,15 +31,7 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
     """
     R, L, datas, scaless, has_topk, H, K, routes, tokens_per_expert, topk_idxs, topk_weights = dispatch_inputs(
         xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens)
-    if num_tokens_per_experts is not None and len(num_tokens_per_experts) != R:
-        raise ValueError(f"num_tokens_per_experts must have one entry per rank ({R}), got {len(num_tokens_per_experts)}")
-    if num_tokens_per_experts is not None:
-        tokens_per_expert = []
-        for r, counts in enumerate(num_tokens_per_experts):
-            _check_tensor(counts, f"num_tokens_per_experts[{r}]", torch.int32, 1)
-            if counts.shape != (num_experts,):
-                raise ValueError(f"num_tokens_per_experts[{r}] shape {tuple(counts.shape)} != {(num_experts,)}")
-            tokens_per_expert.append(counts)
+    tokens_per_expert = _given_expert_counts(num_tokens_per_experts, tokens_per_expert, R, num_experts)
 
     dev = datas[0].device
     # rank_prefix_matrix[i][j] = tokens sent by ranks 0..i to rank j.

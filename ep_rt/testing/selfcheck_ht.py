@@ -76,12 +76,13 @@ class Mode:
         routes = [lay[3] for lay in layouts]
         if not with_topk:
             idxs = weights = None
+        counts = [lay[2] for lay in layouts]  # what each rank passes as num_tokens_per_expert
         if self.internode:
             return reference.internode_dispatch(xs, idxs, weights, num_experts, num_channels, self.G,
-                                                expert_alignment, num_worst, is_token_in_ranks=routes)
+                                                expert_alignment, num_worst, is_token_in_ranks=routes,
+                                                num_tokens_per_experts=counts)
         return reference.intranode_dispatch(xs, idxs, weights, num_experts, num_channels, expert_alignment,
-                                            num_worst, is_token_in_ranks=routes,
-                                            num_tokens_per_experts=[lay[2] for lay in layouts])
+                                            num_worst, is_token_in_ranks=routes, num_tokens_per_experts=counts)
 
     def combine(self, *args):
         return (reference.internode_combine if self.internode else reference.intranode_combine)(*args)
