@@ -34,6 +34,7 @@ def _bits(t):
 class Checker:
     def __init__(self, case):
         self.case, self.failures, self.checks = case, [], 0
+        self.notes = []  # measurements worth logging on every run (e.g. how many LogFMT outputs differ)
 
     def equal(self, what: str, got, want, rows=None) -> None:
         self.checks += 1
