@@ -11,10 +11,17 @@ def T(data, dtype):
     return torch.tensor(data, dtype=dtype)
 
 
+def _bits(t):
+    """Floating tensors as their bit patterns (so -0.0 != 0.0 and NaN == NaN, as the GPU checker compares)."""
+    if not t.is_floating_point():
+        return t
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def assert_eq(a, b):
     assert a.dtype == b.dtype, (a.dtype, b.dtype)
     assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
+    assert torch.equal(_bits(a), _bits(b)), f"\n{a}\n!=\n{b}"
 
 
 # ----------------------------------------------------------------------------------------
@@ -194,10 +201,90 @@ def test_fp8_cast_hand_row():
     assert_eq(v[0, :4].float(), T([448, -224, 1, 0.5], f32))
     assert_eq(v[0, 128:130].float(), T([448, -224], f32))
     assert (v[0, 4:128].float() == 0).all()
-    # All-zero group: amax clamps at 1e-4.
+    # All-zero group: amax clamps at f32(1e-4) = 0x38d1b717 -> scale_inv = rn(0x38d1b717 * 0x3b124925) = 0x346facad.
     v, s = ref.per_token_cast_to_fp8(torch.zeros(2, 128, dtype=bf16))
-    assert torch.allclose(s, torch.full((2, 1), 1e-4 / 448))
+    assert_eq(s.view(i32), T([[0x346FACAD], [0x346FACAD]], i32))
     assert (v.float() == 0).all()
+
+
+# ----------------------------------------------------------------------------------------
+# FP8 scales at non-power-of-two amax, as f32 bit patterns (the kernels produce them bit for bit).
+# Worked out with exact rational arithmetic on the IEEE values (Python fractions, round to nearest even), not with
+# the reference: f32(1/448) = 0x3b124925;
+#   scale_inv = rn(amax * 0x3b124925)       (amax / 448 as one division would give the "div" column)
+#   scale     = rn(448 / amax)              (448 * rn(1 / amax) would give the "recip" column)
+#   round_scale: scale_inv = 2**e, e = ceil(log2(rn(amax * 0x3b124925))), scale = 2**-e.
+# scale itself is not returned; it shows in the e4m3 bytes of probes x = 0.75 amax (x * 448 / amax = 336, the
+# midpoint of e4m3 320 and 352) and, for amax 3.0625, x = 2.953125 (432, the midpoint of 416 and 448): rn(x * scale)
+# is that midpoint (a tie, to the even byte) or one f32 ulp beside it, so a scale one ulp off moves the byte (the
+# last column says which way: "+" a scale one ulp up, "-" one ulp down).
+# Columns: amax (bf16), probe values in channels 0.. of the group, scale_inv, scale, e4m3 bytes of the probes,
+# round_scale's scale_inv and bytes, the probes' directions. Mutants, for the record:
+#   amax 3.0:        div 0x3bdb6db7, recip 0x43155556 (byte of -2.25: 0xfb)
+#   amax 3.0625:     div 0x3be00000, recip 0x43124924 (byte of 2.953125: 0x7d)
+#   amax 13.0:       div 0x3cedb6db   amax 0.30078125: div 0x3a300000   amax 100.0: div 0x3e649249
+#   amax 0.010009765625: recip 0x472ed44a   amax 5.0: both the same (a control)
+# ----------------------------------------------------------------------------------------
+FP8_SCALE_CASES = [
+    # amax, probes, scale_inv, scale, bytes, round_scale scale_inv, round_scale bytes, directions
+    (3.0, [3.0, -2.25], 0x3BDB6DB8, 0x43155555, [0x7E, 0xFA], 0x3C000000, [0x7C, 0xF9], "+"),
+    (3.0625, [3.0625, -2.296875, 2.953125], 0x3BE00001, 0x43124925, [0x7E, 0xFA, 0x7E], 0x3C000000,
+     [0x7C, 0xF9, 0x7C], "+-"),
+    (13.0, [13.0, 9.75], 0x3CEDB6DC, 0x4209D89E, [0x7E, 0x7B], 0x3D000000, [0x7D, 0x7A], "-"),
+    (0.30078125, [0.30078125, -0.2255859375, 0.2470703125], 0x3A300001, 0x44BA2E8C, [0x7E, 0xFA, 0x7C], 0x3A800000,
+     [0x7A, 0xF6, 0x78], "+-"),
+    (100.0, [100.0, -75.0], 0x3E64924A, 0x408F5C29, [0x7E, 0xFA], 0x3E800000, [0x7C, 0xF9], "+"),
+    (0.010009765625, [0.010009765625, -0.00750732421875], 0x37BB6DB7, 0x472ED44B, [0x7E, 0xFA], 0x38000000,
+     [0x7A, 0xF7], "+"),
+    (5.0, [5.0, -3.75], 0x3C36DB6E, 0x42B33333, [0x7E, 0xFA], 0x3C800000, [0x7A, 0xF7], "+"),
+    # max |x| = 9.965896606445312e-05 < 1e-4: amax clamps to f32(1e-4) = 0x38d1b717, scale = rn(448 / that) = 4480000
+    (9.965896606445312e-05, [9.965896606445312e-05], 0x346FACAD, 0x4A88B800, [0x7E], 0x34800000, [0x7D], ""),
+]
+
+
+def _fp8_case_rows():
+    x = torch.zeros(len(FP8_SCALE_CASES), 128, dtype=bf16)
+    for i, (_, probes, *_rest) in enumerate(FP8_SCALE_CASES):
+        x[i, :len(probes)] = T(probes, bf16)
+        assert x[i, :len(probes)].float().tolist() == probes  # every probe is a bf16 value
+    return x
+
+
+@pytest.mark.parametrize("round_scale", [False, True])
+def test_fp8_scale_bits_hand(round_scale):
+    x = _fp8_case_rows()
+    v, s = ref.per_token_cast_to_fp8(x, round_scale=round_scale)
+    for i, (amax, probes, inv, _scale, bytes_, rs_inv, rs_bytes, _dirs) in enumerate(FP8_SCALE_CASES):
+        want_inv, want_bytes = (rs_inv, rs_bytes) if round_scale else (inv, bytes_)
+        assert s[i].view(i32).tolist() == [want_inv], (amax, hex(s[i].view(i32).item()), hex(want_inv))
+        assert v[i, :len(probes)].view(torch.uint8).tolist() == want_bytes, (amax, v[i].view(torch.uint8)[:4])
+        assert not v[i, len(probes):].view(torch.uint8).any()
+    # The LL dispatch sends exactly these scales and bytes (one token per row, all to expert 0).
+    n = len(FP8_SCALE_CASES)
+    out = ref.low_latency_dispatch([x], [torch.zeros(n, 1, dtype=i64)], n, 1, round_scale=round_scale)[0]
+    assert_eq(out["packed_recv_x_scales"][0].view(i32), s.view(i32))
+    assert_eq(out["packed_recv_x"][0].view(torch.uint8), v.view(torch.uint8))
+
+
+def test_fp8_scale_probes_pin_the_scale():
+    # The scale column is the f32 value whose probe bytes are listed (torch's own f32 multiply and e4m3 cast, not
+    # the reference), and the probes discriminate: a scale one ulp up / down changes a byte where marked.
+    def probe_bytes(probes, scale_bits):
+        sc = T([scale_bits], i32).view(f32)
+        return (T(probes, bf16).float() * sc).clamp(-448, 448).to(fp8).view(torch.uint8).tolist()
+
+    for amax, probes, _inv, scale, bytes_, _rs_inv, _rs_bytes, dirs in FP8_SCALE_CASES:
+        assert probe_bytes(probes, scale) == bytes_, amax
+        moved = "".join(d for d, bits in (("+", scale + 1), ("-", scale - 1)) if probe_bytes(probes, bits) != bytes_)
+        assert moved == dirs, amax
+
+
+def test_fp8_ue8m0_packed_bits_hand():
+    # H = 512: groups of the first four cases; UE8M0 bytes = exponent field of the round_scale scale_inv:
+    # 0x3c000000 -> 0x78, 0x3c000000 -> 0x78, 0x3d000000 -> 0x7a, 0x3a800000 -> 0x75, little-endian in one int32.
+    x = _fp8_case_rows()[:4].reshape(1, 512)
+    v, packed = ref.per_token_cast_to_fp8(x, round_scale=True, use_ue8m0=True)
+    assert_eq(packed, T([[0x757A7878]], i32))
 
 
 def test_fp8_round_scale_power_of_two():
@@ -317,8 +404,9 @@ def test_random_weights_reconstruct_and_cached():
     for r in range(4):
         assert_eq(res[r]["combined_topk_weights"], torch.where(idxs[r] >= 0, ws[r], torch.zeros_like(ws[r])))
         # combining the dispatched x gives x times the number of destination ranks
+        # (exactly: n copies of a bf16 value add up in f32 without rounding, then one bf16 rounding)
         n_dst = out[r]["is_token_in_rank"].sum(1, keepdim=True).float()
-        assert torch.allclose(res[r]["combined_x"].float(), xs[r].float() * n_dst, rtol=1e-2)
+        assert_eq(res[r]["combined_x"], (xs[r].float() * n_dst).to(bf16))
     for o, c in zip(out, ref.intranode_cached_dispatch(xs, out)):
         assert_eq(c["recv_x"], o["recv_x"][:o["num_recv"]])
 

@@ -15,12 +15,17 @@ def Tn(data, dtype):
     return torch.tensor(data, dtype=dtype)
 
 
+def _bits(t):
+    """Floating tensors as their bit patterns (so -0.0 != 0.0 and NaN == NaN, as the GPU checker compares)."""
+    if not t.is_floating_point():
+        return t
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def assert_eq(a, b):
     assert a.dtype == b.dtype, (a.dtype, b.dtype)
     assert a.shape == b.shape, (a.shape, b.shape)
-    if a.dtype == fp8:  # compare fp8 bit patterns
-        a, b = a.view(torch.uint8), b.view(torch.uint8)
-    assert torch.equal(a, b), f"\n{a}\n!=\n{b}"
+    assert torch.equal(_bits(a), _bits(b)), f"\n{a}\n!=\n{b}"
 
 
 def rng(begin, count):
@@ -342,6 +347,65 @@ def test_logfmt_hand_codes():
     assert dec[0, :7].float().tolist() == [0.5, -0.125, 0.25, 2.0 ** -11, 0.302734375, 0.0, 0.0]
     assert not dec[0, 7:].any()
     assert_eq(ll.logfmt_roundtrip(x), dec)
+
+
+# Codes that depend on the exact rounding offset rho = 2 - log2((1 + 2**step) / 2) / step. With u =
+# (log2|x| - log_amin) / step, code = floor(u + rho): floor(u) + 1 while frac(u) < 2 - rho, floor(u) + 2 from there.
+# 2 - rho is a little above 1/2 (0.50544 for step 32/510, 0.50338 for the second division), so values with frac(u)
+# in [0.5, 2 - rho) get floor(u) + 1 here but floor(u) + 2 with an offset of 1.5, and the values just above 2 - rho
+# or just below 0.5 pin it from the other side. Worked out in double precision (math.log2); every frac(u) lies at
+# least 5e-4 from 2 - rho and from 0.5, far beyond the float32 error of the reference's u (about 1e-5 here).
+#   division 0: amax 0.5, amin 2**-40: log_amin = max(-40, -1 - 32) = -33, step = 32/510, rho = 1.494564
+#     x             log2 x      u          frac     code   (offset 1.5)
+#     0.376953125   -1.407543   503.50478  0.50478  504    505       504 = 0x1f8: low byte 0xf8, bit 8 set
+#     5.0735e-4     -10.944718  351.50606  0.50606  353    353       (= 0.000507354736328125)
+#     0.0042724609  -7.870717   400.49795  0.49795  401    401       (= 0.0042724609375)
+#     2**-33        -33         0          0        1      1         2**-40: below 2**log_amin, code 0
+#     -> rho pinned to [2 - 0.50606, 2 - 0.50478) = [1.49394, 1.49522)
+#   division 1: amax 0.9375, amin 2**-20: log_amin = -20, step = (log2 0.9375 + 20) / 510 = 0.0390331, rho = 1.496618
+#     0.07470703125  -3.742612  416.50240  0.50240  417    418
+#     0.12158203125  -3.039998  434.50286  0.50286  435    436
+#     0.018798828125 -5.733213  365.50465  0.50465  367    367
+#     0.43359375     -1.205584  481.49921  0.49921  482    482
+#     -> rho pinned to [2 - 0.50465, 2 - 0.50286) = [1.49535, 1.49714)
+LOGFMT_OFFSET_CASE = [  # (division, channel, x, code)
+    (0, 0, 0.5, 511), (0, 1, 2.0 ** -40, 0), (0, 2, 0.376953125, 504), (0, 3, -0.000507354736328125, 353),
+    (0, 4, 0.0042724609375, 401), (0, 5, -(2.0 ** -33), 1),
+    (1, 0, -0.9375, 511), (1, 1, 2.0 ** -20, 1), (1, 2, 0.07470703125, 417), (1, 3, -0.12158203125, 435),
+    (1, 4, 0.018798828125, 367), (1, 5, 0.43359375, 482),
+]
+
+
+def test_logfmt_codes_pin_the_rounding_offset():
+    x = torch.zeros(1, 256)
+    for d, c, v, _ in LOGFMT_OFFSET_CASE:
+        x[0, 128 * d + c] = v
+    x = x.to(bf16)
+    assert [float(x[0, 128 * d + c]) for d, c, v, _ in LOGFMT_OFFSET_CASE] == [v for _, _, v, _ in LOGFMT_OFFSET_CASE]
+    enc = ll.logfmt_encode(x)
+    assert_eq(enc["castable"], Tn([[True, True]], torch.bool))
+    assert [int(enc["codes"][0, d, c]) for d, c, _, _ in LOGFMT_OFFSET_CASE] == [k for *_, k in LOGFMT_OFFSET_CASE]
+    assert [bool(enc["signs"][0, d, c]) for d, c, _, _ in LOGFMT_OFFSET_CASE] == [v < 0 for _, _, v, _ in
+                                                                                 LOGFMT_OFFSET_CASE]
+    assert not enc["codes"][0, :, 6:].any()
+    # The case discriminates (plain double-precision formula, not the reference): an offset of 1.5, or one at
+    # either end of the pinned intervals, changes some code.
+    params = {0: (-33.0, 32 / 510), 1: (-20.0, (math.log2(0.9375) + 20) / 510)}
+
+    def codes(offset):
+        out = []
+        for d, _, v, _ in LOGFMT_OFFSET_CASE:
+            log_amin, step = params[d]
+            u = (math.log2(abs(v)) - log_amin) / step
+            out.append(min(math.floor(u + offset(step)), 511) if u >= 0 else 0)
+        return out
+
+    def rho(step):
+        return 2 - math.log2((1 + 2 ** step) / 2) / step
+
+    assert codes(rho) == [k for *_, k in LOGFMT_OFFSET_CASE]
+    for wrong in (lambda s: 1.5, lambda s: rho(s) + 7e-4, lambda s: rho(s) - 7e-4, lambda s: 1.4999):
+        assert codes(wrong) != codes(rho)
 
 
 def test_logfmt_log_range_clamp():

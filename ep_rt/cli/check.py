@@ -85,13 +85,17 @@ def main(argv=None) -> int:
     env = {"EP_RT_RANKS_PER_NODE": str(args.internode)} if args.internode else None
     results = run_ranks(body, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800, env=env)
     print(f"ep_rt on {num_ranks} ranks, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
-          f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference")
+          f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference "
+          f"(LogFMT combines: within an allowance, measured in the notes after the table)")
     print(f"{'case':<56} {'checks':>7} " + " ".join(f"{'rank ' + str(r):>7}" for r in range(num_ranks)))
     failed = 0
     for i, (name, checks, _) in enumerate(results[0]["rows"]):
         status = ["pass" if not res["rows"][i][2] else "FAIL" for res in results]
         failed += status.count("FAIL")
         print(f"{name:<56} {checks:>7} " + " ".join(f"{s:>7}" for s in status))
+    for r, res in enumerate(results):
+        for note in res.get("notes", []):
+            print(f"rank {r} {note}")
     for r, res in enumerate(results):
         for name, _, failures in res["rows"]:
             for f in failures:

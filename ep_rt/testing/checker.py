@@ -47,6 +47,7 @@ def select(cases, names, also=()):
 class Checker:
     def __init__(self, case):
         self.case, self.failures, self.checks = case, [], 0
+        self.notes = []  # measurements worth logging on every run (e.g. how many LogFMT outputs differ)
 
     def equal(self, what: str, got, want, rows=None) -> None:
         """got must be want bit for bit, with want's dtype and shape. rows: only the first `rows` rows are defined

@@ -30,8 +30,8 @@ def main_rank(rank, num_ranks, quick, bench, num_sms):
     rows.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
     bench_rows = bench_main.ht_round(buffer, num_sms) if bench else []
     buffer.destroy()
-    ll_rows, ll_bench = low_latency_round(num_ranks, seed, quick, bench)
-    return {"seed": seed, "rows": rows + ll_rows,
+    ll_rows, ll_bench, notes = low_latency_round(num_ranks, seed, quick, bench)
+    return {"seed": seed, "rows": rows + ll_rows, "notes": notes,
             "bench": "\n".join(x for x in (bench_mod.format_rows(bench_rows, rank) if bench_rows else "",
                                            bench_mod.format_ll_rows(ll_bench, rank) if ll_bench else "") if x)}
 
@@ -61,18 +61,20 @@ def internode_rank(rank, num_ranks, quick, bench, num_sms):
 
 
 def low_latency_round(num_ranks, seed, quick, bench):
-    """The LL part of `python -m ep_rt`: checks against ep_rt.reference_ll, graph replays, the LL benchmark."""
+    """The LL part of `python -m ep_rt`: checks against ep_rt.reference_ll, graph replays, the LL benchmark.
+    Returns (rows, benchmark rows, notes: the checks' measurements to print, e.g. differing LogFMT outputs)."""
     from .. import Buffer
 
     cases = select(selfcheck_ll.ll_cases(num_ranks), QUICK_LL if quick else None)
     need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts) for c in cases)
     buffer = Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
-    rows = []
+    rows, notes = [], []
     for i, case in enumerate(cases):
         chk = selfcheck_ll.run_ll_case(buffer, case, seed + 1000 + i)
         rows.append(("LL " + case.name, chk.checks, chk.failures))
+        notes += [f"LL {case.name}: {n}" for n in chk.notes]
     chk = selfcheck_ll.run_ll_graph(buffer, seed + 2000)
     rows.append(("LL cuda graph replays", chk.checks, chk.failures))
     ll_bench = bench_main.ll_round(buffer) if bench else []
     buffer.destroy()
-    return rows, ll_bench
+    return rows, ll_bench, notes

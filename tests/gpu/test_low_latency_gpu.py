@@ -8,9 +8,19 @@ from . import workers
 from .conftest import gpus
 
 
+def log_notes(capsys, results):
+    """Print every rank's measurements (how many LogFMT outputs differ, ...) into the run's log, pass or fail."""
+    with capsys.disabled():
+        for rank, res in enumerate(results):
+            for note in res.get("notes", []):
+                print(f"\n[rank {rank}] {note}", end="")
+        print()
+
+
 @gpus(1)
-def test_low_latency_matches_reference():
+def test_low_latency_matches_reference(capsys):
     results = run_ranks(workers.ll_suite, 2, timeout_s=900)
+    log_notes(capsys, results)
     problems = []
     for rank, res in enumerate(results):
         assert len(res["cases"]) >= 20  # 18 ll_cases (4 of them LogFMT), graph replays, after clean
@@ -32,13 +42,14 @@ def test_shrink_mode_masks_a_silent_rank():
 
 @gpus(1)
 @pytest.mark.parametrize("num_ranks,ranks_per_node", [(2, 1), (4, 2)])
-def test_low_latency_put_path_on_emulated_nodes(num_ranks, ranks_per_node):
+def test_low_latency_put_path_on_emulated_nodes(num_ranks, ranks_per_node, capsys):
     """EP_RT_RANKS_PER_NODE makes the ranks several nodes: peers on other nodes get NVSHMEM puts (staging, quiet,
     fence, NVSHMEM stores of the signals) instead of NVLink stores, and the whole LL suite must still match."""
     # (NVSHMEM_QP_DEPTH: DeepEP's rule for queue pairs, >= (T + 1) * 2, applies once peers are remote; T=1024 here)
     env = {"EP_RT_RANKS_PER_NODE": str(ranks_per_node), "NVSHMEM_QP_DEPTH": "4096"}
     results = run_ranks(workers.ll_suite, num_ranks, env=env,
                         timeout_s=900)
+    log_notes(capsys, results)
     problems = []
     for rank, res in enumerate(results):
         assert res["remote_peers"] == num_ranks - ranks_per_node, res["remote_peers"]

@@ -186,10 +186,11 @@ def ll_suite(rank, num_ranks):
 
     buf = ll_buffer(num_ranks)
     seed = checker.shared_seed(buf.group)
-    out = []
+    out, notes = [], []
     for i, case in enumerate(selfcheck_ll.ll_cases(num_ranks)):
         chk = selfcheck_ll.run_ll_case(buf, case, seed + i)
         out.append((case.name, chk.checks, chk.failures))
+        notes += [f"{case.name}: {n}" for n in chk.notes]
     chk = selfcheck_ll.run_ll_graph(buf, seed + 100)
     out.append(("cuda graph replays", chk.checks, chk.failures))
     buf.clean_low_latency_buffer(128, 1024, 32)
@@ -197,7 +198,7 @@ def ll_suite(rank, num_ranks):
     out.append(("after clean", chk.checks, chk.failures))
     remote_peers = buf.group_size - buf._ll.nvlink_peers
     buf.destroy()
-    return {"seed": seed, "cases": out, "variant": "ll", "remote_peers": remote_peers}
+    return {"seed": seed, "cases": out, "notes": notes, "variant": "ll", "remote_peers": remote_peers}
 
 
 def ll_shrink(rank, num_ranks):
