@@ -195,7 +195,7 @@ def test_manifest_entries(built):
         assert entry["compiler"] == {"cu13": manifest["toolchains"]["cu13"]["compiler"], "cu12": "nvrtc 12.9.86"}[flavour]
         assert entry["needs_nvshmem"] is False and entry["nvshmem"] is None
         assert entry["min_driver"] == {"cu13": 13000, "cu12": 12080 if arch == "sm_100" else 12000}[flavour]
-        assert entry["ran_on_hardware"] is (flavour == "cu13" and arch == "sm_90")
+        assert entry["ran_on_hardware"] is False  # no marks in this tree (cubins/hardware_runs.json)
         assert entry["sources"] == sorted([f"kernels_src/{entry['family']}.cu", "kernels_src/include/ep_rt/params.h",
                                            "kernels_src/include/ep_rt/ptx.cuh"])
         assert entry["flags"] == expected_flags(flavour, arch, entry["variant"])
@@ -308,7 +308,7 @@ def test_check_fails(tree, mutation):
         assert not any("beta" in line for line in lines), lines
 
 
-def test_check_sees_a_changed_pin_or_hardware_mark(tree, monkeypatch):
+def test_check_sees_a_changed_pin(tree, monkeypatch):
     src, out = tree / "kernels_src", tree / "cubins"
     assert build_cubins.check(src, out, BUILT) == ([], len(TEST_TARGETS) * len(BUILT))
     monkeypatch.setitem(toolchains.SITE_PINS, "cu12", {**toolchains.SITE_PINS["cu12"],
@@ -316,18 +316,114 @@ def test_check_sees_a_changed_pin_or_hardware_mark(tree, monkeypatch):
     problems, _ = build_cubins.check(src, out, BUILT)
     stale = sorted(p.split(":")[0] for p in problems)
     assert stale == sorted(f"cu12/{a}/{v}/{f}.cubin" for f, a, v in TEST_TARGETS if "cu12" in BUILT)
-    monkeypatch.undo()
-    monkeypatch.setattr(build_cubins, "RAN_ON_HARDWARE", {})
-    problems, _ = build_cubins.check(src, out, BUILT)
-    assert problems and all("ran_on_hardware" in p for p in problems)
-    assert {p.split(":")[0] for p in problems} == {"cu13/sm_90/safe/alpha.cubin", "cu13/sm_90/aggressive/alpha.cubin",
-                                                  "cu13/sm_90/default/beta.cubin", "manifest.json"}
-    # A note that changes while the marks stay (a later run of the same cubins) must be written into the manifest.
-    monkeypatch.undo()
-    first = next(iter(build_cubins.RAN_ON_HARDWARE))
-    monkeypatch.setitem(build_cubins.RAN_ON_HARDWARE, first, "a later run")
-    problems, _ = build_cubins.check(src, out, BUILT)
-    assert [p.split(":")[0] for p in problems] == ["manifest.json"] and "hardware_runs" in problems[0]
+
+
+# ---------------------------------------------------------------- hardware marks (cubins/hardware_runs.json)
+
+MARKED = "cu13/sm_90/default/beta.cubin"
+
+
+def add_mark(root, path=MARKED, sha=None, **fields):
+    """A mark for the cubin at `path` (its current bytes unless `sha`), with a log in the tree."""
+    log = root / "docs" / "gpu_runs" / "2026-12-02_test" / "tests.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text("1 passed\n")
+    cubin = root / "cubins" / (path or MARKED)
+    sha = sha or hashlib.sha256((cubin if cubin.is_file() else root / "cubins" / MARKED).read_bytes()).hexdigest()
+    marks_file = root / "cubins" / "hardware_runs.json"
+    doc = json.loads(marks_file.read_text()) if marks_file.is_file() else {"comment": [], "marks": []}
+    doc["marks"].append({"sha256": sha, "path": path, "date": "2026-12-02T10:00:00Z", "commit": "abc1234",
+                         "machine": "test GPU", "ran": "the beta test", "log": "docs/gpu_runs/2026-12-02_test/tests.log",
+                         **fields})
+    marks_file.write_text(json.dumps(doc))
+
+
+def update_marks(root):
+    result = run_tool("--update-marks", "--src", root / "kernels_src", "--out", root / "cubins")
+    assert result.returncode == 0, result.stderr
+    return load_manifest(root / "cubins" / "manifest.json")
+
+
+def test_a_mark_names_one_cubin_by_its_bytes(tree):
+    add_mark(tree)
+    result = run_check(tree)
+    assert result.returncode == 1 and "manifest.json: its hardware_runs differ from hardware_runs.json" in result.stderr
+    assert f"{MARKED}: ran_on_hardware is False in the manifest, but hardware_runs.json says True" in result.stderr
+    manifest = update_marks(tree)
+    assert [e["path"] for e in manifest["cubins"] if e["ran_on_hardware"]] == [MARKED]
+    assert [m["path"] for m in manifest["hardware_runs"]] == [MARKED]
+    assert run_check(tree).returncode == 0
+
+
+def test_check_catches_a_mark_whose_cubin_changed(tree):
+    """The bug of issue 20: a rebuilt cubin kept a mark it never earned. Rebuilt from an edited source, the cubin
+    loses ran_on_hardware and --check names the file and the stale mark until the mark is moved or renewed."""
+    add_mark(tree)
+    update_marks(tree)
+    old_sha = hashlib.sha256((tree / "cubins" / MARKED).read_bytes()).hexdigest()
+    (tree / "kernels_src/beta.cu").write_text(BETA_CU.replace("v + EP_RT_TEST_WORDS", "v * 3 + EP_RT_TEST_WORDS"))
+    manifest = build_or_fail(tree, "--family", "beta", *FLAVOUR_ARGS)
+    entry = next(e for e in manifest["cubins"] if e["path"] == MARKED)
+    assert entry["sha256"] != old_sha and entry["ran_on_hardware"] is False
+    result = run_check(tree)
+    assert result.returncode == 1
+    stale = [line for line in result.stderr.splitlines() if "stale" in line]
+    assert len(stale) == 1, result.stderr
+    assert stale[0].startswith(f"hardware_runs.json: mark 0 ({MARKED}, sha256 {old_sha[:12]}..., "
+                               f"2026-12-02T10:00:00Z, abc1234) is stale: the cubin at {MARKED} is now "
+                               f"{entry['sha256'][:12]}...")
+    # Kept as a record of bytes no longer shipped, the mark is fine again; the cubin stays unmarked.
+    marks_file = tree / "cubins" / "hardware_runs.json"
+    doc = json.loads(marks_file.read_text())
+    doc["marks"][0]["path"] = None
+    marks_file.write_text(json.dumps(doc))
+    manifest = update_marks(tree)
+    assert not any(e["ran_on_hardware"] for e in manifest["cubins"])
+    assert run_check(tree).returncode == 0
+
+
+def test_check_catches_a_stale_mark_even_if_the_manifest_was_not_updated(tree):
+    add_mark(tree)
+    update_marks(tree)
+    marks_file = tree / "cubins" / "hardware_runs.json"
+    doc = json.loads(marks_file.read_text())
+    doc["marks"][0]["sha256"] = "0" * 64
+    marks_file.write_text(json.dumps(doc))
+    result = run_check(tree)
+    assert result.returncode == 1
+    assert f"mark 0 ({MARKED}, sha256 000000000000..., 2026-12-02T10:00:00Z, abc1234) is stale" in result.stderr
+    assert f"{MARKED}: ran_on_hardware is True in the manifest, but hardware_runs.json says False" in result.stderr
+
+
+MARK_FAULTS = {
+    "no log in the checkout": ({"log": "docs/gpu_runs/nowhere/x.log"}, "its log docs/gpu_runs/nowhere/x.log is not"),
+    "log outside docs/gpu_runs": ({"log": "README.md"}, "log must be a path under docs/gpu_runs/"),
+    "short sha256": ({"sha256": "abc"}, "sha256 is not 64 lower-case hex digits"),
+    "bad date": ({"date": "yesterday"}, "date must be YYYY-MM-DD"),
+    "empty ran": ({"ran": " "}, "ran must be a non-empty string"),
+    "unknown field": ({"note": "x"}, "unknown ['note']"),
+    "unclaimed shipped bytes": ({"path": None}, "names the bytes of the shipped cu13/sm_90/default/beta.cubin but "
+                                                "claims no path"),
+    "path not shipped": ({"path": "cu13/sm_90/default/gone.cubin"}, "the cubin at cu13/sm_90/default/gone.cubin is "
+                                                                    "not shipped"),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(MARK_FAULTS))
+def test_check_fails_on_a_bad_mark(tree, fault):
+    fields, expected = MARK_FAULTS[fault]
+    sha = fields.pop("sha256", None)
+    add_mark(tree, **({"sha": sha} if sha else {}), **fields)
+    result = run_check(tree)
+    assert result.returncode == 1
+    assert any(line.startswith("hardware_runs.json: mark 0") and expected in line
+               for line in result.stderr.splitlines()), result.stderr
+    if fault != "unclaimed shipped bytes" and fault != "path not shipped":
+        # a malformed marks file stops builds and --update-marks too, before anything is written
+        before = (tree / "cubins" / "manifest.json").read_bytes()
+        result = run_tool("--update-marks", "--src", tree / "kernels_src", "--out", tree / "cubins")
+        assert result.returncode == 1 and expected in result.stderr
+        assert (tree / "cubins" / "manifest.json").read_bytes() == before
 
 
 # ---------------------------------------------------------------- partial and full rebuilds
@@ -412,10 +508,18 @@ def test_repo_cubins_are_current():
     assert result.stdout.startswith("cubins up to date:")
 
 
+# The shipped cubins whose bytes ran on a GPU (cubins/hardware_runs.json says how each was traced to a run).
+REPO_MARKED = {"cu13/sm_90/default/layout.cubin", "cu13/sm_90/safe/intranode.cubin",
+               "cu13/sm_90/aggressive/intranode.cubin", "cu13/sm_90/default/low_latency.cubin",
+               "cu13/sm_90/safe/internode.cubin", "cu13/sm_90/aggressive/internode.cubin",
+               "cu13/sm_90/chaos/internode.cubin", "cu12/sm_90/safe/intranode.cubin",
+               "cu12/sm_90/aggressive/intranode.cubin"}
+
+
 def test_repo_cubin_set():
     """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive and LL's chaos variant only on
-    sm_90; NVSHMEM linked against the lower bound of the matching extra; the hardware mark where a GPU ran them
-    (cu13/sm_90; cu12/sm_90 layout and intranode; the internode variants and LL chaos by their own run records)."""
+    sm_90; NVSHMEM linked against the lower bound of the matching extra; the hardware mark exactly where a mark in
+    cubins/hardware_runs.json names the shipped bytes."""
     manifest = load_manifest(REPO / "cubins" / "manifest.json")
     have = {(e["family"], e["flavour"], e["arch"], e["variant"]) for e in manifest["cubins"]}
     want = set()
@@ -431,12 +535,7 @@ def test_repo_cubin_set():
     assert have == want
     from ep_rt.transport.nvshmem_dist import EXTRAS
     for e in manifest["cubins"]:
-        ran = (e["variant"] != "chaos" and e["family"] != "internode" and (
-            (e["flavour"] == "cu13" and e["arch"] == "sm_90") or
-            (e["flavour"] == "cu12" and e["arch"] == "sm_90" and e["family"] in ("layout", "intranode")))) or (
-            # runs recorded per variant (docs/GPU_RESULTS.md): the internode variants and LL's chaos, cu13 / sm_90
-            e["flavour"] == "cu13" and e["arch"] == "sm_90" and e["family"] in ("internode", "low_latency")
-            and e["variant"] in ("safe", "aggressive", "chaos"))
+        ran = e["path"] in REPO_MARKED
         assert e["ran_on_hardware"] is ran, e["path"]
         if e["needs_nvshmem"]:
             assert EXTRAS[e["flavour"]].startswith(f"nvidia-nvshmem-{e['flavour']}>={e['nvshmem']},"), e["path"]

@@ -13,6 +13,8 @@ NVSHMEM device libraries come from pip "sites" (folders made with pip install --
     python tools/build_cubins.py --flavour cu12   rebuild only one flavour (repeatable); other entries are kept
     python tools/build_cubins.py --check          CI: is cubins/ current with kernels_src/? (stdlib only, no
                                                   compiler, no site)
+    python tools/build_cubins.py --update-marks   rewrite only the manifest's hardware marks (after adding a mark to
+                                                  cubins/hardware_runs.json; no compiler)
     --cu12-site DIR / --cu13-site DIR             use other site folders (default: build/cu12-site, build/cu13-site)
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
@@ -31,6 +33,9 @@ Reproducible output: the compilers run in a scratch staging folder holding symli
 so every path on their command lines is relative and the same on every machine. The recorded flags are exactly
 those command lines without input and output names; the source digest covers the sources, the flags, the arch
 and the pinned packages (cubin_toolchains.identity), so --check sees a change in any of them.
+
+Hardware marks (tools/hardware_marks.py): cubins/hardware_runs.json names, by sha256, the cubin bytes that ran on a
+GPU; an entry's ran_on_hardware is true only for the bytes a mark names, and --check fails on a stale mark.
 """
 import argparse
 import concurrent.futures
@@ -52,49 +57,10 @@ ARCHS = ("sm_80", "sm_90", "sm_100")
 AGGRESSIVE_ARCHS = ("sm_90",)
 # Variants built for some archs only (every other variant: every arch of the family).
 VARIANT_ARCHS = {"aggressive": AGGRESSIVE_ARCHS, "chaos": ("sm_90",)}
-# (flavour, arch) pairs whose cubins have run on a GPU; every other pair is only built. After a GPU run of a new
-# pair, add it here and rebuild: the manifest records it per cubin and --check compares.
-# Which cubins have run on a GPU: (flavour, arch) for every family, (flavour, arch, family) for one, or
-# (flavour, arch, family, variant) for one variant. The shorter keys do not cover the variants in UNRUN_VARIANTS.
-RAN_ON_HARDWARE = {
-    ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
-    ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
-    ("cu12", "sm_90", "intranode"): "H200 (nvidia-h200, driver 580, 2026-12-01): intranode suite bit-exact, both variants",
-    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, a7d8862 and aa81821): internode suite on "
-                                            "emulated nodes (2 x 2, 4 x 1, 2 x 4, 4 x 2, 2 x 8) bit-exact, graph "
-                                            "replays, faults",
-    ("cu13", "sm_90", "internode", "aggressive"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list, "
-                                                  "2 x 2",
-    ("cu13", "sm_90", "internode", "chaos"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list "
-                                             "under the chaos transport, 2 x 2",
-    ("cu13", "sm_90", "low_latency", "chaos"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): probe and LL suite under the "
-                                               "chaos transport, 2 x 1 and 2 x 2",
-}
-
-
-# Variants added after the runs above (their kernels differ): marked only by a key that names the variant.
-UNRUN_VARIANTS = ("chaos",)
-# Families whose runs are recorded per variant only (their variants ran at different times): no (flavour, arch) or
-# (flavour, arch, family) key above counts for them.
-VARIANT_KEYED_FAMILIES = ("internode",)
-
-
-def ran_on_hardware(flavour: str, arch: str, family: str, variant: str = "default"):
-    if (flavour, arch, family, variant) in RAN_ON_HARDWARE:
-        return RAN_ON_HARDWARE[(flavour, arch, family, variant)]
-    if variant in UNRUN_VARIANTS or family in VARIANT_KEYED_FAMILIES:
-        return None
-    return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
-
-
-def hardware_runs() -> dict:
-    """RAN_ON_HARDWARE as the manifest records it (what ran where, by key)."""
-    return {"/".join(key): text for key, text in sorted(RAN_ON_HARDWARE.items())}
-
-
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"
+MARKS_HINT = "then python tools/build_cubins.py --update-marks"
 
 
 def _load(name, path):
@@ -107,6 +73,7 @@ def _load(name, path):
 
 manifest_lib = _load("_ep_rt_manifest", REPO / "ep_rt" / "runtime" / "manifest.py")
 toolchains = _load("_ep_rt_cubin_toolchains", Path(__file__).resolve().parent / "cubin_toolchains.py")
+marks_lib = _load("_ep_rt_hardware_marks", Path(__file__).resolve().parent / "hardware_marks.py")
 BuildError = toolchains.BuildError
 FLAVOURS = toolchains.FLAVOURS
 VARIANT_DEFINES = toolchains.VARIANT_DEFINES
@@ -325,7 +292,6 @@ def measure_params(src):
 
 def manifest_entry(target, src, cubin, compiler):
     family = target.family
-    hardware = ran_on_hardware(target.flavour, target.arch, family.name, target.variant)
     return {
         "path": target.path,
         "family": family.name,
@@ -342,7 +308,7 @@ def manifest_entry(target, src, cubin, compiler):
         "flags": recorded_flags(target, src.name),
         "kernels": kernel_symbols(cubin),
         "needs_nvshmem": family.needs_nvshmem,
-        "ran_on_hardware": hardware is not None,
+        "ran_on_hardware": False,  # set from the marks (apply_marks)
     }
 
 
@@ -372,7 +338,45 @@ def remove_stray_cubins(out, keep):
             folder.rmdir()
 
 
-def build(src, out, names=(), flavours=(), sites=None, jobs=None):
+def read_marks(folder, root):
+    """The hardware marks of <folder>/hardware_runs.json; BuildError when the file or a mark is malformed."""
+    doc, problems = marks_lib.load(folder)
+    problems += marks_lib.field_problems(doc["marks"], root)
+    if problems:
+        raise BuildError("\n".join(problems))
+    return doc["marks"]
+
+
+def apply_marks(manifest, marks):
+    """Each entry's ran_on_hardware from the marks (a mark names its path and sha256); the marks themselves."""
+    for entry in manifest["cubins"]:
+        entry["ran_on_hardware"] = marks_lib.marked(entry, marks)
+    manifest["hardware_runs"] = marks
+
+
+def write_manifest(path, manifest):
+    write_atomic(path, (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode())
+
+
+def warn_stale_marks(marks, entries):
+    for problem in marks_lib.stale_problems(marks, entries, MARKS_HINT):
+        print(f"warning: {problem}", file=sys.stderr)
+
+
+def update_marks(src, out):
+    """Rewrite only the manifest's hardware marks from out/hardware_runs.json (after a GPU run; no compiler)."""
+    manifest = manifest_lib.load_manifest(out / "manifest.json")
+    marks = read_marks(out, src.parent)
+    apply_marks(manifest, marks)
+    write_manifest(out / "manifest.json", manifest)
+    warn_stale_marks(marks, manifest["cubins"])
+    ran = sum(e["ran_on_hardware"] for e in manifest["cubins"])
+    print(f"wrote {out / 'manifest.json'}: {ran} of {len(manifest['cubins'])} cubins marked as run on hardware")
+
+
+def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=None):
+    """Build into out/; the hardware marks come from marks_from/hardware_runs.json (default: out/)."""
+    marks = read_marks(marks_from or out, src.parent)
     all_families = discover_families(src)
     families = select(all_families, names, "family", [f.name for f in all_families])
     flavours = select(list(FLAVOURS), flavours, "flavour", FLAVOURS)
@@ -406,13 +410,14 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None):
     manifest = {
         "schema": manifest_lib.SCHEMA,
         "toolchains": described,
-        "hardware_runs": hardware_runs(),
         "structs": structs,
         "constants": constants,
         "cubins": sorted(entries, key=lambda e: e["path"]),
     }
-    write_atomic(manifest_path, (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode())
+    apply_marks(manifest, marks)
+    write_manifest(manifest_path, manifest)
     print(f"wrote {manifest_path} ({len(manifest['cubins'])} cubins)")
+    warn_stale_marks(marks, manifest["cubins"])
 
 
 # ---------------------------------------------------------------- --check
@@ -428,10 +433,6 @@ def check_entry(src, out, expected, entry):
     if target_digest(src, target) != entry["source_sha256"]:
         problems.append(f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was "
                         f"built: {REBUILD_HINT}")
-    if entry.get("ran_on_hardware") != (ran_on_hardware(target.flavour, target.arch, target.family.name,
-                                                        target.variant) is not None):
-        problems.append(f"{entry['path']}: ran_on_hardware differs from build_cubins.RAN_ON_HARDWARE: "
-                        f"{REBUILD_HINT}")
     cubin = out / entry["path"]
     if not cubin.is_file():
         problems.append(f"{entry['path']}: cubin file missing: {REBUILD_HINT}")
@@ -480,10 +481,24 @@ def check(src, out, flavours=()):
     problems += [f"{p.relative_to(out).as_posix()}: cubin file not in the manifest: {REBUILD_HINT}"
                  for p in sorted(out.rglob("*.cubin")) if p.relative_to(out).as_posix() not in listed]
     problems += check_structs(src, manifest)
-    if manifest.get("hardware_runs") != hardware_runs():
-        problems.append(f"manifest.json: its ran_on_hardware notes (hardware_runs) differ from "
-                        f"build_cubins.RAN_ON_HARDWARE: {REBUILD_HINT}")
+    problems += check_marks(src, out, manifest, list(entries.values()))
     return problems, len(entries)
+
+
+def check_marks(src, out, manifest, entries):
+    """Malformed or stale marks in out/hardware_runs.json; manifest marks that do not follow from them."""
+    doc, problems = marks_lib.load(out)
+    marks = doc["marks"]
+    problems += marks_lib.field_problems(marks, src.parent)
+    problems += marks_lib.stale_problems(marks, entries, MARKS_HINT)
+    hint = "python tools/build_cubins.py --update-marks"
+    for entry in entries:
+        if entry.get("ran_on_hardware") != marks_lib.marked(entry, marks):
+            problems.append(f"{entry['path']}: ran_on_hardware is {entry.get('ran_on_hardware')} in the manifest, "
+                            f"but {marks_lib.MARKS_FILE} says {marks_lib.marked(entry, marks)}: {hint}")
+    if manifest.get("hardware_runs") != marks:
+        problems.append(f"manifest.json: its hardware_runs differ from {marks_lib.MARKS_FILE}: {hint}")
+    return problems
 
 
 # ---------------------------------------------------------------- CLI
@@ -502,6 +517,8 @@ def parse_args(argv):
     parser.add_argument("--install-sites", action="store_true",
                         help="pip-install the pinned packages into the sites first (needs PyPI)")
     parser.add_argument("--check", action="store_true", help="verify out/ against src/ without building")
+    parser.add_argument("--update-marks", action="store_true",
+                        help="rewrite only the manifest's hardware marks from out/hardware_runs.json (no compiler)")
     parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiler runs (default: CPU count)")
     return parser.parse_args(argv)
 
@@ -518,6 +535,9 @@ def main(argv=None):
             if problems:
                 return 1
             print(f"cubins up to date: {count} cubins")
+            return 0
+        if args.update_marks:
+            update_marks(src, out)
             return 0
         if args.install_sites:
             for fl in args.flavour or FLAVOURS:
