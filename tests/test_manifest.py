@@ -1,8 +1,9 @@
 """tools/build_cubins.py and ep_rt/runtime/manifest.py: builds of throwaway kernel families in both flavours, the
 manifest they produce, and --check catching stale, missing, tampered and unlisted cubins; the repo's own cubin set.
-CPU only. Builds need nvcc 13 (cu13) and the cu12 site (NVRTC/nvJitLink wheels, `python tools/build_cubins.py
---install-sites` makes it at build/cu12-site; $EP_RT_TEST_CU12_SITE points elsewhere): without the site, the
-builds here are cu13-only and the cu12-specific tests skip."""
+CPU only. Builds need nvcc 13.0 (cu13: the cu13 site's, else a toolkit of that version at $NVCC or /usr/local/cuda)
+and the cu12 site (NVRTC/nvJitLink wheels); `python tools/build_cubins.py --install-sites` makes both sites under
+build/ ($EP_RT_TEST_CU12_SITE / $EP_RT_TEST_CU13_SITE point elsewhere). Without the cu12 site, the builds here are
+cu13-only and the cu12-specific tests skip."""
 import hashlib
 import importlib.util
 import json
@@ -98,13 +99,33 @@ PLAIN = {"cu12": ["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-
 
 
 def site_ready(flavour, nvshmem=False):
-    needed = list(toolchains.SITE_PINS[flavour]) if nvshmem else PLAIN[flavour]
+    """The site has what this flavour's builds here need (cu13: NVSHMEM only; nvcc is found by pick_nvcc)."""
+    if flavour == "cu13":
+        needed = [toolchains.NVSHMEM_PACKAGE["cu13"]] if nvshmem else []
+    else:
+        needed = list(toolchains.SITE_PINS[flavour]) if nvshmem else PLAIN[flavour]
     try:
         toolchains.check_site(flavour, SITES[flavour], needed)
         return True
     except build_cubins.BuildError:
         return False
 
+
+def system_nvcc():
+    """A toolkit's nvcc of the pinned version ($NVCC, else /usr/local/cuda), or None."""
+    for candidate in (os.environ.get("NVCC"), "/usr/local/cuda/bin/nvcc"):
+        if candidate and os.path.isfile(candidate):
+            try:
+                if toolchains.nvcc_version(candidate) == toolchains.NVCC_VERSION:
+                    return candidate
+            except build_cubins.BuildError:
+                pass
+    return None
+
+
+SITE_NVCC = toolchains.site_toolkit(SITES["cu13"]) / "bin" / "nvcc"
+# --nvcc for the cu13 builds here: none when the cu13 site has its own nvcc (the default), else a toolkit's
+NVCC_ARGS = [] if SITE_NVCC.is_file() else (["--nvcc", system_nvcc()] if system_nvcc() else None)
 
 # The flavours the throwaway families are built in here: cu13 always (nvcc), cu12 where its site is installed.
 BUILT = tuple(f for f in build_cubins.FLAVOURS if f == "cu13" or site_ready(f))
@@ -135,16 +156,15 @@ def write_sources(root, families):
 
 def build_or_fail(root, *extra):
     sites = [a for f in build_cubins.FLAVOURS for a in (f"--{f}-site", SITES[f])]
-    result = run_tool("--src", root / "kernels_src", "--out", root / "cubins", *sites, *extra)
+    result = run_tool("--src", root / "kernels_src", "--out", root / "cubins", *sites, *(NVCC_ARGS or []), *extra)
     assert result.returncode == 0, result.stdout + result.stderr
     return load_manifest(root / "cubins" / "manifest.json")
 
 
 def require_nvcc():
-    try:
-        build_cubins.find_nvcc()
-    except build_cubins.BuildError:
-        pytest.skip("nvcc is not on PATH (nor at $CUDA_HOME/bin or /usr/local/cuda/bin): cannot build test cubins")
+    if NVCC_ARGS is None:
+        pytest.skip(f"no nvcc {toolchains.NVCC_VERSION}: neither the cu13 site's ({SITE_NVCC}; python "
+                    f"tools/build_cubins.py --install-sites) nor a toolkit's at $NVCC or /usr/local/cuda/bin")
 
 
 @pytest.fixture(scope="module")
@@ -491,11 +511,124 @@ def test_nvshmem_family(tmp_path, flavour):
         assert b"nvshmemi_device_lib_version_d" in cubin, "cubin not device-linked against libnvshmem_device"
     flags = {e["arch"]: e["flags"] for e in entries}
     if flavour == "cu13":
-        assert "-rdc=true" in flags["sm_90"] and "-dlink" in flags["sm_90"] and "-lnvshmem_device" in flags["sm_90"]
+        assert "-rdc=true" in flags["sm_90"] and "nvlink:" in flags["sm_90"] and "-lnvshmem_device" in flags["sm_90"]
+        assert "--orig_src_path_name=kernels_src/shmem.cu" in flags["sm_90"]  # the module id's input, relative
     else:
         assert "--relocatable-device-code=true" in flags["sm_90"] and "-maxrregcount=80" not in flags["sm_90"]
         assert "-maxrregcount=80" in flags["sm_100"]  # nvshmem-cu12 has no sm_100 SASS (cubin_toolchains)
     assert run_check(tmp_path, "--flavour", flavour).returncode == 0
+
+
+# An NVSHMEM family with internal-linkage device code: its symbols carry nvcc's module id (_INTERNAL_<id>_...), which
+# nvcc derived from the checkout's absolute path before the build pinned it.
+SHMEM_INTERNAL_CU = SHMEM_CU + """\
+namespace { __device__ __noinline__ int bump(int v) { return v + 1; } }
+static __device__ int calls;
+extern "C" __global__ void shmem_bump(int *sym, int peer) { nvshmem_int_p(sym, bump(atomicAdd(&calls, 1)), peer); }
+"""
+
+
+def other_nvcc():
+    """A second nvcc of the pinned version in another place and layout than the one the builds here use."""
+    if NVCC_ARGS == [] and system_nvcc():
+        return ["--nvcc", system_nvcc()]
+    return [] if NVCC_ARGS and SITE_NVCC.is_file() else None
+
+
+def test_nvshmem_cubins_are_the_same_from_any_folder_and_toolkit(tmp_path):
+    """Issue 24: the cu13 NVSHMEM-linked cubins embedded a hash of the checkout's absolute path (module id) and the
+    toolkit's lib folders (nvlink's command line). Built from two folders (and, where there are two, with two
+    toolkits: the cu13 site's wheels and a system toolkit), the bytes must be the same."""
+    require_nvcc()
+    if not site_ready("cu13", nvshmem=True):
+        pytest.skip(f"no cu13 site with NVSHMEM at {SITES['cu13']} (python tools/build_cubins.py --install-sites)")
+    roots = [tmp_path / "a", tmp_path / "b" / "c" / "deeper"]
+    for root in roots:
+        write_sources(root, {"shmem": SHMEM_INTERNAL_CU})
+    build_or_fail(roots[0], "--flavour", "cu13")
+    second = other_nvcc()
+    # build_or_fail passes NVCC_ARGS first; a later --nvcc wins (argparse)
+    build_or_fail(roots[1], "--flavour", "cu13", *(second or []))
+    for arch in ("sm_90", "sm_100"):
+        a, b = ((r / "cubins" / "cu13" / arch / "default" / "shmem.cubin").read_bytes() for r in roots)
+        assert b"_INTERNAL_" in a, "the test family should have internal-linkage symbols"
+        assert a == b, (arch, build_cubins.section_differences(a, b))
+        assert str(tmp_path).encode() not in a and b"/usr/local" not in a and b"site-packages" not in a
+    if second is None:
+        pytest.skip("built with one toolkit only (no second nvcc of the pinned version): folders compared")
+
+
+def test_nvcc_command_lines_hold_no_absolute_path(tmp_path):
+    for needs_nvshmem in (False, True):
+        family = build_cubins.Family("f", tmp_path / "f.cu", ("default",), needs_nvshmem)
+        commands, cubin = toolchains.nvcc_commands(family, "default", "sm_90", "kernels_src")
+        assert cubin == "f.cubin"
+        args = [a for _, args in commands for a in args]
+        assert not any(a.startswith("/") or "=/" in a or a.startswith("-I/") or a.startswith("-L/") for a in args)
+        assert [tool for tool, _ in commands] == (["nvcc", "nvlink"] if needs_nvshmem else ["nvcc"])
+        assert "-dlink" not in args  # nvcc -dlink would hand nvlink the toolkit's absolute lib folders
+        if needs_nvshmem:
+            compile_args = commands[0][1]
+            at = compile_args.index("-Xcudafe")
+            assert compile_args[at + 1] == "--orig_src_path_name=kernels_src/f.cu"
+
+
+def test_verify_passes_and_names_every_differing_file(tree):
+    args = ["--verify", "--src", tree / "kernels_src", "--out", tree / "cubins",
+            *[a for f in build_cubins.FLAVOURS for a in (f"--{f}-site", SITES[f])], *(NVCC_ARGS or [])]
+    if len(BUILT) == 1:
+        pytest.skip("--verify rebuilds both flavours: needs the cu12 site")
+    result = run_tool(*args)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().endswith(f"cubins reproduced: {len(TEST_TARGETS) * 2 + 1} files (every cubin and "
+                                          f"the manifest) byte-identical to a rebuild")
+    cubin = tree / "cubins" / "cu13/sm_90/safe/alpha.cubin"
+    data = cubin.read_bytes()
+    assert data.count(b"Cuda compilation tools") == 1
+    cubin.write_bytes(data.replace(b"Cuda compilation tools", b"Cuda compilation tooLs"))  # in .note.nv.tkinfo
+    (tree / "cubins" / "cu12/sm_80/default/beta.cubin").unlink()
+    shutil.copy(tree / "cubins" / "cu13/sm_90/default/beta.cubin", tree / "cubins" / "cu13/sm_90/default/x.cubin")
+    result = run_tool(*args)
+    assert result.returncode == 1
+    lines = result.stderr.splitlines()
+    assert "cu13/sm_90/safe/alpha.cubin: differs from the rebuild (" in result.stderr
+    assert any(line.startswith("cu13/sm_90/safe/alpha.cubin: differs") and line.endswith("differ: .note.nv.tkinfo)")
+               for line in lines), lines
+    assert "cu12/sm_80/default/beta.cubin: the rebuild makes it, but it is not shipped" in lines
+    assert "cu13/sm_90/default/x.cubin: shipped, but the rebuild makes no such file" in lines
+    assert lines[-1].startswith("build_cubins: 3 of ")
+    assert run_tool("--verify", "--family", "alpha").returncode == 1
+
+
+def test_cu13_without_nvcc_names_the_site_and_the_option(tree, tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "NVCC"}
+    result = run_tool("--src", tree / "kernels_src", "--out", tree / "cubins", "--flavour", "cu13",
+                      "--cu13-site", tmp_path / "no-site", env=env)
+    assert result.returncode == 1
+    assert "no nvcc in the cu13 site" in result.stderr and "--install-sites" in result.stderr
+    assert f"--nvcc /usr/local/cuda/bin/nvcc (a toolkit whose nvcc is {toolchains.NVCC_VERSION})" in result.stderr
+
+
+def _script(path, text):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n" + text + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_an_explicit_nvcc_must_be_the_pinned_version_inside_a_toolkit(tmp_path, monkeypatch):
+    monkeypatch.delenv("NVCC", raising=False)
+    newer = _script(tmp_path / "tk" / "bin" / "nvcc", 'echo "Cuda compilation tools, release 13.1, V13.1.80"')
+    _script(tmp_path / "tk" / "bin" / "nvlink", "exit 1")
+    _script(tmp_path / "tk" / "nvvm" / "bin" / "cicc", "exit 1")
+    with pytest.raises(build_cubins.BuildError, match=rf"pinned to nvcc {toolchains.NVCC_VERSION} \(SITE_PINS\); "
+                                                       rf".*tk/bin/nvcc is 13\.1\.80"):
+        toolchains.Toolchain("cu13", tmp_path / "site", [], nvcc=str(newer))
+    wrapper = _script(tmp_path / "wrap" / "nvcc", f"exec {newer} \"$@\"")
+    with pytest.raises(build_cubins.BuildError, match="is not inside a CUDA toolkit .* no bin/nvlink, nvvm/bin/cicc"):
+        toolchains.Toolchain("cu13", tmp_path / "site", [], nvcc=str(wrapper))
+    with pytest.raises(build_cubins.BuildError, match=r"\(from --nvcc\) is not an executable file"):
+        toolchains.Toolchain("cu13", tmp_path / "site", [], nvcc=str(tmp_path / "none"))
 
 
 # ---------------------------------------------------------------- the repo's own cubins
@@ -509,10 +642,10 @@ def test_repo_cubins_are_current():
 
 
 # The shipped cubins whose bytes ran on a GPU (cubins/hardware_runs.json says how each was traced to a run).
+# (The cu13/sm_90 LL and internode cubins ran before issue 24's path-independent rebuild, which changed their symbol
+# names and toolkit note, not their code: unmarked until they run again.)
 REPO_MARKED = {"cu13/sm_90/default/layout.cubin", "cu13/sm_90/safe/intranode.cubin",
-               "cu13/sm_90/aggressive/intranode.cubin", "cu13/sm_90/default/low_latency.cubin",
-               "cu13/sm_90/safe/internode.cubin", "cu13/sm_90/aggressive/internode.cubin",
-               "cu13/sm_90/chaos/internode.cubin", "cu12/sm_90/safe/intranode.cubin",
+               "cu13/sm_90/aggressive/intranode.cubin", "cu12/sm_90/safe/intranode.cubin",
                "cu12/sm_90/aggressive/intranode.cubin"}
 
 

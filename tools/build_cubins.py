@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
 """Compile kernels_src/*.cu into cubins/<flavour>/<arch>/<variant>/<family>.cubin and write cubins/manifest.json.
 
-Two flavours of every cubin (tools/cubin_toolchains.py): cu13 (nvcc 13, needs a CUDA 13 driver) and cu12
-(NVRTC + nvJitLink 12.9 from pip wheels, loads from driver r525 on). The cu12 compilers and both flavours'
-NVSHMEM device libraries come from pip "sites" (folders made with pip install --target), at pinned versions:
+Two flavours of every cubin (tools/cubin_toolchains.py): cu13 (nvcc 13.0, needs a CUDA 13 driver) and cu12
+(NVRTC + nvJitLink 12.9, loads from driver r525 on). Both flavours' compilers and NVSHMEM device libraries come
+from pip "sites" (folders made with pip install --target), at pinned versions; no CUDA toolkit is needed:
 
     python tools/build_cubins.py --install-sites  pip-install the pinned packages into build/cu12-site and
-                                                  build/cu13-site (once; needs PyPI), then build everything
-    python tools/build_cubins.py                  build every family, flavour, arch and variant (needs nvcc 13,
-                                                  a host C++ compiler and the two sites)
+                                                  build/cu13-site (fresh; needs PyPI), then build everything
+    python tools/build_cubins.py                  build every family, flavour, arch and variant (needs a host
+                                                  C++ compiler and the two sites)
     python tools/build_cubins.py --family NAME    rebuild only NAME (repeatable); other entries are kept
     python tools/build_cubins.py --flavour cu12   rebuild only one flavour (repeatable); other entries are kept
+    python tools/build_cubins.py --verify         rebuild everything into a scratch folder and compare its bytes
+                                                  with cubins/ (every differing file named; with --install-sites:
+                                                  install first)
     python tools/build_cubins.py --check          CI: is cubins/ current with kernels_src/? (stdlib only, no
                                                   compiler, no site)
     python tools/build_cubins.py --update-marks   rewrite only the manifest's hardware marks (after adding a mark to
                                                   cubins/hardware_runs.json; no compiler)
     --cu12-site DIR / --cu13-site DIR             use other site folders (default: build/cu12-site, build/cu13-site)
+    --nvcc PATH                                   cu13 from a toolkit's nvcc instead of the site's (or $NVCC); it
+                                                  must be the pinned version
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
     // ep_rt-build: variants=safe,aggressive      (default: one variant named "default"; known: default, safe,
@@ -29,8 +34,9 @@ non-coherent loads were validated (as DeepEP, which forces them off elsewhere). 
 transport of include/ep_rt/net.cuh, EP_RT_CHAOS_TRANSPORT=1; NVSHMEM families only) only for sm_90 too: it is for
 emulated nodes on the H200 test machines, and each NVSHMEM-linked cubin costs the wheel ~0.17 MB.
 
-Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources and the sites,
-so every path on their command lines is relative and the same on every machine. The recorded flags are exactly
+Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources, the toolkit and
+the sites, so every path on their command lines is relative and the bytes are the same from every checkout folder
+and toolchain location (cubin_toolchains.nvcc_commands says what else nvcc would take from absolute paths). The recorded flags are exactly
 those command lines without input and output names; the source digest covers the sources, the flags, the arch
 and the pinned packages (cubin_toolchains.identity), so --check sees a change in any of them.
 
@@ -77,7 +83,6 @@ marks_lib = _load("_ep_rt_hardware_marks", Path(__file__).resolve().parent / "ha
 BuildError = toolchains.BuildError
 FLAVOURS = toolchains.FLAVOURS
 VARIANT_DEFINES = toolchains.VARIANT_DEFINES
-find_nvcc = toolchains.find_nvcc
 run_tool = toolchains.run_tool
 
 
@@ -191,12 +196,13 @@ def find_host_compiler():
     for name in ("c++", "g++", "clang++"):
         if shutil.which(name):
             return [shutil.which(name)]
-    return [find_nvcc(), "-x", "c++"]
+    raise BuildError("no host C++ compiler (c++, g++ or clang++ on PATH, or $CXX): the params.h layout probe and "
+                     "nvcc's preprocessing need one")
 
 
 # ---------------------------------------------------------------- cubin symbols (ELF)
 
-SHT_SYMTAB, STT_FUNC, STB_GLOBAL, SHN_UNDEF = 2, 2, 1, 0
+SHT_SYMTAB, SHT_NOBITS, STT_FUNC, STB_GLOBAL, SHN_UNDEF = 2, 8, 2, 1, 0
 STO_CUDA_ENTRY = 0x10  # st_other bit of a __global__ function; rdc device functions are global FUNCs too
 
 
@@ -220,6 +226,38 @@ def kernel_symbols(cubin):
                 if name:
                     names.add(name)
     return sorted(names)
+
+
+def elf_sections(cubin):
+    """{section name: bytes} of an ELF file (NOBITS sections as empty bytes; a repeated name gets a #n suffix)."""
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = sections[shstrndx][4]
+    out = {}
+    for name_off, sh_type, _, _, offset, size, *_ in sections:
+        name = cubin[names_at + name_off:cubin.index(b"\0", names_at + name_off)].decode() or "(null)"
+        key, n = name, 1
+        while key in out:
+            n += 1
+            key = f"{name}#{n}"
+        out[key] = b"" if sh_type == SHT_NOBITS else cubin[offset:offset + size]
+    return out
+
+
+# nvcc's module id of relocatable code (in internal-linkage names, so in some section names too)
+MODULE_ID = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
+
+
+def section_differences(a, b):
+    """Names of the ELF sections whose bytes differ between two cubins ("ELF header" if only it does). Section names
+    are compared with nvcc's module id masked (_INTERNAL_*_), so a changed id shows as .strtab / .shstrtab only."""
+    try:
+        sa, sb = ({MODULE_ID.sub("_INTERNAL_*_", k): v for k, v in elf_sections(c).items()} for c in (a, b))
+    except (struct.error, ValueError):
+        return ["(not ELF files)"]
+    names = [n for n in sorted(sa.keys() | sb.keys()) if sa.get(n) != sb.get(n)]
+    return names or (["ELF header"] if a[:64] != b[:64] else ["layout only (same sections, other offsets)"])
 
 
 # ---------------------------------------------------------------- params.h layouts
@@ -374,14 +412,15 @@ def update_marks(src, out):
     print(f"wrote {out / 'manifest.json'}: {ran} of {len(manifest['cubins'])} cubins marked as run on hardware")
 
 
-def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=None):
-    """Build into out/; the hardware marks come from marks_from/hardware_runs.json (default: out/)."""
+def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=None, nvcc=None):
+    """Build into out/; the hardware marks come from marks_from/hardware_runs.json (default: out/); nvcc: an
+    explicit nvcc for cu13 (default: $NVCC, else the cu13 site's)."""
     marks = read_marks(marks_from or out, src.parent)
     all_families = discover_families(src)
     families = select(all_families, names, "family", [f.name for f in all_families])
     flavours = select(list(FLAVOURS), flavours, "flavour", FLAVOURS)
     sites = sites or {}
-    chains = {fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families)
+    chains = {fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families, nvcc)
               for fl in flavours}
     structs, constants = measure_params(src)
     work = targets(families, flavours)
@@ -501,6 +540,39 @@ def check_marks(src, out, manifest, entries):
     return problems
 
 
+# ---------------------------------------------------------------- --verify
+
+def compare_outputs(shipped, rebuilt):
+    """Every difference between the shipped cubins/ and a rebuild of it: cubin files and the manifest."""
+    def files(root):
+        return {p.relative_to(root).as_posix() for p in root.rglob("*.cubin")} | (
+            {"manifest.json"} if (root / "manifest.json").is_file() else set())
+    have, want = files(shipped), files(rebuilt)
+    problems = [f"{p}: shipped, but the rebuild makes no such file" for p in sorted(have - want)]
+    problems += [f"{p}: the rebuild makes it, but it is not shipped" for p in sorted(want - have)]
+    for name in sorted(have & want):
+        a, b = (shipped / name).read_bytes(), (rebuilt / name).read_bytes()
+        if a == b:
+            continue
+        if name == "manifest.json":
+            old, new = json.loads(a), json.loads(b)
+            keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            problems.append(f"manifest.json: differs from the rebuild's (in {', '.join(keys)})")
+        else:
+            problems.append(f"{name}: differs from the rebuild ({len(a)} vs {len(b)} bytes; ELF sections that "
+                            f"differ: {', '.join(section_differences(a, b))})")
+    return problems
+
+
+def verify(src, out, sites=None, jobs=None, nvcc=None):
+    """(problems, number of files compared): rebuild everything into a scratch folder and compare bytes."""
+    with tempfile.TemporaryDirectory(prefix="ep_rt_verify_") as scratch:
+        rebuilt = Path(scratch) / out.name
+        build(src, rebuilt, sites=sites, jobs=jobs, marks_from=out, nvcc=nvcc)
+        count = len(list(rebuilt.rglob("*.cubin"))) + 1
+        return compare_outputs(out, rebuilt), count
+
+
 # ---------------------------------------------------------------- CLI
 
 def parse_args(argv):
@@ -517,6 +589,12 @@ def parse_args(argv):
     parser.add_argument("--install-sites", action="store_true",
                         help="pip-install the pinned packages into the sites first (needs PyPI)")
     parser.add_argument("--check", action="store_true", help="verify out/ against src/ without building")
+    parser.add_argument("--verify", action="store_true",
+                        help="rebuild everything into a scratch folder and compare its bytes with out/ (every "
+                             "differing file is reported)")
+    parser.add_argument("--nvcc", default=None, metavar="PATH",
+                        help=f"build cu13 with this nvcc (a toolkit's, version {toolchains.NVCC_VERSION}) instead "
+                             "of the cu13 site's (default: $NVCC, else the site's)")
     parser.add_argument("--update-marks", action="store_true",
                         help="rewrite only the manifest's hardware marks from out/hardware_runs.json (no compiler)")
     parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiler runs (default: CPU count)")
@@ -539,10 +617,21 @@ def main(argv=None):
         if args.update_marks:
             update_marks(src, out)
             return 0
+        if args.verify and (args.family or args.flavour):
+            raise BuildError("--verify rebuilds every family and flavour: it takes no --family or --flavour")
         if args.install_sites:
             for fl in args.flavour or FLAVOURS:
                 toolchains.install_site(fl, sites[fl])
-        build(src, out, args.family, args.flavour, sites, args.jobs)
+        if args.verify:
+            problems, count = verify(src, out, sites, args.jobs, args.nvcc)
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            if problems:
+                print(f"build_cubins: {len(problems)} of {count} files differ from a rebuild", file=sys.stderr)
+                return 1
+            print(f"cubins reproduced: {count} files (every cubin and the manifest) byte-identical to a rebuild")
+            return 0
+        build(src, out, args.family, args.flavour, sites, args.jobs, nvcc=args.nvcc)
         return 0
     except BuildError as e:
         print(f"build_cubins: {e}", file=sys.stderr)
