@@ -631,6 +631,47 @@ def test_an_explicit_nvcc_must_be_the_pinned_version_inside_a_toolkit(tmp_path, 
         toolchains.Toolchain("cu13", tmp_path / "site", [], nvcc=str(tmp_path / "none"))
 
 
+# Both put-with-signal variants and a signal op, as include/ep_rt/net.cuh calls them (cu13 only, for now).
+PUT_SIGNAL_CU = """\
+// ep_rt-build: nvshmem min_arch=sm_90
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include <stdint.h>
+extern "C" __global__ void put_signal_block(void *d, const void *s, size_t n, uint64_t *sig, uint64_t v, int pe) {
+    nvshmemx_putmem_signal_nbi_block(d, s, n, sig, v, NVSHMEM_SIGNAL_ADD, pe);
+}
+extern "C" __global__ void put_signal_warp(void *d, const void *s, size_t n, uint64_t *sig, uint64_t v, int pe) {
+    nvshmemx_putmem_signal_nbi_warp(d, s, n, sig, v, NVSHMEM_SIGNAL_ADD, pe);
+}
+extern "C" __global__ void signal_add(uint64_t *sig, uint64_t v, int pe) { nvshmemx_signal_op(sig, v, NVSHMEM_SIGNAL_ADD, pe); }
+"""
+# The library's definitions (nvcc, glibc: uint64_t is unsigned long, `m`); threadgroup 1 = warp, 3 = block
+PUT_SIGNAL = "_Z28nvshmemi_transfer_put_signalIL13threadgroup_t{}EEvPvS1_mS1_{}14nvshmemi_amo_tib"
+
+
+@pytest.mark.parametrize("stdint_shim", ["cuda_std", "lp64"])
+def test_nvrtc_stdint_shim_decides_whether_put_with_signal_links(tmp_path, monkeypatch, stdint_shim):
+    """cubin_toolchains.STDINT_SHIM: with libcu++'s prelude (uint64_t = unsigned long long, what the shipped cu12
+    cubins use) NVRTC's calls name a put_signal the library does not have; with the LP64 shim they link."""
+    if not site_ready("cu12", nvshmem=True):
+        pytest.skip(f"no cu12 site with NVSHMEM at {SITES['cu12']} (python tools/build_cubins.py --install-sites)")
+    src = write_sources(tmp_path, {"probe": PUT_SIGNAL_CU})
+    monkeypatch.setattr(toolchains, "SHIMS", toolchains.shims(stdint_shim))
+    build = lambda: build_cubins.build(src, tmp_path / "cubins", flavours=["cu12"], sites=SITES)  # noqa: E731
+    if stdint_shim == "cuda_std":
+        with pytest.raises(build_cubins.BuildError) as error:
+            build()
+        assert f"Undefined reference to '{PUT_SIGNAL.format('3', 'y')}'" in str(error.value)
+        assert f"Undefined reference to '{PUT_SIGNAL.format('1', 'y')}'" in str(error.value)
+        return
+    build()
+    for arch in ("sm_90", "sm_100"):
+        cubin = (tmp_path / "cubins" / "cu12" / arch / "default" / "probe.cubin").read_bytes()
+        for group in ("1", "3"):
+            assert PUT_SIGNAL.format(group, "m").encode() + b"\0" in cubin, (arch, group)
+        assert build_cubins.kernel_symbols(cubin) == ["put_signal_block", "put_signal_warp", "signal_add"]
+
+
 # ---------------------------------------------------------------- the repo's own cubins
 
 def test_repo_cubins_are_current():

@@ -71,12 +71,67 @@ NVCC_EXTRA = ["--expt-relaxed-constexpr"]   # NVRTC rejects it (and -O3); the so
 NVSHMEM_LINK, CU12_LINK, SHIM_DIR = "nvshmem", "cu12", "rtc_shim"
 CUDA_LINK, CUDADEVRT_LINK = "cuda", "cudadevrt"   # the nvcc toolkit; the folder of its libcudadevrt.a
 # NVRTC has no C library headers, and NVSHMEM 3.x's reduce.cuh uses std:: traits without an NVRTC guard.
-SHIMS = {
-    "stdint.h": "#pragma once\n#include <cuda/std/cstdint>\n",
-    "rtc_shim.h": ("#pragma once\n#include <cuda/std/type_traits>\n"
-                   "namespace std { using cuda::std::is_integral; using cuda::std::is_unsigned; "
-                   "using cuda::std::is_signed; }\n"),
+#
+# Which <stdint.h> NVRTC gets (STDINT_SHIM):
+# - "cuda_std" (the committed cu12 cubins): libcu++'s NVRTC prelude, whose 64-bit types are long long. NVSHMEM's
+#   device library was compiled by nvcc with glibc's, where they are long, so a call whose mangled name holds one
+#   has nothing to link: nvshmemx_putmem_signal_nbi_block / _warp need
+#   _Z28nvshmemi_transfer_put_signalIL13threadgroup_t1EEvPvS1_mS1_y14nvshmemi_amo_tib (..._t3... for the warp; the
+#   `y` is unsigned long long) where the library defines ..._mS1_m14... (unsigned long): "Undefined reference" from
+#   nvJitLink. Hence net.cuh's __CUDACC_RTC__ branch (put, quiet, signal).
+# - "lp64": glibc's LP64 types (long, unsigned long for the 64-bit ones), defined before libcu++'s prelude can be
+#   (its include guard is set) and then exported by <cuda/std/cstdint>; rtc_shim.h includes it first, because its
+#   own libcu++ header would otherwise bring the prelude in before any source line. Tried with NVRTC + nvJitLink
+#   12.9, nvshmem-cu12 3.3.20, sm_90 and sm_100: both put-with-signal calls and nvshmemx_signal_op link, and the
+#   real low_latency.cu and internode.cu build with net.cuh's __CUDACC_RTC__ branch removed (so does every other
+#   family: layout's bytes are unchanged, intranode's differ only in .strtab).
+#   Switch to it together with removing that branch: it changes the source digest of every cu12 cubin, so all of
+#   them must be rebuilt (and the NVSHMEM-linked ones change).
+STDINT_SHIM = "cuda_std"
+STDINT_SHIMS = {
+    "cuda_std": "#pragma once\n#include <cuda/std/cstdint>\n",
+    "lp64": "\n".join([
+        "#pragma once",
+        "#define _LIBCUDACXX___CUDA_CSTDINT_PRELUDE_H",  # keep libcu++'s long long prelude out
+        *(f"typedef {t} {n};" for n, t in [
+            ("int8_t", "signed char"), ("uint8_t", "unsigned char"), ("int16_t", "signed short"),
+            ("uint16_t", "unsigned short"), ("int32_t", "signed int"), ("uint32_t", "unsigned int"),
+            ("int64_t", "signed long"), ("uint64_t", "unsigned long"),
+            *((f"int_least{b}_t", f"int{b}_t") for b in (8, 16, 32, 64)),
+            *((f"uint_least{b}_t", f"uint{b}_t") for b in (8, 16, 32, 64)),
+            ("int_fast8_t", "signed char"), ("uint_fast8_t", "unsigned char"),
+            *((f"int_fast{b}_t", "signed long") for b in (16, 32, 64)),
+            *((f"uint_fast{b}_t", "unsigned long") for b in (16, 32, 64)),
+            ("intptr_t", "signed long"), ("uintptr_t", "unsigned long"),
+            ("intmax_t", "signed long"), ("uintmax_t", "unsigned long")]),
+        "#include <cuda/std/climits>",
+        *(f"#define {n} {v}" for n, v in [
+            ("INT8_MIN", "SCHAR_MIN"), ("INT16_MIN", "SHRT_MIN"), ("INT32_MIN", "INT_MIN"), ("INT64_MIN", "LONG_MIN"),
+            ("INT8_MAX", "SCHAR_MAX"), ("INT16_MAX", "SHRT_MAX"), ("INT32_MAX", "INT_MAX"), ("INT64_MAX", "LONG_MAX"),
+            ("UINT8_MAX", "UCHAR_MAX"), ("UINT16_MAX", "USHRT_MAX"), ("UINT32_MAX", "UINT_MAX"),
+            ("UINT64_MAX", "ULONG_MAX"), ("INTPTR_MIN", "LONG_MIN"), ("INTPTR_MAX", "LONG_MAX"),
+            ("UINTPTR_MAX", "ULONG_MAX"), ("INTMAX_MIN", "LONG_MIN"), ("INTMAX_MAX", "LONG_MAX"),
+            ("UINTMAX_MAX", "ULONG_MAX"), ("SIZE_MAX", "ULONG_MAX"),
+            ("INT8_C(X)", "X"), ("INT16_C(X)", "X"), ("INT32_C(X)", "X"), ("INT64_C(X)", "X##L"),
+            ("UINT8_C(X)", "X"), ("UINT16_C(X)", "X"), ("UINT32_C(X)", "X##U"), ("UINT64_C(X)", "X##UL"),
+            ("INTMAX_C(X)", "X##L"), ("UINTMAX_C(X)", "X##UL")]),
+        "#include <cuda/std/cstdint>",
+        ""]),
 }
+
+
+def shims(stdint_shim):
+    """The shim headers (name: text) with the given STDINT_SHIMS choice."""
+    return {
+        "stdint.h": STDINT_SHIMS[stdint_shim],
+        "rtc_shim.h": ("#pragma once\n" + ("#include <stdint.h>\n" if stdint_shim == "lp64" else "")
+                       + "#include <cuda/std/type_traits>\n"
+                       "namespace std { using cuda::std::is_integral; using cuda::std::is_unsigned; "
+                       "using cuda::std::is_signed; }\n"),
+    }
+
+
+SHIMS = shims(STDINT_SHIM)
 # nvidia-nvshmem-cu12 has no sm_100 SASS: nvJitLink JIT-compiles its compute_90 PTX without the callers'
 # __launch_bounds__ register cap, and the link fails ("max regcount of 80 calls ... regcount of 126").
 NVJITLINK_EXTRA = {("cu12", "sm_100"): ["-maxrregcount=80"]}
