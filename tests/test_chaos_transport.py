@@ -96,8 +96,9 @@ def test_shipped_chaos_cubins():
         assert "ep_rt_ll_net_probe" in e["kernels"] and "ep_rt_ll_dispatch_send" in e["kernels"], e["path"]
         assert "kernels_src/include/ep_rt/net.cuh" in e["sources"], e["path"]
         if variant == "chaos":
-            # cu13/sm_90 ran (docs/GPU_RESULTS.md, 2a0bb45); cu12 has not
-            assert e["ran_on_hardware"] is (flavour == "cu13"), e["path"]
+            # Neither shipped chaos LL cubin has run: the cu13 runs (2a0bb45) were on a working tree whose bytes are
+            # unknown (cubins/hardware_runs.json)
+            assert e["ran_on_hardware"] is False, e["path"]
             # The queues are .bss (zero-filled at load): the cubin stays the size of the default one, not +29 MiB.
             assert (REPO / "cubins" / e["path"]).stat().st_size < 1_500_000, e["path"]
 
@@ -114,10 +115,6 @@ def test_build_declares_chaos_for_nvshmem_families_on_sm90_only(tmp_path):
     cu.write_text("// ep_rt-build: variants=default,chaos\n")
     with pytest.raises(build_cubins.BuildError, match="chaos variant .* needs the nvshmem option"):
         build_cubins.read_directives(cu)
-    # A (flavour, arch) hardware mark covers the variants that existed then, not the chaos one: that has its own.
-    assert build_cubins.ran_on_hardware("cu13", "sm_90", "low_latency", "default") is not None
-    assert build_cubins.ran_on_hardware("cu12", "sm_90", "low_latency", "chaos") is None
-    assert build_cubins.ran_on_hardware("cu13", "sm_90", "low_latency", "chaos") is not None
 
 
 def test_ll_kernels_reach_other_nodes_only_through_net_cuh():

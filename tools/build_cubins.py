@@ -1,19 +1,26 @@
 #!/usr/bin/env python3
 """Compile kernels_src/*.cu into cubins/<flavour>/<arch>/<variant>/<family>.cubin and write cubins/manifest.json.
 
-Two flavours of every cubin (tools/cubin_toolchains.py): cu13 (nvcc 13, needs a CUDA 13 driver) and cu12
-(NVRTC + nvJitLink 12.9 from pip wheels, loads from driver r525 on). The cu12 compilers and both flavours'
-NVSHMEM device libraries come from pip "sites" (folders made with pip install --target), at pinned versions:
+Two flavours of every cubin (tools/cubin_toolchains.py): cu13 (nvcc 13.0, needs a CUDA 13 driver) and cu12
+(NVRTC + nvJitLink 12.9, loads from driver r525 on). Both flavours' compilers and NVSHMEM device libraries come
+from pip "sites" (folders made with pip install --target), at pinned versions; no CUDA toolkit is needed:
 
     python tools/build_cubins.py --install-sites  pip-install the pinned packages into build/cu12-site and
-                                                  build/cu13-site (once; needs PyPI), then build everything
-    python tools/build_cubins.py                  build every family, flavour, arch and variant (needs nvcc 13,
-                                                  a host C++ compiler and the two sites)
+                                                  build/cu13-site (fresh; needs PyPI), then build everything
+    python tools/build_cubins.py                  build every family, flavour, arch and variant (needs a host
+                                                  C++ compiler and the two sites)
     python tools/build_cubins.py --family NAME    rebuild only NAME (repeatable); other entries are kept
     python tools/build_cubins.py --flavour cu12   rebuild only one flavour (repeatable); other entries are kept
+    python tools/build_cubins.py --verify         rebuild everything into a scratch folder and compare its bytes
+                                                  with cubins/ (every differing file named; with --install-sites:
+                                                  install first)
     python tools/build_cubins.py --check          CI: is cubins/ current with kernels_src/? (stdlib only, no
                                                   compiler, no site)
+    python tools/build_cubins.py --update-marks   rewrite only the manifest's hardware marks (after adding a mark to
+                                                  cubins/hardware_runs.json; no compiler)
     --cu12-site DIR / --cu13-site DIR             use other site folders (default: build/cu12-site, build/cu13-site)
+    --nvcc PATH                                   cu13 from a toolkit's nvcc instead of the site's (or $NVCC); it
+                                                  must be the pinned version
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
     // ep_rt-build: variants=safe,aggressive      (default: one variant named "default"; known: default, safe,
@@ -27,10 +34,14 @@ non-coherent loads were validated (as DeepEP, which forces them off elsewhere). 
 transport of include/ep_rt/net.cuh, EP_RT_CHAOS_TRANSPORT=1; NVSHMEM families only) only for sm_90 too: it is for
 emulated nodes on the H200 test machines, and each NVSHMEM-linked cubin costs the wheel ~0.17 MB.
 
-Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources and the sites,
-so every path on their command lines is relative and the same on every machine. The recorded flags are exactly
+Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources, the toolkit and
+the sites, so every path on their command lines is relative and the bytes are the same from every checkout folder
+and toolchain location (cubin_toolchains.nvcc_commands says what else nvcc would take from absolute paths). The recorded flags are exactly
 those command lines without input and output names; the source digest covers the sources, the flags, the arch
 and the pinned packages (cubin_toolchains.identity), so --check sees a change in any of them.
+
+Hardware marks (tools/hardware_marks.py): cubins/hardware_runs.json names, by sha256, the cubin bytes that ran on a
+GPU; an entry's ran_on_hardware is true only for the bytes a mark names, and --check fails on a stale mark.
 """
 import argparse
 import concurrent.futures
@@ -52,49 +63,10 @@ ARCHS = ("sm_80", "sm_90", "sm_100")
 AGGRESSIVE_ARCHS = ("sm_90",)
 # Variants built for some archs only (every other variant: every arch of the family).
 VARIANT_ARCHS = {"aggressive": AGGRESSIVE_ARCHS, "chaos": ("sm_90",)}
-# (flavour, arch) pairs whose cubins have run on a GPU; every other pair is only built. After a GPU run of a new
-# pair, add it here and rebuild: the manifest records it per cubin and --check compares.
-# Which cubins have run on a GPU: (flavour, arch) for every family, (flavour, arch, family) for one, or
-# (flavour, arch, family, variant) for one variant. The shorter keys do not cover the variants in UNRUN_VARIANTS.
-RAN_ON_HARDWARE = {
-    ("cu13", "sm_90"): "H200 (nvidia-h200-x2, nvidia-h200): GPU suite bit-exact with ep_rt.reference, benchmarks",
-    ("cu12", "sm_90", "layout"): "H200 (nvidia-h200, driver 580, 2026-12-01): layout tests bit-exact",
-    ("cu12", "sm_90", "intranode"): "H200 (nvidia-h200, driver 580, 2026-12-01): intranode suite bit-exact, both variants",
-    ("cu13", "sm_90", "internode", "safe"): "H200 (nvidia-h200, 2026-12-01, a7d8862 and aa81821): internode suite on "
-                                            "emulated nodes (2 x 2, 4 x 1, 2 x 4, 4 x 2, 2 x 8) bit-exact, graph "
-                                            "replays, faults",
-    ("cu13", "sm_90", "internode", "aggressive"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list, "
-                                                  "2 x 2",
-    ("cu13", "sm_90", "internode", "chaos"): "H200 (nvidia-h200, 2026-12-01, a7d8862): whole internode case list "
-                                             "under the chaos transport, 2 x 2",
-    ("cu13", "sm_90", "low_latency", "chaos"): "H200 (nvidia-h200, 2026-12-01, 2a0bb45): probe and LL suite under the "
-                                               "chaos transport, 2 x 1 and 2 x 2",
-}
-
-
-# Variants added after the runs above (their kernels differ): marked only by a key that names the variant.
-UNRUN_VARIANTS = ("chaos",)
-# Families whose runs are recorded per variant only (their variants ran at different times): no (flavour, arch) or
-# (flavour, arch, family) key above counts for them.
-VARIANT_KEYED_FAMILIES = ("internode",)
-
-
-def ran_on_hardware(flavour: str, arch: str, family: str, variant: str = "default"):
-    if (flavour, arch, family, variant) in RAN_ON_HARDWARE:
-        return RAN_ON_HARDWARE[(flavour, arch, family, variant)]
-    if variant in UNRUN_VARIANTS or family in VARIANT_KEYED_FAMILIES:
-        return None
-    return RAN_ON_HARDWARE.get((flavour, arch, family)) or RAN_ON_HARDWARE.get((flavour, arch))
-
-
-def hardware_runs() -> dict:
-    """RAN_ON_HARDWARE as the manifest records it (what ran where, by key)."""
-    return {"/".join(key): text for key, text in sorted(RAN_ON_HARDWARE.items())}
-
-
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"
+MARKS_HINT = "then python tools/build_cubins.py --update-marks"
 
 
 def _load(name, path):
@@ -107,10 +79,10 @@ def _load(name, path):
 
 manifest_lib = _load("_ep_rt_manifest", REPO / "ep_rt" / "runtime" / "manifest.py")
 toolchains = _load("_ep_rt_cubin_toolchains", Path(__file__).resolve().parent / "cubin_toolchains.py")
+marks_lib = _load("_ep_rt_hardware_marks", Path(__file__).resolve().parent / "hardware_marks.py")
 BuildError = toolchains.BuildError
 FLAVOURS = toolchains.FLAVOURS
 VARIANT_DEFINES = toolchains.VARIANT_DEFINES
-find_nvcc = toolchains.find_nvcc
 run_tool = toolchains.run_tool
 
 
@@ -224,12 +196,13 @@ def find_host_compiler():
     for name in ("c++", "g++", "clang++"):
         if shutil.which(name):
             return [shutil.which(name)]
-    return [find_nvcc(), "-x", "c++"]
+    raise BuildError("no host C++ compiler (c++, g++ or clang++ on PATH, or $CXX): the params.h layout probe and "
+                     "nvcc's preprocessing need one")
 
 
 # ---------------------------------------------------------------- cubin symbols (ELF)
 
-SHT_SYMTAB, STT_FUNC, STB_GLOBAL, SHN_UNDEF = 2, 2, 1, 0
+SHT_SYMTAB, SHT_NOBITS, STT_FUNC, STB_GLOBAL, SHN_UNDEF = 2, 8, 2, 1, 0
 STO_CUDA_ENTRY = 0x10  # st_other bit of a __global__ function; rdc device functions are global FUNCs too
 
 
@@ -253,6 +226,38 @@ def kernel_symbols(cubin):
                 if name:
                     names.add(name)
     return sorted(names)
+
+
+def elf_sections(cubin):
+    """{section name: bytes} of an ELF file (NOBITS sections as empty bytes; a repeated name gets a #n suffix)."""
+    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = sections[shstrndx][4]
+    out = {}
+    for name_off, sh_type, _, _, offset, size, *_ in sections:
+        name = cubin[names_at + name_off:cubin.index(b"\0", names_at + name_off)].decode() or "(null)"
+        key, n = name, 1
+        while key in out:
+            n += 1
+            key = f"{name}#{n}"
+        out[key] = b"" if sh_type == SHT_NOBITS else cubin[offset:offset + size]
+    return out
+
+
+# nvcc's module id of relocatable code (in internal-linkage names, so in some section names too)
+MODULE_ID = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
+
+
+def section_differences(a, b):
+    """Names of the ELF sections whose bytes differ between two cubins ("ELF header" if only it does). Section names
+    are compared with nvcc's module id masked (_INTERNAL_*_), so a changed id shows as .strtab / .shstrtab only."""
+    try:
+        sa, sb = ({MODULE_ID.sub("_INTERNAL_*_", k): v for k, v in elf_sections(c).items()} for c in (a, b))
+    except (struct.error, ValueError):
+        return ["(not ELF files)"]
+    names = [n for n in sorted(sa.keys() | sb.keys()) if sa.get(n) != sb.get(n)]
+    return names or (["ELF header"] if a[:64] != b[:64] else ["layout only (same sections, other offsets)"])
 
 
 # ---------------------------------------------------------------- params.h layouts
@@ -325,7 +330,6 @@ def measure_params(src):
 
 def manifest_entry(target, src, cubin, compiler):
     family = target.family
-    hardware = ran_on_hardware(target.flavour, target.arch, family.name, target.variant)
     return {
         "path": target.path,
         "family": family.name,
@@ -342,7 +346,7 @@ def manifest_entry(target, src, cubin, compiler):
         "flags": recorded_flags(target, src.name),
         "kernels": kernel_symbols(cubin),
         "needs_nvshmem": family.needs_nvshmem,
-        "ran_on_hardware": hardware is not None,
+        "ran_on_hardware": False,  # set from the marks (apply_marks)
     }
 
 
@@ -372,12 +376,51 @@ def remove_stray_cubins(out, keep):
             folder.rmdir()
 
 
-def build(src, out, names=(), flavours=(), sites=None, jobs=None):
+def read_marks(folder, root):
+    """The hardware marks of <folder>/hardware_runs.json; BuildError when the file or a mark is malformed."""
+    doc, problems = marks_lib.load(folder)
+    problems += marks_lib.field_problems(doc["marks"], root)
+    if problems:
+        raise BuildError("\n".join(problems))
+    return doc["marks"]
+
+
+def apply_marks(manifest, marks):
+    """Each entry's ran_on_hardware from the marks (a mark names its path and sha256); the marks themselves."""
+    for entry in manifest["cubins"]:
+        entry["ran_on_hardware"] = marks_lib.marked(entry, marks)
+    manifest["hardware_runs"] = marks
+
+
+def write_manifest(path, manifest):
+    write_atomic(path, (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode())
+
+
+def warn_stale_marks(marks, entries):
+    for problem in marks_lib.stale_problems(marks, entries, MARKS_HINT):
+        print(f"warning: {problem}", file=sys.stderr)
+
+
+def update_marks(src, out):
+    """Rewrite only the manifest's hardware marks from out/hardware_runs.json (after a GPU run; no compiler)."""
+    manifest = manifest_lib.load_manifest(out / "manifest.json")
+    marks = read_marks(out, src.parent)
+    apply_marks(manifest, marks)
+    write_manifest(out / "manifest.json", manifest)
+    warn_stale_marks(marks, manifest["cubins"])
+    ran = sum(e["ran_on_hardware"] for e in manifest["cubins"])
+    print(f"wrote {out / 'manifest.json'}: {ran} of {len(manifest['cubins'])} cubins marked as run on hardware")
+
+
+def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=None, nvcc=None):
+    """Build into out/; the hardware marks come from marks_from/hardware_runs.json (default: out/); nvcc: an
+    explicit nvcc for cu13 (default: $NVCC, else the cu13 site's)."""
+    marks = read_marks(marks_from or out, src.parent)
     all_families = discover_families(src)
     families = select(all_families, names, "family", [f.name for f in all_families])
     flavours = select(list(FLAVOURS), flavours, "flavour", FLAVOURS)
     sites = sites or {}
-    chains = {fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families)
+    chains = {fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families, nvcc)
               for fl in flavours}
     structs, constants = measure_params(src)
     work = targets(families, flavours)
@@ -406,13 +449,14 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None):
     manifest = {
         "schema": manifest_lib.SCHEMA,
         "toolchains": described,
-        "hardware_runs": hardware_runs(),
         "structs": structs,
         "constants": constants,
         "cubins": sorted(entries, key=lambda e: e["path"]),
     }
-    write_atomic(manifest_path, (json.dumps(manifest, sort_keys=True, indent=1) + "\n").encode())
+    apply_marks(manifest, marks)
+    write_manifest(manifest_path, manifest)
     print(f"wrote {manifest_path} ({len(manifest['cubins'])} cubins)")
+    warn_stale_marks(marks, manifest["cubins"])
 
 
 # ---------------------------------------------------------------- --check
@@ -428,10 +472,6 @@ def check_entry(src, out, expected, entry):
     if target_digest(src, target) != entry["source_sha256"]:
         problems.append(f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was "
                         f"built: {REBUILD_HINT}")
-    if entry.get("ran_on_hardware") != (ran_on_hardware(target.flavour, target.arch, target.family.name,
-                                                        target.variant) is not None):
-        problems.append(f"{entry['path']}: ran_on_hardware differs from build_cubins.RAN_ON_HARDWARE: "
-                        f"{REBUILD_HINT}")
     cubin = out / entry["path"]
     if not cubin.is_file():
         problems.append(f"{entry['path']}: cubin file missing: {REBUILD_HINT}")
@@ -480,10 +520,57 @@ def check(src, out, flavours=()):
     problems += [f"{p.relative_to(out).as_posix()}: cubin file not in the manifest: {REBUILD_HINT}"
                  for p in sorted(out.rglob("*.cubin")) if p.relative_to(out).as_posix() not in listed]
     problems += check_structs(src, manifest)
-    if manifest.get("hardware_runs") != hardware_runs():
-        problems.append(f"manifest.json: its ran_on_hardware notes (hardware_runs) differ from "
-                        f"build_cubins.RAN_ON_HARDWARE: {REBUILD_HINT}")
+    problems += check_marks(src, out, manifest, list(entries.values()))
     return problems, len(entries)
+
+
+def check_marks(src, out, manifest, entries):
+    """Malformed or stale marks in out/hardware_runs.json; manifest marks that do not follow from them."""
+    doc, problems = marks_lib.load(out)
+    marks = doc["marks"]
+    problems += marks_lib.field_problems(marks, src.parent)
+    problems += marks_lib.stale_problems(marks, entries, MARKS_HINT)
+    hint = "python tools/build_cubins.py --update-marks"
+    for entry in entries:
+        if entry.get("ran_on_hardware") != marks_lib.marked(entry, marks):
+            problems.append(f"{entry['path']}: ran_on_hardware is {entry.get('ran_on_hardware')} in the manifest, "
+                            f"but {marks_lib.MARKS_FILE} says {marks_lib.marked(entry, marks)}: {hint}")
+    if manifest.get("hardware_runs") != marks:
+        problems.append(f"manifest.json: its hardware_runs differ from {marks_lib.MARKS_FILE}: {hint}")
+    return problems
+
+
+# ---------------------------------------------------------------- --verify
+
+def compare_outputs(shipped, rebuilt):
+    """Every difference between the shipped cubins/ and a rebuild of it: cubin files and the manifest."""
+    def files(root):
+        return {p.relative_to(root).as_posix() for p in root.rglob("*.cubin")} | (
+            {"manifest.json"} if (root / "manifest.json").is_file() else set())
+    have, want = files(shipped), files(rebuilt)
+    problems = [f"{p}: shipped, but the rebuild makes no such file" for p in sorted(have - want)]
+    problems += [f"{p}: the rebuild makes it, but it is not shipped" for p in sorted(want - have)]
+    for name in sorted(have & want):
+        a, b = (shipped / name).read_bytes(), (rebuilt / name).read_bytes()
+        if a == b:
+            continue
+        if name == "manifest.json":
+            old, new = json.loads(a), json.loads(b)
+            keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            problems.append(f"manifest.json: differs from the rebuild's (in {', '.join(keys)})")
+        else:
+            problems.append(f"{name}: differs from the rebuild ({len(a)} vs {len(b)} bytes; ELF sections that "
+                            f"differ: {', '.join(section_differences(a, b))})")
+    return problems
+
+
+def verify(src, out, sites=None, jobs=None, nvcc=None):
+    """(problems, number of files compared): rebuild everything into a scratch folder and compare bytes."""
+    with tempfile.TemporaryDirectory(prefix="ep_rt_verify_") as scratch:
+        rebuilt = Path(scratch) / out.name
+        build(src, rebuilt, sites=sites, jobs=jobs, marks_from=out, nvcc=nvcc)
+        count = len(list(rebuilt.rglob("*.cubin"))) + 1
+        return compare_outputs(out, rebuilt), count
 
 
 # ---------------------------------------------------------------- CLI
@@ -502,6 +589,14 @@ def parse_args(argv):
     parser.add_argument("--install-sites", action="store_true",
                         help="pip-install the pinned packages into the sites first (needs PyPI)")
     parser.add_argument("--check", action="store_true", help="verify out/ against src/ without building")
+    parser.add_argument("--verify", action="store_true",
+                        help="rebuild everything into a scratch folder and compare its bytes with out/ (every "
+                             "differing file is reported)")
+    parser.add_argument("--nvcc", default=None, metavar="PATH",
+                        help=f"build cu13 with this nvcc (a toolkit's, version {toolchains.NVCC_VERSION}) instead "
+                             "of the cu13 site's (default: $NVCC, else the site's)")
+    parser.add_argument("--update-marks", action="store_true",
+                        help="rewrite only the manifest's hardware marks from out/hardware_runs.json (no compiler)")
     parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiler runs (default: CPU count)")
     return parser.parse_args(argv)
 
@@ -519,10 +614,24 @@ def main(argv=None):
                 return 1
             print(f"cubins up to date: {count} cubins")
             return 0
+        if args.update_marks:
+            update_marks(src, out)
+            return 0
+        if args.verify and (args.family or args.flavour):
+            raise BuildError("--verify rebuilds every family and flavour: it takes no --family or --flavour")
         if args.install_sites:
             for fl in args.flavour or FLAVOURS:
                 toolchains.install_site(fl, sites[fl])
-        build(src, out, args.family, args.flavour, sites, args.jobs)
+        if args.verify:
+            problems, count = verify(src, out, sites, args.jobs, args.nvcc)
+            for problem in problems:
+                print(problem, file=sys.stderr)
+            if problems:
+                print(f"build_cubins: {len(problems)} of {count} files differ from a rebuild", file=sys.stderr)
+                return 1
+            print(f"cubins reproduced: {count} files (every cubin and the manifest) byte-identical to a rebuild")
+            return 0
+        build(src, out, args.family, args.flavour, sites, args.jobs, nvcc=args.nvcc)
         return 0
     except BuildError as e:
         print(f"build_cubins: {e}", file=sys.stderr)

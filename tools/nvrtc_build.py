@@ -77,6 +77,8 @@ def nvjitlink(lib_path, rel_cubin, name, options, libraries):
     """Device-link a relocatable cubin with static device libraries into one loadable cubin."""
     fn = _jitlink_functions(lib_path)
     handle = ctypes.c_void_p()
+    # nvJitLink keeps the input's name pointer until Complete (its error messages print it): keep the bytes alive.
+    name_bytes = name.encode()
     n, opts = _strings(options)
     if fn["Create"](ctypes.byref(handle), n, opts) != 0:
         raise JobError(f"nvJitLinkCreate rejected the options {options}")
@@ -86,7 +88,7 @@ def nvjitlink(lib_path, rel_cubin, name, options, libraries):
                 log = _read_log(fn["GetErrorLogSize"], fn["GetErrorLog"], handle)
                 raise JobError(f"nvJitLink {what} failed (error {ret}):\n{log}")
 
-        checked(fn["AddData"](handle, NVJITLINK_INPUT_CUBIN, rel_cubin, len(rel_cubin), name.encode()), "AddData")
+        checked(fn["AddData"](handle, NVJITLINK_INPUT_CUBIN, rel_cubin, len(rel_cubin), name_bytes), "AddData")
         for library in libraries:
             checked(fn["AddFile"](handle, NVJITLINK_INPUT_LIBRARY, library.encode()), f"AddFile({library})")
         checked(fn["Complete"](handle), "Complete")
