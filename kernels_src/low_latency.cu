@@ -819,7 +819,8 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLate
 //                signal came after the data, 100 where it overtook it;
 //   4. own:      64 put_signals whose signal word is their own data word (100, then + 1): always 101, since a
 //                signal never overtakes its own data (the word's overlap is the probe's trick, not a legal use);
-//   5. flood:    more puts than a chaos queue holds (EP_RT_NET_CHAOS_SLOTS + 64), after a first flush: all arrive.
+//   5. flood:    more puts than a chaos queue holds (EP_RT_NET_CHAOS_SLOTS + 64), after a first flush: all arrive;
+//   6. a quiet: the chaos build's cost mode counts it and charges it a sweep (ep_rt_net_stats).
 // Then the sink must hold 1 + 2 * 64 + 64 + (EP_RT_NET_CHAOS_SLOTS + 64): no signal lost.
 // Sources at sym_base + send_off, destinations at sym_base + recv_off, packed in the order above, the sink last (the
 // test mirrors the sizes). The host zeroes the destinations everywhere first, then runs this on every rank (an
@@ -866,5 +867,5 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_net_probe(const LowLa
     __syncthreads();
     for (int j = warp; j < kProbeFlood; j += num_warps) net_put_signal_warp(d_flood + j, flood + j, 16, sink, 1, peer);
     __syncthreads();
-    if (threadIdx.x == 0) net_flush();
+    if (threadIdx.x == 0) net_quiet();  // 6. the one quiet of ep_rt's code: the chaos build counts and charges it
 }

@@ -73,21 +73,20 @@ CUDA_LINK, CUDADEVRT_LINK = "cuda", "cudadevrt"   # the nvcc toolkit; the folder
 # NVRTC has no C library headers, and NVSHMEM 3.x's reduce.cuh uses std:: traits without an NVRTC guard.
 #
 # Which <stdint.h> NVRTC gets (STDINT_SHIM):
-# - "cuda_std" (the committed cu12 cubins): libcu++'s NVRTC prelude, whose 64-bit types are long long. NVSHMEM's
+# - "cuda_std" (the cu12 cubins before 2026-12-01's network redesign): libcu++'s NVRTC prelude, whose 64-bit types are long long. NVSHMEM's
 #   device library was compiled by nvcc with glibc's, where they are long, so a call whose mangled name holds one
 #   has nothing to link: nvshmemx_putmem_signal_nbi_block / _warp need
 #   _Z28nvshmemi_transfer_put_signalIL13threadgroup_t1EEvPvS1_mS1_y14nvshmemi_amo_tib (..._t3... for the warp; the
 #   `y` is unsigned long long) where the library defines ..._mS1_m14... (unsigned long): "Undefined reference" from
-#   nvJitLink. Hence net.cuh's __CUDACC_RTC__ branch (put, quiet, signal).
+#   nvJitLink. Hence net.cuh had an __CUDACC_RTC__ branch (put, quiet, signal: a quiet per message).
 # - "lp64": glibc's LP64 types (long, unsigned long for the 64-bit ones), defined before libcu++'s prelude can be
 #   (its include guard is set) and then exported by <cuda/std/cstdint>; rtc_shim.h includes it first, because its
 #   own libcu++ header would otherwise bring the prelude in before any source line. Tried with NVRTC + nvJitLink
 #   12.9, nvshmem-cu12 3.3.20, sm_90 and sm_100: both put-with-signal calls and nvshmemx_signal_op link, and the
 #   real low_latency.cu and internode.cu build with net.cuh's __CUDACC_RTC__ branch removed (so does every other
 #   family: layout's bytes are unchanged, intranode's differ only in .strtab).
-#   Switch to it together with removing that branch: it changes the source digest of every cu12 cubin, so all of
-#   them must be rebuilt (and the NVSHMEM-linked ones change).
-STDINT_SHIM = "cuda_std"
+#   In use (the branch is gone): both flavours issue the same put-with-signals, and neither quiets.
+STDINT_SHIM = "lp64"
 STDINT_SHIMS = {
     "cuda_std": "#pragma once\n#include <cuda/std/cstdint>\n",
     "lp64": "\n".join([

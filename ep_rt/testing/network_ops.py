@@ -15,9 +15,9 @@ The design counted here (R ranks, G per node, N = R / G nodes, C channels, T tok
                per (expert, other-node rank) announcing its count; receive: one credit signal per other-node rank.
   LL combine   send: one put-with-signal per row going back to another node, one count signal per (local expert,
                other-node rank); receive: one credit signal per other-node rank.
-  Flavours: cu13 uses nvshmemx_putmem_signal_nbi, so no quiet and no fence anywhere. cu12 may keep put + quiet +
-  signal for each put-with-signal (NVRTC cannot link NVSHMEM's put-with-signal, kernels_src/include/ep_rt/net.cuh):
-  one quiet per put-with-signal that carries data.
+  Flavours: both use nvshmemx_putmem_signal_nbi (the cu12 one, built by NVRTC, links it through the LP64 stdint
+  shim of tools/cubin_toolchains.py), so no quiet and no fence anywhere; the columns stay per flavour because until
+  that shim cu12 made every put-with-signal a put, a quiet and a signal.
 LL message counts are expectations under uniform routing (a top-k choice lands on another node with probability
 (R - G) / R); HT counts are exact for streams of at least 8 records (the most chunks: every range that long).
 
@@ -134,9 +134,10 @@ class KernelOps:
         return self.put_signals + self.bare_signals
 
     def quiets(self, flavour: str) -> float:
-        """cu13: none (put-with-signal); cu12: one per put-with-signal that carries data (put, quiet, signal)."""
+        """None in either flavour: both link NVSHMEM's put-with-signal (cu12 through the LP64 stdint shim of
+        tools/cubin_toolchains.py; before it, cu12 made each one a put, a quiet and a signal)."""
         _check_flavour(flavour)
-        return self.put_signals if flavour == "cu12" else 0
+        return 0
 
     def fences(self, flavour: str) -> float:
         _check_flavour(flavour)

@@ -104,5 +104,7 @@ def cu12_sweeps_us(kind: str, num_nodes: int, ranks_per_node: int = 8, chunks: i
     concurrently, one sweep per put-with-signal in sequence on each issuer: 1 for notify, `chunks` for send and
     combine forward). An estimate, like the sweep cost itself."""
     R = num_nodes * ranks_per_node
+    if not any(o.quiets("cu12") for o in network_ops.ht_ops(network_ops.Shape(R, ranks_per_node))):
+        return 0.0  # the cu12 flavour links put-with-signal now: it quiets no more than cu13 (never)
     lo, _ = network_ops.sweep_us(num_qps, R if world == "full" else num_nodes)
     return lo * ((1 + chunks) if kind.startswith("dispatch") else chunks)

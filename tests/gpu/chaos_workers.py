@@ -53,8 +53,12 @@ def net_probe(rank, num_ranks):
     dist.barrier()  # every destination is zero before anybody puts
     probe = Launcher(op.module, "ep_rt_ll_net_probe", abi.LowLatencyParams, block=256)
     probe.set(sym_base=op.sym, send_off=SEND_OFF, recv_off=RECV_OFF, rank=rank, num_ranks=num_ranks)
+    if op.net_stats is not None:
+        op.net_stats.reset()
     probe(1, torch.cuda.current_stream())
     torch.cuda.synchronize()
+    stats = op.net_stats.read() if op.net_stats is not None else None
+    sweep = int(op.net_stats.sweep.item()) if op.net_stats is not None else None
     dist.barrier()  # every rank's probe (and so every put into us) is complete
     area = {name: rdma[RECV_OFF + off:RECV_OFF + off + size].cpu().clone() for name, off, size in probe_areas()}
     buf.destroy()
@@ -81,6 +85,7 @@ def net_probe(rank, num_ranks):
         "own": counts(area["own"].view(torch.int64)),             # 101: a put_signal's signal after its own data
         "flood_ok": int((area["flood"].view(torch.int32).view(-1, 4) == flood_want).all(dim=1).sum()),
         "sink": int(area["sink"].view(torch.int64)[0]),  # one per put-with-signal of the probe
+        "stats": stats, "sweep_ns": sweep,  # the chaos build's counts of the probe's operations, and its charge
     }
 
 

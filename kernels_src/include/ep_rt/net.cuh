@@ -11,8 +11,8 @@
 //   * No quiet and no fence: on IBGDA each walks every queue pair to every PE and polls its completion queue with
 //     no deadline (a dead peer then hangs the kernel past ep_rt's own deadline). A source buffer is rewritten only
 //     on evidence that its destination received it: a signal from that destination, or from a rank whose progress
-//     needs it (the buffer credits of the LL kernels, the all-to-all that starts every internode call). The one
-//     exception is the cu12 flavour's put-with-signal (below), counted by the chaos build's cost mode.
+//     needs it (the buffer credits of the LL kernels, the all-to-all that starts every internode call). Both
+//     cubin flavours issue the same calls.
 //   * A word the network writes is read only by the rank that owns it (the NIC wrote into its memory; CUDA orders
 //     GPUDirect RDMA writes for the owning GPU only, CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER), through
 //     net_signal_load, the read NVSHMEM's own nvshmem_signal_wait_until makes (volatile loads of the word;
@@ -73,39 +73,14 @@ __device__ __forceinline__ void net_count(int, uint64_t) {}
 // then `*sig += value` there once the data is visible to `pe`.
 __device__ __forceinline__ void net_put_signal_block(void* dst, const void* src, size_t bytes, uint64_t* sig,
                                                      uint64_t value, int pe) {
-#if defined(__CUDACC_RTC__)
-    // NVRTC (the cu12 flavour): its uint64_t is unsigned long long (libcu++'s cstdint prelude), but
-    // libnvshmem_device.a was compiled where it is unsigned long, so the put-with-signal's internal
-    // nvshmemi_transfer_put_signal<BLOCK>(..., uint64_t signal, ...) has no definition to link (nvJitLink:
-    // undefined reference). The same semantics from calls that link: the block's put, then one thread quiets
-    // (the data is delivered) and adds the signal: one sweep per message on IBGDA (INTERNODE_DESIGN.md counts it).
-    nvshmemx_putmem_nbi_block(dst, src, bytes, pe);
-    __syncthreads();
-    if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
-        nvshmem_quiet();
-        nvshmemx_signal_op(sig, value, NVSHMEM_SIGNAL_ADD, pe);
-    }
-    __syncthreads();
-#else
     nvshmemx_putmem_signal_nbi_block(dst, src, bytes, sig, value, NVSHMEM_SIGNAL_ADD, pe);
-#endif
 }
 
-// One warp: as net_put_signal_block.
+// One warp: as net_put_signal_block. (Under NVRTC, the cu12 flavour, this links only because the build's stdint.h
+// makes uint64_t unsigned long, as in the device library: tools/cubin_toolchains.py STDINT_SHIM.)
 __device__ __forceinline__ void net_put_signal_warp(void* dst, const void* src, size_t bytes, uint64_t* sig,
                                                     uint64_t value, int pe) {
-#if defined(__CUDACC_RTC__)
-    // NVRTC: the put-with-signal does not link (see net_put_signal_block); put, quiet, signal instead.
-    nvshmemx_putmem_nbi_warp(dst, src, bytes, pe);
-    __syncwarp();
-    if (net_detail::lane_id() == 0) {
-        nvshmem_quiet();
-        nvshmemx_signal_op(sig, value, NVSHMEM_SIGNAL_ADD, pe);
-    }
-    __syncwarp();
-#else
     nvshmemx_putmem_signal_nbi_warp(dst, src, bytes, sig, value, NVSHMEM_SIGNAL_ADD, pe);
-#endif
 }
 
 // One thread: `*sig += value` at PE `pe` (no data: an empty range still announces itself).
@@ -120,6 +95,10 @@ __device__ __forceinline__ void net_signal_set(uint64_t* sig, uint64_t value, in
 
 // One thread, after a __syncthreads() that follows the block's network calls (see the rules above).
 __device__ __forceinline__ void net_flush() {}
+
+// One thread: NVSHMEM's quiet, a sweep of every queue pair on IBGDA. Never in a data path (the rules above,
+// tests/test_network_rules.py); the chaos build charges it a sweep (only the probe kernel calls it, to show that).
+__device__ __forceinline__ void net_quiet() { nvshmem_quiet(); }
 
 #else  // EP_RT_CHAOS_TRANSPORT
 
@@ -364,21 +343,13 @@ static __device__ __noinline__ void flush() {
 
 __device__ __forceinline__ void net_put_signal_block(void* dst, const void* src, size_t bytes, uint64_t* sig,
                                                      uint64_t value, int pe) {
-#if defined(__CUDACC_RTC__)
-    if (net_chaos::first_thread_of_block()) net_chaos::charge_sweep(EP_RT_NET_STAT_QUIET);  // put + quiet + signal
-#endif
     if (net_chaos::first_thread_of_block()) net_chaos::enqueue(dst, src, bytes, sig, value, NVSHMEM_SIGNAL_ADD, pe);
     __syncthreads();  // a block collective, as NVSHMEM's
 }
 
 __device__ __forceinline__ void net_put_signal_warp(void* dst, const void* src, size_t bytes, uint64_t* sig,
                                                     uint64_t value, int pe) {
-    if (net_detail::lane_id() == 0) {
-#if defined(__CUDACC_RTC__)
-        net_chaos::charge_sweep(EP_RT_NET_STAT_QUIET);  // the cu12 flavour's put + quiet + signal
-#endif
-        net_chaos::enqueue(dst, src, bytes, sig, value, NVSHMEM_SIGNAL_ADD, pe);
-    }
+    if (net_detail::lane_id() == 0) net_chaos::enqueue(dst, src, bytes, sig, value, NVSHMEM_SIGNAL_ADD, pe);
     __syncwarp();  // a warp collective, as NVSHMEM's
 }
 
@@ -391,6 +362,11 @@ __device__ __forceinline__ void net_signal_set(uint64_t* sig, uint64_t value, in
 }
 
 __device__ __forceinline__ void net_flush() { net_chaos::flush(); }
+
+__device__ __forceinline__ void net_quiet() {
+    net_chaos::flush();
+    net_chaos::charge_sweep(EP_RT_NET_STAT_QUIET);
+}
 
 #endif  // EP_RT_CHAOS_TRANSPORT
 
