@@ -316,23 +316,29 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
+        """DeepEP's formula; the same for any node size (every LL peer, on a node or not, has its own slots)."""
         from .transport.ll_layout import rdma_size_hint
 
         return rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
 
     @staticmethod
-    def get_dispatch_config(num_ranks: int) -> Config:
-        """The tuned Config for `num_ranks`: from EP_RT_CONFIG_FILE when it holds one (its num_sms wins over
-        Buffer.num_sms: the file says what was measured), else DeepEP's table with Buffer.num_sms."""
+    def get_dispatch_config(num_ranks: int, *, num_ranks_per_node: Optional[int] = None) -> Config:
+        """The Config for `num_ranks` ranks in nodes of `num_ranks_per_node` (an ep_rt extension; without it
+        config.ranks_per_node's rule: EP_RT_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE, else 8 as DeepEP;
+        dispatch(config=None) passes the Buffer's own node size): from EP_RT_CONFIG_FILE when it holds one for
+        num_ranks (its num_sms wins over Buffer.num_sms: the file says what was measured), else DeepEP's row where
+        it has one and a default elsewhere (config_tables), with Buffer.num_sms."""
         tuned = config_file.lookup("dispatch", num_ranks)
-        return tuned if tuned is not None else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms)
+        return tuned if tuned is not None else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms,
+                                                                        num_ranks_per_node)
 
     @staticmethod
-    def get_combine_config(num_ranks: int) -> Config:
+    def get_combine_config(num_ranks: int, *, num_ranks_per_node: Optional[int] = None) -> Config:
         """As get_dispatch_config. ep_rt's combine runs on the channels of the dispatch that made its handle, so
-        this Config's num_sms does not change what the combine does."""
+        this Config's num_sms does not change what the combine does (combine(config=None) looks nothing up)."""
         tuned = config_file.lookup("combine", num_ranks)
-        return tuned if tuned is not None else config_mod.table_config("combine", num_ranks, Buffer.num_sms)
+        return tuned if tuned is not None else config_mod.table_config("combine", num_ranks, Buffer.num_sms,
+                                                                        num_ranks_per_node)
 
     def get_comm_stream(self) -> torch.cuda.Stream:
         return self.comm_stream
@@ -398,7 +404,8 @@ class Buffer:
             # Without num_worst_tokens the host must read the receive count to size the outputs: a sync.
             raise RuntimeError("dispatch inside CUDA-graph capture needs num_worst_tokens > 0 (the output size "
                                "must not depend on the routing), or a handle (cached dispatch)")
-        config = config if config is not None else self.get_dispatch_config(self.group_size)
+        if config is None:  # this Buffer's own node size, not an assumed one
+            config = self.get_dispatch_config(self.group_size, num_ranks_per_node=self.topology.node_size)
         args = ht_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
                                    topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
         internode = getattr(self._ht, "is_internode", False)

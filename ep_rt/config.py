@@ -1,4 +1,4 @@
-"""Config (DeepEP-compatible, validated, frozen) and the tuned tables for 2, 4 and 8 ranks.
+"""Config (DeepEP-compatible, validated, frozen), its rows by rank count and node size, and the size hints.
 
 ep_rt's intranode kernels write every token straight to its final row (no ring buffer), so of the
 five fields only num_sms changes what they do: one block per channel, num_sms channels. The chunk
@@ -6,6 +6,7 @@ sizes are kept, validated exactly as DeepEP does, so code that builds Configs ke
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from . import config_tables
@@ -44,14 +45,13 @@ class Config:
                                  num_ranks_per_node: int | None = None) -> int:
         """Bytes of NVL buffer that hold a dispatch and combine of `num_max_tokens_per_rank` tokens per rank
         with `hidden_bytes` per token (FP8 scales and top-k up to 32 included). Unlike DeepEP's ring buffers,
-        ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument). Across
-        nodes (num_ranks > num_ranks_per_node: default EP_RT_RANKS_PER_NODE, else 8, as DeepEP) it is the room for
-        the combine input of the worst case (every token of every rank to one rank)."""
-        _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks, num_max_tokens_per_rank=num_max_tokens_per_rank)
-        if hidden_bytes % 16:
-            raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
-        G = _ranks_per_node(num_ranks_per_node)
-        if num_ranks > G:
+        ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument). The ranks
+        sit in nodes of `num_ranks_per_node` (without it: ranks_per_node's rule, DeepEP's 8 when nothing says
+        otherwise); across nodes the hint is the room for the combine input of the worst case (every token of
+        every rank to one rank)."""
+        _check_hint_args(hidden_bytes, num_ranks, num_max_tokens_per_rank)
+        G = ranks_per_node(num_ranks, num_ranks_per_node)
+        if G < num_ranks:
             _check_nodes(num_ranks, G)
             return internode_layout.nvl_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
         return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
@@ -59,33 +59,85 @@ class Config:
     def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096,
                                   num_ranks_per_node: int | None = None) -> int:
         """Bytes of RDMA (symmetric) buffer for internode dispatches of up to num_max_tokens_per_rank tokens per
-        rank with hidden_bytes per token (and their combines); 0 when all ranks fit one node. ep_rt's areas hold
-        whole (rank -> node) streams, so the hint depends on the token count (an extra, optional argument)."""
-        _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks, num_max_tokens_per_rank=num_max_tokens_per_rank)
-        if hidden_bytes % 16:
-            raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
-        G = _ranks_per_node(num_ranks_per_node)
-        if num_ranks <= G:
+        rank with hidden_bytes per token (and their combines), for nodes of `num_ranks_per_node` ranks (the rule
+        of get_nvl_buffer_size_hint); 0 only when all ranks are on one node. ep_rt's areas hold whole
+        (rank -> node) streams, so the hint depends on the token count (an extra, optional argument)."""
+        _check_hint_args(hidden_bytes, num_ranks, num_max_tokens_per_rank)
+        G = ranks_per_node(num_ranks, num_ranks_per_node)
+        if G == num_ranks:
             return 0
         _check_nodes(num_ranks, G)
         return internode_layout.rdma_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
 
 
-def _ranks_per_node(value: int | None) -> int:
-    if value is None:
-        from . import env
+def ranks_per_node(num_ranks: int, num_ranks_per_node: int | None = None) -> int:
+    """The ranks per node (G) that the configs and size hints assume for a group of `num_ranks` ranks.
 
-        value = env.ranks_per_node() or nvl_layout.MAX_NVL_RANKS
-    if not isinstance(value, int) or not 1 <= value <= nvl_layout.MAX_NVL_RANKS:
-        raise ValueError(f"num_ranks_per_node must be an int in 1..{nvl_layout.MAX_NVL_RANKS}, got {value!r}")
-    return value
+    A Buffer passes its own (Topology.node_size). Without one, the first of these that is set:
+      1. `num_ranks_per_node`, the caller's (1..8);
+      2. EP_RT_RANKS_PER_NODE, which the Buffer's Topology will use too;
+      3. LOCAL_WORLD_SIZE (torchrun's: the processes it started on this host), right when the group is the whole
+         world, whole hosts, or lies in one host; a group spread over hosts with fewer of its ranks on each (a
+         strided subgroup) needs 1 or 2;
+      4. 8, DeepEP's assumption (its tables and hints are for nodes of 8 GPUs).
+    torch.distributed knows no local world size without a collective, which a static call made on one rank alone
+    cannot risk. A group no larger than G lies on one node (G becomes num_ranks). A ValueError naming where G came
+    from when it exceeds 8 or does not divide num_ranks."""
+    if not isinstance(num_ranks, int) or isinstance(num_ranks, bool) or num_ranks <= 0:
+        raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
+    value, source = _node_size_source(num_ranks_per_node)
+    G = min(value, num_ranks)
+    fix = "" if num_ranks_per_node is not None else (
+        "; pass num_ranks_per_node= (the group's ranks on each node) or set EP_RT_RANKS_PER_NODE")
+    if G > nvl_layout.MAX_NVL_RANKS:
+        raise ValueError(f"{num_ranks} ranks in nodes of {G} ({source}), but an ep_rt node holds at most "
+                         f"{nvl_layout.MAX_NVL_RANKS} ranks (its NVL buffer){fix}")
+    if num_ranks % G:
+        raise ValueError(f"num_ranks ({num_ranks}) must be a multiple of the ranks per node ({G}: {source}){fix}")
+    return G
+
+
+def _node_size_source(num_ranks_per_node: int | None) -> tuple[int, str]:
+    from . import env
+
+    if num_ranks_per_node is not None:
+        v = num_ranks_per_node
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= nvl_layout.MAX_NVL_RANKS:
+            raise ValueError(f"num_ranks_per_node must be an int in 1..{nvl_layout.MAX_NVL_RANKS}, got {v!r}")
+        return v, f"num_ranks_per_node={v}"
+    g = env.ranks_per_node()
+    if g is not None:
+        if g > nvl_layout.MAX_NVL_RANKS:
+            raise ValueError(f"EP_RT_RANKS_PER_NODE={g}, but an ep_rt node holds at most {nvl_layout.MAX_NVL_RANKS} "
+                             f"ranks (its NVL buffer)")
+        return g, f"EP_RT_RANKS_PER_NODE={g}"
+    # Not an ep_rt knob: torchrun's (and torch.distributed.elastic's) count of this host's processes.
+    raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
+    if raw:
+        try:
+            lws = int(raw)
+        except ValueError:
+            lws = 0
+        if lws <= 0:
+            raise ValueError(f"LOCAL_WORLD_SIZE must be a positive int (torchrun sets it), got {raw!r}")
+        return lws, f"LOCAL_WORLD_SIZE={lws}, the processes torchrun started on this host"
+    return config_tables.NVL_PEERS, ("DeepEP's 8 per node: no num_ranks_per_node, EP_RT_RANKS_PER_NODE or "
+                                     "LOCAL_WORLD_SIZE")
+
+
+def _check_hint_args(hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int) -> None:
+    _positive_ints(hidden_bytes=hidden_bytes, num_ranks=num_ranks, num_max_tokens_per_rank=num_max_tokens_per_rank)
+    if hidden_bytes % 16:
+        raise ValueError(f"hidden_bytes must be a positive multiple of 16, got {hidden_bytes}")
 
 
 def _check_nodes(num_ranks: int, G: int) -> None:
-    if num_ranks % G:
-        raise ValueError(f"num_ranks ({num_ranks}) must be a multiple of the ranks per node ({G})")
-    if num_ranks > internode_layout.MAX_RANKS:
-        raise ValueError(f"ep_rt's internode kernels serve at most {internode_layout.MAX_RANKS} ranks")
+    """The internode kernels' limits (InternodeOp refuses a Buffer beyond them): a hint for such a group would
+    size a Buffer that cannot exist."""
+    N = num_ranks // G
+    if num_ranks > internode_layout.MAX_RANKS or N > internode_layout.MAX_NODES:
+        raise ValueError(f"ep_rt's internode kernels serve at most {internode_layout.MAX_RANKS} ranks and "
+                         f"{internode_layout.MAX_NODES} nodes; {num_ranks} ranks in nodes of {G} are {N} nodes")
 
 
 def _positive_ints(**values) -> None:
@@ -94,7 +146,9 @@ def _positive_ints(**values) -> None:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
 
 
-def table_config(kind: str, num_ranks: int, num_sms: int) -> Config:
-    """The tuned Config of config_tables for `kind` ("dispatch" / "combine") and a rank count."""
-    row = config_tables.lookup(kind, num_ranks)
+def table_config(kind: str, num_ranks: int, num_sms: int, num_ranks_per_node: int | None = None) -> Config:
+    """The Config of config_tables for `kind` ("dispatch" / "combine") and `num_ranks` ranks in nodes of
+    `num_ranks_per_node` (ranks_per_node's rule without it): DeepEP's row where it has one, the default otherwise."""
+    G = ranks_per_node(num_ranks, num_ranks_per_node)
+    row = config_tables.lookup(kind, num_ranks, num_nodes=num_ranks // G)
     return Config(num_sms, row.nvl_send, row.nvl_recv, row.rdma_send, row.rdma_recv)

@@ -1,17 +1,21 @@
 """Tuned Config values by rank count: data rows, kept apart from code (DeepEP V1's static tables), and the default
-row for internode shapes the tables lack.
+rows for the shapes the tables lack.
 
 The numbers are DeepEP V1's (deepseek-ai/DeepEP at 567632d, deep_ep/buffer.py, Buffer.get_dispatch_config and
 Buffer.get_combine_config): intranode rows for 2, 4 and 8 ranks, internode rows for 16 to 160 ranks, i.e. 2 to 20
 nodes of 8 GPUs. num_sms is not in the tables: it comes from Buffer.num_sms, as in DeepEP.
+
+One node (1 to 8 ranks): DeepEP's row for 2, 4 and 8 ranks; 1, 3, 5, 6 and 7 ranks take the row of the next rank
+count it has (1 -> 2, 3 -> 4, 5..7 -> 8). DeepEP's intranode kernels check no chunk size against the rank count
+(only Config's own rules), so any of its rows is valid there.
 
 Internode rows are looked up by node count (DeepEP's RDMA ranks, num_ranks / 8): its rings, and its combine's
 checks on them, are per node. So 2 nodes of 4 GPUs get DeepEP's 16-rank row. A node count DeepEP has no row for
 takes the row of the nearest smaller node count it has (the largest, 20 nodes, beyond it), with the combine's
 NVL receive size raised to satisfy DeepEP's internode combine checks for that node count (deep_ep.cpp,
 internode.cu: a multiple of the node count, each node's share above the chunk sizes plus the forwarder warps).
-ep_rt's kernels use num_sms and the RDMA send chunk only; the other sizes are kept so DeepEP code that builds or
-reads Configs behaves the same.
+ep_rt's kernels use num_sms only; the other sizes are kept so DeepEP code that builds or reads Configs behaves the
+same.
 """
 from __future__ import annotations
 
@@ -70,12 +74,11 @@ def _check_kind(kind: str) -> None:
 
 
 def lookup(kind: str, num_ranks: int, num_nodes: int | None = None) -> Row:
-    """The tuned row for `kind` and `num_ranks`.
+    """The row for `kind` and `num_ranks` ranks on `num_nodes` nodes (module docstring: DeepEP's or the default).
 
-    `num_nodes` None: DeepEP's reading, 8 GPUs per node (more than 8 ranks = num_ranks / 8 nodes). With
-    `num_nodes` > 1 (any GPUs per node, emulated nodes included) the internode row of that node count is returned,
-    or the default row when DeepEP has none (module docstring). One node: DeepEP's intranode rows only; a rank count
-    they lack (1, 3, 5, 6, 7) is a ValueError, as before (pass config= explicitly)."""
+    `num_nodes` None: DeepEP's reading, 8 GPUs per node (more than 8 ranks = num_ranks / 8 nodes; a count that is
+    not whole nodes of 8 is a ValueError). With `num_nodes` (any GPUs per node, emulated nodes included) the row of
+    that node count; one node holds at most 8 ranks."""
     _check_kind(kind)
     if not isinstance(num_ranks, int) or isinstance(num_ranks, bool) or num_ranks <= 0:
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
@@ -87,13 +90,21 @@ def lookup(kind: str, num_ranks: int, num_nodes: int | None = None) -> Row:
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes <= 0 or num_ranks % num_nodes:
         raise ValueError(f"num_nodes must be a positive int dividing num_ranks ({num_ranks}), got {num_nodes!r}")
     if num_nodes == 1:
-        for row in ROWS:
-            if row.kind == kind and row.num_ranks == num_ranks and row.num_ranks <= NVL_PEERS:
-                return row
-        tuned = sorted(r.num_ranks for r in ROWS if r.kind == kind and r.num_ranks <= NVL_PEERS)
-        raise ValueError(f"no tuned config ({kind}) for {num_ranks} ranks on one node (tuned: {tuned}); pass config= "
-                         f"explicitly")
+        return intranode_row(kind, num_ranks)
+    if num_ranks // num_nodes > NVL_PEERS:
+        raise ValueError(f"{num_ranks} ranks on {num_nodes} nodes are {num_ranks // num_nodes} a node; a node holds at "
+                         f"most {NVL_PEERS}")
     return internode_row(kind, num_nodes, num_ranks)
+
+
+def intranode_row(kind: str, num_ranks: int) -> Row:
+    """DeepEP's row for one node of `num_ranks` ranks, else that of the next rank count it has (module docstring),
+    with num_ranks the caller's."""
+    _check_kind(kind)
+    if not 1 <= num_ranks <= NVL_PEERS:
+        raise ValueError(f"one node holds 1..{NVL_PEERS} ranks, got {num_ranks}")
+    rows = {r.num_ranks: r for r in ROWS if r.kind == kind and r.num_ranks <= NVL_PEERS}
+    return rows[min(n for n in rows if n >= num_ranks)]._replace(num_ranks=num_ranks)
 
 
 def internode_rows(kind: str) -> dict[int, Row]:

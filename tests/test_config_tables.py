@@ -68,11 +68,19 @@ def test_rows_by_node_count_for_nodes_of_fewer_gpus():
     assert t.lookup("dispatch", 16, num_nodes=16)[2:] == V1[128][0]   # 16 one-GPU nodes
 
 
+def test_one_node_counts_deepep_lacks_take_the_next_larger_row():
+    # 1 -> 2, 3 -> 4, 5..7 -> 8 (module docstring); the row keeps the caller's rank count
+    for num_ranks, tuned in ((1, 2), (3, 4), (5, 8), (6, 8), (7, 8)):
+        for kind, want in zip(("dispatch", "combine"), V1[tuned]):
+            row = t.lookup(kind, num_ranks)
+            assert (row.num_ranks, *row[2:]) == (num_ranks, *want)
+            assert t.lookup(kind, num_ranks, num_nodes=1) == row
+
+
 @pytest.mark.parametrize("args,match", [
-    (("dispatch", 3), "no tuned config"),             # one node, a rank count DeepEP has no row for (as before)
-    (("combine", 6), "no tuned config"),
     (("dispatch", 12), "not whole nodes of 8"),       # more than 8 ranks, not whole nodes of 8, no node count
-    (("dispatch", 16, 1), "no tuned config"),         # one node of 16 ranks: no such row
+    (("dispatch", 16, 1), "one node holds 1..8"),     # one node of 16 ranks
+    (("combine", 18, 2), "a node holds at most 8"),   # 2 nodes of 9
     (("dispatch", 12, 5), "dividing"),
     (("dispatch", 0), "positive"),
     (("layout", 8), "kind"),

@@ -36,5 +36,5 @@ def test_config_tables_are_rows():
         assert (c.num_sms, c.num_max_nvl_chunked_send_tokens) == (24, row.nvl_send)
     keys = [(r.kind, r.num_ranks) for r in config_tables.ROWS]
     assert len(keys) == len(set(keys))
-    with pytest.raises(ValueError, match="no tuned config"):
-        table_config("dispatch", 3, 24)
+    with pytest.raises(ValueError, match="multiple of the ranks per node"):
+        table_config("dispatch", 12, 24, num_ranks_per_node=8)

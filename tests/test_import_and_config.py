@@ -47,8 +47,8 @@ def test_tuned_tables():
     assert Buffer.get_combine_config(2).num_max_nvl_chunked_send_tokens == 10
     assert Buffer.get_combine_config(8).num_max_nvl_chunked_send_tokens == 4
     assert Buffer.get_dispatch_config(2).num_sms == Buffer.num_sms
-    with pytest.raises(ValueError, match="no tuned config"):
-        Buffer.get_dispatch_config(3)
+    with pytest.raises(ValueError, match="multiple of the ranks per node"):
+        Buffer.get_dispatch_config(12, num_ranks_per_node=8)
 
 
 def test_set_num_sms_rules():

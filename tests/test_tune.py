@@ -127,8 +127,10 @@ def test_written_config_is_what_buffer_loads_and_keeps_other_rank_counts(tmp_pat
     assert Buffer.get_dispatch_config(4).num_sms == 12 and Buffer.get_combine_config(4).num_sms == 12
     doc = json.loads(path.read_text())
     assert set(doc["tuned"]) == {"2", "4"} and len(doc["configs"]) == 4
-    tune.write_config(path, 3, 8, {})  # no table row for 3 ranks: DeepEP's Config defaults
-    assert config_file.load(path)[("dispatch", 3)] == Config(8)
+    tune.write_config(path, 3, 8, {})  # DeepEP has no row for 3 ranks: the table's default (4 ranks' row)
+    assert config_file.load(path)[("dispatch", 3)] == Config(8, 6, 256, 6, 128)
+    tune.write_config(path, 16, 8, {})  # no row for 16 ranks on one host: DeepEP's Config defaults
+    assert config_file.load(path)[("dispatch", 16)] == Config(8)
 
 
 def test_an_invalid_existing_file_is_not_overwritten(tmp_path):

@@ -85,12 +85,13 @@ def format_table(rows: list[dict], chosen: dict) -> str:
 
 
 def tuned_entries(num_ranks: int, num_sms: int) -> list[dict]:
-    """Dispatch and combine entries with the chosen SM count; the chunk sizes of the built-in table (unused by
-    ep_rt, kept for DeepEP code that reads them), DeepEP's Config defaults for rank counts it has no row for."""
+    """Dispatch and combine entries with the chosen SM count; the chunk sizes of the built-in table's row for one
+    node of num_ranks (unused by ep_rt, kept for DeepEP code that reads them), DeepEP's Config defaults where one
+    node has none (more than 8 ranks)."""
     out = []
     for kind in config_file.KINDS:
         try:
-            row = config_tables.lookup(kind, num_ranks)
+            row = config_tables.lookup(kind, num_ranks, num_nodes=1)
             config = Config(num_sms, row.nvl_send, row.nvl_recv, row.rdma_send, row.rdma_recv)
         except ValueError:
             config = Config(num_sms)

@@ -151,7 +151,8 @@ def _cases() -> list[BadInput]:
                  "multiple of 128"),
         BadInput("rdma hint float tokens", lambda c: Buffer.get_low_latency_rdma_size_hint(128.0, 7168, 2, 16), V,
                  "positive int"),
-        BadInput("dispatch config for 3 ranks", lambda c: Buffer.get_dispatch_config(3), V, "no tuned config"),
+        BadInput("dispatch config for 12 ranks in nodes of 8",
+                 lambda c: Buffer.get_dispatch_config(12, num_ranks_per_node=8), V, "multiple of the ranks per node"),
         BadInput("combine config for 0 ranks", lambda c: Buffer.get_combine_config(0), V, "positive int"),
         BadInput("Config(num_sms=0)", lambda c: Config(0), V, "num_sms"),
         BadInput("Config(num_sms=129)", lambda c: Config(129), V, "num_sms"),
@@ -162,7 +163,7 @@ def _cases() -> list[BadInput]:
         BadInput("nvl hint tokens 0", lambda c: Config().get_nvl_buffer_size_hint(256, 2, 0), V, "positive"),
         BadInput("nvl hint hidden 15", lambda c: Config().get_nvl_buffer_size_hint(15, 2), V, "multiple of 16"),
         BadInput("nvl hint hidden -16", lambda c: Config().get_nvl_buffer_size_hint(-16, 2), V, "positive"),
-        BadInput("nvl hint 9 ranks", lambda c: Config().get_nvl_buffer_size_hint(256, 9), V,
+        BadInput("nvl hint 9 ranks", lambda c: Config().get_nvl_buffer_size_hint(256, 9, num_ranks_per_node=8), V,
                  "multiple of the ranks per node"),
         BadInput("rdma hint (Config) -1", lambda c: Config().get_rdma_buffer_size_hint(-1, 2), V, "positive"),
         # ---- get_local_buffer_tensor ----
