@@ -68,12 +68,15 @@ def test_another_python_thread_keeps_running_while_the_host_waits():
     """The wait yields the GIL after its first microseconds: a busy Python thread beside it gets about the progress
     it gets while the main thread sleeps. A wait that spun holding the GIL would halve it (the interpreter then
     switches between the two threads every 5 ms)."""
-    alone = _count_for(0.3)
-    counters = [0]
-
     def wait():
+        counters = [0]
         threading.Timer(0.3, counters.__setitem__, (0, 9)).start()
         wait_for_token(counters, 0, 9, 5.0, _Records(), "nvl", "rank 0", "dispatch notify")
 
-    beside = _count_for(0.3, wait)
-    assert beside > 0.75 * alone, (beside, alone)
+    ratios = []
+    for _ in range(3):  # the best of three adjacent pairs: a loaded CI machine slows either measurement at times
+        alone = _count_for(0.3)
+        ratios.append(_count_for(0.3, wait) / max(alone, 1))
+        if ratios[-1] > 0.7:
+            break
+    assert max(ratios) > 0.7, ratios  # a wait that holds the GIL gives about 0.5 every time

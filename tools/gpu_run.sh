@@ -148,6 +148,8 @@ step() {  # one named step; returns 3 for a name it does not know
     # Internode on emulated nodes (issue 11): the GPU tests, then the whole case list through the main command
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
     internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py ;;
+    internode_core) run internode_core "${LIMIT_CORE:-520}" python3 -m pytest -q -rs --durations=20 \
+             tests/gpu/test_internode_gpu.py -k "not sixteen" ;;  # all but the 16-process test (internode16)
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 \
              tests/gpu/test_internode_gpu.py::test_internode_nodes_of_eight_ranks_sixteen_on_one_gpu ;;
     internode_main) run internode_main 300 python3 -m ep_rt --ranks 4 --internode 2 ;;
