@@ -186,7 +186,9 @@ class Buffer:
         sym.error_slot = "internode"
         op = self._own(InternodeOp(topo, sym, self._nvl, module, num_rdma_bytes, self.device_index, net_timeout,
                                    self._errors, pe_base=sym.pe_base, pe_stride=sym.pe_stride))
-        op.barrier(self.comm_stream)  # every rank's buffers are zeroed and registered before any kernel runs
+        # Every rank's buffers are zeroed and registered before any kernel runs; ranks reach this after NVSHMEM's
+        # start, which may take them different times (not a fault: a longer deadline than the network's).
+        op.barrier(self.comm_stream, timeout_s=max(net_timeout, 120.0))
         return op
 
     def _low_latency_op(self, topo, setup, num_rdma_bytes, timeout, enable_shrink):

@@ -78,7 +78,7 @@ PHASES = {
     16: "internode combine handshake",
     17: "internode combine (waiting for this node's ranks' rows, as a forwarder)",
     18: "internode combine (waiting for a node's partial sums)",
-    19: "internode dispatch notify (waiting for the counts this node's forwarders relay)",
+    19: "internode dispatch notify (waiting for a source's counts, which its forwarder on this node relays)",
 }
 INTERNODE_PHASES = range(12, 20)
 

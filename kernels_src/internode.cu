@@ -82,6 +82,11 @@ __device__ __forceinline__ int stream_chunks(int count) { return count <= 0 ? 1 
 __device__ __forceinline__ int chunk_begin(int count, int chunks, int k) {
     return int(int64_t(max(count, 0)) * k / chunks);
 }
+// The signal word (and consumed count) of chunk k of stream (node, channel): one per chunk (params.h).
+__device__ __forceinline__ int chunk_word(int node, int channel, int k) {
+    return (node * EP_RT_MAX_CHANNELS + channel) * EP_RT_IN_STREAM_CHUNKS + k;
+}
+constexpr int kCombineConsumed = EP_RT_IN_MAX_NODES * EP_RT_MAX_CHANNELS * EP_RT_IN_STREAM_CHUNKS;
 
 // My own node's entries of channel c are written (call number seq): a local flag from the kernel that wrote them
 // to the next one, which may already run (programmatic dependent launch). kind 0: dispatch records, 1: combine
@@ -314,31 +319,40 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     __syncthreads();
     if (threadIdx.x == 0) net_flush();  // before I wait for anything my slots cause
 
-    // ---- wait for my rail peers' slots, then relay each source's part to the rank of my node it is for ----
+    // ---- as each rail peer's slot arrives (mine is here already), relay each source's part to the rank of my node
+    // it is for: a warp per source node, so a source that never comes holds up no other source's relay ----
     bool ok = true;
-    for (int s = threadIdx.x; s < N; s += blockDim.x)
-        if (s != in.m)
-            ok = ok && wait_word(in.word(p.lay.notify_words, s), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_NOTIFY,
-                                 in.rail(s), -1);
-    if (__syncthreads_or(!ok)) return;
-    for (int q = warp; q < N * G; q += num_warps) {
-        const int s = q / G, l = q % G, src = s * G + in.j;
+    for (int s = warp; s < N; s += num_warps) {
+        bool here = true;
+        if (s != in.m && lane == 0)
+            here = wait_word(in.word(p.lay.notify_words, s), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_NOTIFY,
+                             in.rail(s), -1);
+        if (!__shfl_sync(0xffffffffu, here, 0)) {
+            ok = false;
+            continue;
+        }
+        const int src = s * G + in.j;
         const int32_t* from = reinterpret_cast<const int32_t*>(in.local(p.lay.notify_recv + int64_t(s) * p.lay.slot_bytes));
-        int32_t* to = reinterpret_cast<int32_t*>(in.nvl(l, p.nvl.slots + int64_t(src) * p.nvl.slot_bytes));
         // (the header says how long the source's slot is; a mismatch is reported by the receiver)
         const int their_c = ld_peer_written_b32(from + EP_RT_IN_SLOT_NUM_CHANNELS);
         const int their_l = ld_peer_written_b32(from + EP_RT_IN_SLOT_NUM_EXPERTS) / R;
         const Slot ts(R, N, min(max(their_c, 0), EP_RT_MAX_CHANNELS), G, min(max(their_l, 0), EP_RT_MAX_LOCAL_EXPERTS));
-        for (int w = lane; w < ts.per; w += kWarp) to[w] = ld_peer_written_b32(from + w);
-        for (int w = lane; w < ts.per_words; w += kWarp) to[ts.per + w] = ld_peer_written_b32(from + ts.per + l * ts.per_words + w);
-        __syncwarp();
-        if (lane == 0) release_nvl(in.nvl_word(l, p.nvl.slot_flags, src), seq);
+        for (int l = 0; l < G; ++l) {
+            int32_t* to = reinterpret_cast<int32_t*>(in.nvl(l, p.nvl.slots + int64_t(src) * p.nvl.slot_bytes));
+            for (int w = lane; w < ts.per; w += kWarp) to[w] = ld_peer_written_b32(from + w);
+            for (int w = lane; w < ts.per_words; w += kWarp)
+                to[ts.per + w] = ld_peer_written_b32(from + ts.per + l * ts.per_words + w);
+            __syncwarp();
+            if (lane == 0) release_nvl(in.nvl_word(l, p.nvl.slot_flags, src), seq);
+        }
     }
+    if (__syncthreads_or(!ok)) return;  // (reported: the rail peer that never came)
 
     // ---- wait for every source rank's relayed slot (from its rail peer on my node) ----
+    // (a timeout names the source whose counts never came: its forwarder here waits for it)
     for (int s = threadIdx.x; s < R; s += blockDim.x)
         ok = ok && wait_flag(in.nvl_word(in.j, p.nvl.slot_flags, s), seq, p.net_timeout_ns, sink,
-                             EP_RT_PHASE_IN_NOTIFY_RELAY, in.m * G + s % G, -1);
+                             EP_RT_PHASE_IN_NOTIFY_RELAY, s, -1);
     const bool failed = __syncthreads_or(!ok);
     auto slot_of = [&](int s) {
         return reinterpret_cast<const volatile int32_t*>(in.nvl(in.j, p.nvl.slots + int64_t(s) * p.nvl.slot_bytes));
@@ -526,9 +540,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
         if (n == in.m) continue;
         const int first = c > 0 ? rdma_cpm[n * C + c - 1] : 0;
         const int count = skip ? 0 : max(0, min(rdma_cpm[n * C + c], int(p.lay.cap)) - first);
-        uint64_t* sig = in.word(p.lay.dispatch_words, in.m * EP_RT_MAX_CHANNELS + c);
         const int chunks = stream_chunks(count);
         for (int q = 0; q < chunks; ++q) {
+            uint64_t* sig = in.word(p.lay.dispatch_words, chunk_word(in.m, c, q));
             const int a = chunk_begin(count, chunks, q), b = chunk_begin(count, chunks, q + 1);
             if (b > a) {
                 net_put_signal_block(in.record(p.lay.recv, in.m, first + a), in.record(p.lay.stage, n, first + a),
@@ -587,9 +601,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
     for (int chunk = 0; chunk < chunks; ++chunk) {
         // The chunk's records are in my receive area once its signal is here (put-with-signal).
         if (s != in.m && threadIdx.x == 0)
-            ok = wait_next(in.word(p.lay.dispatch_words, s * EP_RT_MAX_CHANNELS + c),
-                           reinterpret_cast<int64_t*>(p.consumed) + s * EP_RT_MAX_CHANNELS + c, p.net_timeout_ns,
-                           sink, EP_RT_PHASE_IN_FORWARD, in.rail(s), c);
+            ok = wait_next(in.word(p.lay.dispatch_words, chunk_word(s, c, chunk)),
+                           reinterpret_cast<int64_t*>(p.consumed) + chunk_word(s, c, chunk), p.net_timeout_ns, sink,
+                           EP_RT_PHASE_IN_FORWARD, in.rail(s), c);
         if (__syncthreads_or(!ok || error_raised(sink))) return;
         const int lo = first + chunk_begin(count, chunks, chunk), last = first + chunk_begin(count, chunks, chunk + 1);
         // Tiles of blockDim records: each warp ballots its 32 per local rank, a block scan gives each warp its
@@ -810,9 +824,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
             defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_FORWARD, -1, c, recv_rdma_cpm[s * C + c], cap);
         const int row_base = s > 0 ? recv_rdma_prefix[s - 1] : 0;
         const int64_t area = s == in.m ? p.lay.recv : p.lay.stage;
-        uint64_t* sig = in.word(p.lay.combine_words, in.m * EP_RT_MAX_CHANNELS + c);
         const int chunks = stream_chunks(count);
         for (int chunk = 0; chunk < chunks; ++chunk) {
+            uint64_t* sig = in.word(p.lay.combine_words, chunk_word(in.m, c, chunk));
             const int lo = first + chunk_begin(count, chunks, chunk), last = first + chunk_begin(count, chunks, chunk + 1);
             for (int i = lo + warp; i < last; i += num_warps) {
                 const int32_t* head = nvl_head + int64_t(row_base + i) * G;
@@ -894,8 +908,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
         const int first = min(c > 0 ? rdma_cpm[n * C + c - 1] : 0, int(p.lay.cap));
         const int chunks = stream_chunks(min(rdma_cpm[n * C + c], int(p.lay.cap)) - first);
         for (int q = 0; q < chunks && ok; ++q)
-            ok = wait_next(in.word(p.lay.combine_words, n * EP_RT_MAX_CHANNELS + c),
-                           reinterpret_cast<int64_t*>(p.consumed) + (EP_RT_IN_MAX_NODES + n) * EP_RT_MAX_CHANNELS + c,
+            ok = wait_next(in.word(p.lay.combine_words, chunk_word(n, c, q)),
+                           reinterpret_cast<int64_t*>(p.consumed) + kCombineConsumed + chunk_word(n, c, q),
                            p.net_timeout_ns, sink, EP_RT_PHASE_IN_COMBINE_REDUCE, in.rail(n), c);
     }
     if (__syncthreads_or(!ok || error_raised(sink))) return;

@@ -140,3 +140,16 @@ def test_ll_remote_messages_are_counted_by_their_own_signal():
     assert code.count("wait_arrivals(") >= 3  # its definition and the two receivers
     release = code[code.index("__device__ void release_buffer"):code.index("__device__ bool wait_arrivals")]
     assert release.index("ll.arrival(c)) = 0") < release.index("__threadfence_system()") < release.index("signal_rank(")
+
+
+def test_every_chunk_has_its_own_signal_word():
+    """Signals of different chunks of one stream may arrive in any order (several queue pairs, adaptive routing; the
+    chaos transport reorders them): a reader that counted k signals on one shared word and then read chunk k-1 could
+    read a chunk still on the wire (the chaos suite caught exactly that). Every chunked put and every wait names
+    the chunk's own word."""
+    code = _code(SRC / "internode.cu")
+    for kind in ("dispatch_words", "combine_words"):
+        uses = re.findall(r"p\.lay\." + kind + r",\s*([^)]*\))", code)
+        assert uses and all(u.startswith("chunk_word(") for u in uses), (kind, uses)
+    waits = re.findall(r"wait_next\(in\.word\(p\.lay\.(\w+), ([^)]*\))\)", code)
+    assert len(waits) == 2 and all(arg.startswith("chunk_word(") for _, arg in waits), waits

@@ -85,8 +85,8 @@ class InternodeOp:
         self.net_stats = net_stats.charged(module, self.device, N if self.pe_stride == 1 else R)
         self.workspace = torch.zeros(abi.EP_RT_IN_WS_WORDS, dtype=torch.int64, device=self.device)
         self.scratch = torch.zeros(abi.EP_RT_MAX_CHANNELS * (R + N), dtype=torch.int32, device=self.device)
-        self.consumed = torch.zeros(2 * abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS, dtype=torch.int64,
-                                    device=self.device)
+        self.consumed = torch.zeros(2 * abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS * abi.EP_RT_IN_STREAM_CHUNKS,
+                                    dtype=torch.int64, device=self.device)
         self.host_ptr, host_dev_ptr = driver.host_alloc_mapped(abi.EP_RT_IN_HOST_WORDS * 4)
         self.counters = (ctypes.c_int32 * abi.EP_RT_IN_HOST_WORDS).from_address(self.host_ptr)
         ctypes.memset(self.host_ptr, 0, abi.EP_RT_IN_HOST_WORDS * 4)
@@ -124,12 +124,18 @@ class InternodeOp:
         """The caller's num_rdma_bytes of the symmetric buffer as uint8 (no copy)."""
         return device_tensor(self.sym_base, (self.num_rdma_bytes,), self.device)
 
-    def barrier(self, stream) -> None:
-        """All ranks meet (network deadline); raises CommTimeoutError naming a missing peer."""
+    def barrier(self, stream, timeout_s: Optional[float] = None) -> None:
+        """All ranks meet (the network deadline, or `timeout_s`); raises CommTimeoutError naming a missing peer. The
+        Buffer's first one waits longer: ranks that start NVSHMEM at different times are not a fault."""
         self.raise_if_failed()
         self._layout(("barrier",), 16)
-        self._launch("barrier", 1, stream)
-        stream.synchronize()
+        p = self.kernels["barrier"].params
+        p.net_timeout_ns = int((self.net_timeout_s if timeout_s is None else timeout_s) * 1e9)
+        try:
+            self._launch("barrier", 1, stream)
+            stream.synchronize()
+        finally:
+            p.net_timeout_ns = int(self.net_timeout_s * 1e9)
         self.raise_if_failed()
 
     def destroy(self, collective: bool) -> None:

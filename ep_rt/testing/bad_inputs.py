@@ -18,7 +18,7 @@ from typing import Callable
 import torch
 
 from .. import Buffer, Config
-from ..errors import BufferTooSmallError, EpRtError, KernelError
+from ..errors import BufferTooSmallError, EpRtError, GroupError, KernelError
 from ..runtime.launch import launch_count
 
 N, H, K, E = 64, 256, 4, 16          # the HT inputs of the catalogue
@@ -122,7 +122,7 @@ def _cases() -> list[BadInput]:
     cuda = "cuda"
     cases = [
         # ---- construction (every check runs before the first collective) ----
-        BadInput("Buffer(group=None)", lambda c: Buffer(None), NI, "process group"),
+        BadInput("Buffer(group=None)", lambda c: Buffer(None), GroupError, "process group"),
         BadInput("Buffer(num_nvl_bytes=-128)", lambda c: Buffer(c.buf.group, -128), V, "num_nvl_bytes"),
         BadInput("Buffer(num_nvl_bytes=100)", lambda c: Buffer(c.buf.group, 100), V, "multiple of 128"),
         BadInput("Buffer(num_nvl_bytes=1.5e6)", lambda c: Buffer(c.buf.group, 1.5e6), V, "num_nvl_bytes"),

@@ -24,6 +24,7 @@ MAX_NODES = abi.EP_RT_IN_MAX_NODES
 MAX_CHANNELS = abi.EP_RT_MAX_CHANNELS
 MAX_LOCAL_EXPERTS = abi.EP_RT_MAX_LOCAL_EXPERTS
 HS_KINDS = abi.EP_RT_IN_HS_KINDS
+STREAM_CHUNKS = abi.EP_RT_IN_STREAM_CHUNKS
 
 
 def _align(n: int, a: int = ALIGN) -> int:
@@ -63,8 +64,8 @@ def control_offsets(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> dict
         ("notify_send", num_nodes * slot),
         ("notify_recv", num_nodes * slot),
         ("notify_words", num_nodes * 8),
-        ("dispatch_words", num_nodes * MAX_CHANNELS * 8),
-        ("combine_words", num_nodes * MAX_CHANNELS * 8),
+        ("dispatch_words", num_nodes * MAX_CHANNELS * STREAM_CHUNKS * 8),
+        ("combine_words", num_nodes * MAX_CHANNELS * STREAM_CHUNKS * 8),
         ("hs_words", HS_KINDS * num_nodes * 8),
         ("own_ready", 2 * MAX_CHANNELS * 8),
     )

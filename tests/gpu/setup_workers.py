@@ -33,7 +33,7 @@ def disagreeing_ranks(rank, num_ranks):
                                         explicitly_destroy=True))
     os.environ["EP_RT_NVSHMEM_DEBUG"] = "0"
     buf = Buffer(dist.group.WORLD, 1 * MB, explicitly_destroy=True)
-    buf.runtime.barrier(buf.comm_stream)
+    buf._nvl.barrier(buf.comm_stream)
     buf.destroy()
     out["after"] = True
     return out

@@ -101,7 +101,7 @@ def test_internode_caller_errors_found_by_the_kernels_keep_the_protocol_in_step(
         assert res["rdma_view_ok"], (rank, "get_local_buffer_tensor(use_rdma_buffer=True) is not this rank's area")
         for name, error, out_of_step in res["calls"]:
             assert error is not None, (rank, name, "no error raised")
-            assert not out_of_step, (rank, name, "(node, channel, words, consumed, ...)", out_of_step[:4])
+            assert not out_of_step, (rank, name, "(node, channel, chunk, words, consumed, ...)", out_of_step[:4])
         want = {"num_worst_tokens too small": "num_worst_tokens=1",
                 "num_worst dispatch too large for the RDMA buffer": "num_rdma_bytes",
                 "cached dispatch of a rebuilt handle, too large for the RDMA buffer": "num_rdma_bytes",

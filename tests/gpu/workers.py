@@ -391,16 +391,17 @@ def internode_too_small(rank, num_ranks, ranks_per_node):
 
 
 def _internode_counters(buf):
-    """Per (other node, channel): the dispatch and combine signal words in my symmetric buffer and the counts my
-    kernels consumed of them (int64 lists). In step after every call, failed or not, unless a peer timed out."""
+    """Per (other node, channel, chunk): the dispatch and combine signal words in my symmetric buffer and the counts
+    my kernels consumed of them (int64 lists). In step after every call, failed or not, unless a peer timed out."""
     from ep_rt.runtime import abi
     from ep_rt.transport.device_view import device_tensor
 
     op = buf._ht
-    n = abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS
+    K = abi.EP_RT_IN_STREAM_CHUNKS
+    n = abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS * K
     words = {}
     for kind in ("dispatch_words", "combine_words"):
-        words[kind] = device_tensor(op.sym_base + op.control[kind], (op.N * abi.EP_RT_MAX_CHANNELS,), buf.device,
+        words[kind] = device_tensor(op.sym_base + op.control[kind], (op.N * abi.EP_RT_MAX_CHANNELS * K,), buf.device,
                                     "<i8").clone()
     torch.cuda.synchronize()
     consumed = op.consumed.cpu()
@@ -409,10 +410,11 @@ def _internode_counters(buf):
         if s == buf.topology.node:
             continue
         for c in range(abi.EP_RT_MAX_CHANNELS):
-            i = s * abi.EP_RT_MAX_CHANNELS + c
-            out.append((s, c, int(words["dispatch_words"][i]), int(consumed[i]),
-                        int(words["combine_words"][i]), int(consumed[n + i])))
-    return [row for row in out if row[2] != row[3] or row[4] != row[5]]
+            for k in range(K):
+                i = (s * abi.EP_RT_MAX_CHANNELS + c) * K + k
+                out.append((s, c, k, int(words["dispatch_words"][i]), int(consumed[i]),
+                            int(words["combine_words"][i]), int(consumed[n + i])))
+    return [row for row in out if row[3] != row[4] or row[5] != row[6]]
 
 
 def internode_recoverable_errors(rank, num_ranks, ranks_per_node):

@@ -304,9 +304,10 @@ struct LowLatencyParams {
 #define EP_RT_IN_MAX_RANKS 256
 #define EP_RT_IN_MAX_NODES 64
 // Each (channel, destination node) stream of records (dispatch) or partial sums (combine) goes over the network in
-// min(count, EP_RT_IN_STREAM_CHUNKS) put-with-signals, one signal each (an empty stream: one bare signal), so the
-// receiving side works on the first chunks while the last are on the wire. Chunk k of n covers
-// [count * k / n, count * (k + 1) / n).
+// min(count, EP_RT_IN_STREAM_CHUNKS) put-with-signals (an empty stream: one bare signal), so the receiving side works
+// on the first chunks while the last are on the wire. Chunk k of n covers [count * k / n, count * (k + 1) / n) and
+// has a signal word of its own: signals of different chunks may arrive in any order (several queue pairs, adaptive
+// routing), so a count of signals on one word would not say which chunks are in.
 #define EP_RT_IN_STREAM_CHUNKS 8
 // Notify slot (int32 words) a source puts to its rail peer on node n, and the per-rank part the rail peer relays
 // to each rank d of node n (in d's NVL buffer, one slot per source rank). Both start with this header, then:
@@ -367,8 +368,10 @@ struct InternodeLayout {
     int64_t notify_send;     // [N] slots: mine for the rail peer on node n
     int64_t notify_recv;     // [N] slots: from the rail peer on node s (s = my node: my own, written locally)
     int64_t notify_words;    // u64 [N]: word s from the rail peer on node s, +1 per notify
-    int64_t dispatch_words;  // u64 [N][EP_RT_MAX_CHANNELS]: word [s][c] from the rail peer on node s, +1 per dispatch
-    int64_t combine_words;   // u64 [N][EP_RT_MAX_CHANNELS]: word [n][c] from my rail peer on node n, +1 per combine
+    int64_t dispatch_words;  // u64 [N][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]: word [s][c][k] from the rail peer
+                             // on node s, +1 per dispatch whose stream (s, c) has a chunk k
+    int64_t combine_words;   // u64 [N][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]: word [n][c][k] from my rail peer
+                             // on node n, +1 per combine whose stream (n, c) has a chunk k
     int64_t hs_words;        // u64 [EP_RT_IN_HS_KINDS][N]: handshakes, word [kind][s] from the rail peer on node s
     int64_t own_ready;       // int64 [2][EP_RT_MAX_CHANNELS]: my own node's records (dispatch) or partial sums
                              // (combine) of channel c are written (call number); written and read by me only
@@ -398,9 +401,10 @@ struct InternodeParams {
     uint64_t error;               // ErrorRecord* (host-mapped)
     uint64_t host_counters;       // host-mapped int32 [EP_RT_IN_HOST_WORDS]
     uint64_t scratch;             // device int32 [C][R + N]: per-channel counts (notify)
-    uint64_t consumed;            // device int64 [2][N][EP_RT_MAX_CHANNELS]: per (sender, channel) word, the signals
-                                  // this rank has consumed (dispatch words, then combine words): a call may use
-                                  // fewer channels than the last, so a word's count is not the call number
+    uint64_t consumed;            // device int64 [2][EP_RT_IN_MAX_NODES][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]:
+                                  // per (sender, channel, chunk) word, the signals this rank has consumed (dispatch
+                                  // words, then combine words): a call may use fewer channels or chunks than the
+                                  // last, so a word's count is not the call number
     uint64_t x;                   // dispatch: [T, hidden_bytes]; combine: bf16 [num_in_rows, hidden]
     uint64_t x_scales;            // 32-bit words, strided, or 0
     uint64_t topk_idx;            // int64 or int32 [T, K] or 0
