@@ -94,6 +94,16 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
         me, them = f"rank {rank} (node {rank // G})", f"rank {peer} (node {peer // G})"
     else:
         me, them = f"rank {rank}", f"rank {peer}"
+    if code == ERR_TIMEOUT and peer >= 0 and phase == 19 and ranks_per_node:
+        # the peer is the source whose counts never came; the forwarder of my node that relays them has its local
+        # index (either may be the rank that is gone)
+        f = rank // ranks_per_node * ranks_per_node + peer % ranks_per_node
+        fwd = f"rank {f} (node {f // ranks_per_node})"
+        return CommTimeoutError(
+            f"{me}: timed out in {where} waiting for the counts of {them}, which {fwd} relays (expected call "
+            f"#{detail0}, saw #{detail1}). {them[0].upper() + them[1:]} or {fwd} did not make the same ep_rt call, "
+            f"died, or its node is unreachable. The Buffer is unusable now: destroy it and create a new one "
+            f"(timeout: EP_RT_NET_TIMEOUT_S).")
     if code == ERR_TIMEOUT and peer >= 0 and phase in INTERNODE_PHASES:
         return CommTimeoutError(
             f"{me}: timed out in {where} waiting for {them}{chan} (expected call #{detail0}, saw #{detail1}). "

@@ -114,3 +114,13 @@ def test_a_combine_dropped_past_the_rdma_area_is_a_buffer_error_naming_the_chann
     assert isinstance(err, BufferTooSmallError)
     msg = str(err)
     assert "rank 2 (node 1)" in msg and "channel 5" in msg and "300 tokens" in msg and "num_rdma_bytes" in msg
+
+
+def test_a_relay_timeout_names_the_source_and_its_forwarder():
+    """Phase 19 (the relayed notify slots): the record's peer is the source whose counts never came; the forwarder of
+    this node that relays them is the rank of this node with the source's local index; either may be the one gone."""
+    err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_NOTIFY_RELAY, 0, 3, -1, 5, 4, ranks_per_node=2)
+    assert isinstance(err, CommTimeoutError)
+    text = str(err)
+    assert "rank 0 (node 0): timed out in internode dispatch notify" in text
+    assert "counts of rank 3 (node 1), which rank 1 (node 0) relays" in text and "EP_RT_NET_TIMEOUT_S" in text

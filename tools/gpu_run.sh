@@ -171,6 +171,15 @@ step() {  # one named step; returns 3 for a name it does not know
                python3 -m pytest -q -rs ${CU12_TESTS:-tests/gpu/test_low_latency_gpu.py \
                "tests/gpu/test_internode_gpu.py::test_internode_matches_reference" \
                tests/gpu/test_chaos_transport_gpu.py} ;;
+    # Each test id of EACH_A / EACH_B its own pytest run (its own log, failures reported even if a later one hangs);
+    # cu12_each: EACH_CU12 under the cu12 flavour with the carried cu12 host library.
+    each_a) k=0; for t in ${EACH_A:?each_a needs EACH_A}; do k=$((k + 1)); run each_a$k 300 python3 -m pytest -q -rs "$t"; done ;;
+    each_b) k=0; for t in ${EACH_B:?each_b needs EACH_B}; do k=$((k + 1)); run each_b$k 300 python3 -m pytest -q -rs "$t"; done ;;
+    cu12_each) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
+             k=0; for t in ${EACH_CU12:?cu12_each needs EACH_CU12}; do k=$((k + 1)); run cu12_each$k 300 env \
+               PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
+               EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
+               python3 -m pytest -q -rs "$t"; done ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$LOGS/bench.json" ;;
     *) return 3 ;;

@@ -51,7 +51,7 @@ def worlds(rank, num_ranks, ranks_per_node):
     ll = Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
     w = ll._session.world
     got = {"ll": (w.kind, w.npes, w.my_pe, ll._session.pe_base, ll._session.pe_stride)}
-    ht = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(256, num_ranks, 64),
+    ht = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(256, num_ranks, G, 64),
                 internode_layout.rdma_size_hint(256, num_ranks, G, 64), explicitly_destroy=True)
     got["ht_shares"] = ht._session.world == w and nvshmem._state["users"] == 2
     sub = dist.new_group(list(range(G)))  # every rank creates it; only the first node's ranks use it
