@@ -104,6 +104,16 @@ def describe_kernel_error(code: int, phase: int, rank: int, peer: int, channel: 
             f"#{detail0}, saw #{detail1}). {them[0].upper() + them[1:]} or {fwd} did not make the same ep_rt call, "
             f"died, or its node is unreachable. The Buffer is unusable now: destroy it and create a new one "
             f"(timeout: EP_RT_NET_TIMEOUT_S).")
+    if code == ERR_TIMEOUT and peer >= 0 and phase in (1, 13, 16) and ranks_per_node and \
+            peer // ranks_per_node == rank // ranks_per_node:
+        # A handshake's second half (internode.cu handshake): my node's ranks each raise their NVL word only after
+        # their own rail peers on the other nodes answered, so a wait here may be for a rank of another node.
+        who = "its own rail peers" if peer == rank else f"{them}, which itself waits for its rail peers"
+        return CommTimeoutError(
+            f"{me}: timed out in {where} waiting for {who} on the other nodes (expected call #{detail0}, saw "
+            f"#{detail1}). A rank of another node (or of this one) did not make the same ep_rt call, died, or its node "
+            f"is unreachable. The Buffer is unusable now: destroy it and create a new one (timeout: "
+            f"EP_RT_NET_TIMEOUT_S).")
     if code == ERR_TIMEOUT and peer >= 0 and phase in INTERNODE_PHASES:
         return CommTimeoutError(
             f"{me}: timed out in {where} waiting for {them}{chan} (expected call #{detail0}, saw #{detail1}). "

@@ -124,3 +124,16 @@ def test_a_relay_timeout_names_the_source_and_its_forwarder():
     text = str(err)
     assert "rank 0 (node 0): timed out in internode dispatch notify" in text
     assert "counts of rank 3 (node 1), which rank 1 (node 0) relays" in text and "EP_RT_NET_TIMEOUT_S" in text
+
+
+def test_a_handshake_timeout_on_my_own_node_says_the_wait_is_for_the_rails():
+    """The handshake's node half waits for my node's ranks, each of which first waits for its rail peers: a timeout
+    there (even one naming this rank itself, its own block 0 still waiting for the rails) must not blame the node."""
+    err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_COMBINE_HANDSHAKE, 0, 0, -1, 5, 4,
+                                ranks_per_node=2)
+    assert isinstance(err, CommTimeoutError)
+    assert "waiting for its own rail peers on the other nodes" in str(err)
+    err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_HANDSHAKE, 0, 1, -1, 5, 4, ranks_per_node=2)
+    assert "waiting for rank 1 (node 0), which itself waits for its rail peers on the other nodes" in str(err)
+    err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_HANDSHAKE, 0, 2, -1, 5, 4, ranks_per_node=2)
+    assert "waiting for rank 2 (node 1)" in str(err)  # a rail peer: named as before

@@ -685,9 +685,24 @@ def test_repo_cubins_are_current():
 # The shipped cubins whose bytes ran on a GPU (cubins/hardware_runs.json says how each was traced to a run).
 # (The cu13/sm_90 LL and internode cubins ran before issue 24's path-independent rebuild, which changed their symbol
 # names and toolkit note, not their code: unmarked until they run again.)
-# (the cu12 intranode marks went with the LP64 stdint shim: those bytes changed and have not run since)
-REPO_MARKED = {"cu13/sm_90/default/layout.cubin", "cu13/sm_90/safe/intranode.cubin",
-               "cu13/sm_90/aggressive/intranode.cubin"}
+# Every sm_90 cubin but cu12/sm_90/aggressive/internode.cubin ran on the H200 in its shipped bytes (hardware_runs.json)
+REPO_MARKED = {
+    "cu12/sm_90/aggressive/intranode.cubin",
+    "cu12/sm_90/chaos/internode.cubin",
+    "cu12/sm_90/chaos/low_latency.cubin",
+    "cu12/sm_90/default/layout.cubin",
+    "cu12/sm_90/default/low_latency.cubin",
+    "cu12/sm_90/safe/internode.cubin",
+    "cu12/sm_90/safe/intranode.cubin",
+    "cu13/sm_90/aggressive/internode.cubin",
+    "cu13/sm_90/aggressive/intranode.cubin",
+    "cu13/sm_90/chaos/internode.cubin",
+    "cu13/sm_90/chaos/low_latency.cubin",
+    "cu13/sm_90/default/layout.cubin",
+    "cu13/sm_90/default/low_latency.cubin",
+    "cu13/sm_90/safe/internode.cubin",
+    "cu13/sm_90/safe/intranode.cubin",
+}
 
 
 def test_repo_cubin_set():
