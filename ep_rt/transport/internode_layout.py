@@ -56,6 +56,16 @@ def relayed_slot_bytes(num_ranks: int, num_nodes: int) -> int:
     return _align(4 * words)
 
 
+def _packed(sizes, start: int, end_name: str) -> dict:
+    """Offsets of the (name, bytes) regions one after another from `start`, each ALIGN-aligned; end_name: past them."""
+    offsets, at = {}, start
+    for name, size in sizes:
+        offsets[name] = at
+        at = _align(at + size)
+    offsets[end_name] = at
+    return offsets
+
+
 def control_offsets(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> dict:
     """Byte offsets of the symmetric control area, which starts after the caller's num_rdma_bytes; "end" = the
     allocation, "slot_bytes" = one network notify slot."""
@@ -69,13 +79,7 @@ def control_offsets(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> dict
         ("hs_words", HS_KINDS * num_nodes * 8),
         ("own_ready", 2 * MAX_CHANNELS * 8),
     )
-    offsets, at = {}, _align(num_rdma_bytes)
-    for name, size in sizes:
-        offsets[name] = at
-        at = _align(at + size)
-    offsets["end"] = at
-    offsets["slot_bytes"] = slot
-    return offsets
+    return {**_packed(sizes, _align(num_rdma_bytes), "end"), "slot_bytes": slot}
 
 
 def nvl_control_offsets(num_ranks: int, num_nodes: int) -> dict:
@@ -92,13 +96,7 @@ def nvl_control_offsets(num_ranks: int, num_nodes: int) -> dict:
         ("ready", 8),
         ("ready_prefix", num_ranks * 4),
     )
-    offsets, at = {}, 0
-    for name, size in sizes:
-        offsets[name] = at
-        at = _align(at + size)
-    offsets["records"] = at
-    offsets["slot_bytes"] = slot
-    return offsets
+    return {**_packed(sizes, 0, "records"), "slot_bytes": slot}
 
 
 def fill_nvl(nvl: abi.InternodeNvlLayout, offsets: dict, num_nvl_bytes: int) -> int:
