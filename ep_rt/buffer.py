@@ -297,6 +297,47 @@ class Buffer:
         if not self.destroyed:
             self._errors.raise_if_failed()
 
+    # ---- ep_rt extensions: what the argument checks and the benchmarks read, and the benchmarks' hooks -----------
+    @property
+    def is_internode(self) -> bool:
+        """ep_rt extension: True when the high-throughput calls run the internode kernels (ranks on several nodes,
+        num_rdma_bytes > 0); False on one node, for a low-latency-only Buffer, and once destroyed. DeepEP tells
+        this case by `runtime.get_num_rdma_ranks() > 1`."""
+        return bool(getattr(self._ht, "is_internode", False))
+
+    @property
+    def ht_serial(self) -> Optional[int]:
+        """ep_rt extension: the serial number of this Buffer's high-throughput op, which the handles of its dispatch
+        carry as their owner (ep_rt.handles.HandleFacts): combine and cached dispatch refuse a handle that another
+        Buffer made. None without a high-throughput mode."""
+        return None if self._ht is None else self._ht.serial
+
+    def set_kernel_timer(self, timer) -> None:
+        """Benchmark hook (ep_rt.testing.bench), not DeepEP API. With a timer (testing.bench.KernelTimer), every
+        high-throughput kernel this Buffer launches runs as `timer.around(kernel name, stream, launch)`, and the
+        internode kernels start only after the kernel before them (no early launches); None restores normal
+        launches."""
+        if self._ht is None:
+            raise EpRtError("set_kernel_timer: this Buffer has no high-throughput mode")
+        self._ht.timer = timer
+
+    def nvl_barrier(self, stream: torch.cuda.Stream, synchronize: bool = True) -> None:
+        """Benchmark hook, not DeepEP API: the device barrier of this node's ranks over the NVL buffer, on `stream`,
+        with the Buffer's timeout; every rank of the node must call it. synchronize=False only enqueues it (the
+        benchmarks line the GPUs up with it before a timed call); True also waits for it and raises what it
+        recorded."""
+        if self._nvl is None:
+            raise EpRtError("nvl_barrier: this Buffer has no NVL buffer")
+        self._nvl.barrier(stream, synchronize)
+
+    def internode_barrier(self, stream: torch.cuda.Stream) -> None:
+        """Benchmark hook, not DeepEP API: every rank of the group meets in the internode kernels' barrier on
+        `stream` (the network deadline, EP_RT_NET_TIMEOUT_S) and the host waits for it; raises CommTimeoutError
+        naming a missing peer. Only on a Buffer whose high-throughput calls are internode (is_internode)."""
+        if not self.is_internode:
+            raise EpRtError("internode_barrier needs a Buffer whose ranks span several nodes")
+        self._ht.barrier(stream)
+
     # ---- small static API -----------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
