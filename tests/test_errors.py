@@ -105,7 +105,8 @@ def missing_words(text):
 def test_every_code_and_phase_of_params_h_has_words_in_errors_py():
     found = header_codes_and_phases(PARAMS_H.read_text(encoding="utf-8"))
     # the parse itself must have found them: 6 codes and 19 phases as of this writing
-    assert sum(n.startswith("EP_RT_ERR_") for n in found) >= 6 and sum(n.startswith("EP_RT_PHASE_") for n in found) >= 19
+    assert sum(n.startswith("EP_RT_ERR_") for n in found) >= 6
+    assert sum(n.startswith("EP_RT_PHASE_") for n in found) >= 19
     assert missing_words(PARAMS_H.read_text(encoding="utf-8")) == []
     # and no words for a number params.h does not define
     assert set(errors.PHASES) == {v for n, v in found.items() if n.startswith("EP_RT_PHASE_")}
@@ -114,7 +115,8 @@ def test_every_code_and_phase_of_params_h_has_words_in_errors_py():
 
 
 def test_a_new_phase_or_code_without_words_fails_the_check():
-    text = PARAMS_H.read_text(encoding="utf-8") + "\n#define EP_RT_PHASE_IN_SOMETHING_NEW 97\n#define EP_RT_ERR_NEW 98\n"
+    text = PARAMS_H.read_text(encoding="utf-8")
+    text += "\n#define EP_RT_PHASE_IN_SOMETHING_NEW 97\n#define EP_RT_ERR_NEW 98\n"
     problems = missing_words(text)
     assert any("EP_RT_PHASE_IN_SOMETHING_NEW (97) has no words" in p for p in problems), problems
     assert any("EP_RT_ERR_NEW (98) has no words" in p for p in problems), problems

@@ -119,7 +119,8 @@ def written_field_problems(source: str, where: str):
     problems = []
     for node in ast.walk(tree):
         if launched and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set":
-            problems += [f"{where}:{node.lineno}: .set({kw.arg}=...) is no field of {sorted(m.__name__ for m in launched)}"
+            problems += [f"{where}:{node.lineno}: .set({kw.arg}=...) is no field of "
+                         f"{sorted(m.__name__ for m in launched)}"
                          for kw in node.keywords if kw.arg is not None and kw.arg not in launched_fields]
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
