@@ -42,7 +42,26 @@ class _Setup:
 
 
 class Buffer:
-    """Communication buffer for MoE dispatch and combine; the constructor is collective over `group`."""
+    """Communication buffers for MoE expert parallelism, with DeepEP V1's API: high-throughput dispatch and combine
+    within a node (NVLink) and across nodes (NVSHMEM: RDMA between nodes, NVLink inside each), and the low-latency
+    dispatch and combine (NVSHMEM). The constructor is collective over `group`; so are the calls, which every rank
+    must make in the same order with matching shapes.
+
+    Attributes:
+        num_sms: the SM count of the high-throughput configs that get_dispatch_config / get_combine_config return
+            (class-wide, set_num_sms); ep_rt's calls run config.num_sms channels (DeepEP's: num_sms / 2).
+        rank: this rank's index in `group`.
+        group_size: the number of ranks in `group`.
+        group: the torch.distributed process group.
+        num_nvl_bytes: the size of the NVL buffer (the traffic between the ranks of a node, in both HT modes).
+        num_rdma_bytes: the size of the RDMA (NVSHMEM symmetric) buffer: the low-latency mode, and internode mode.
+        low_latency_mode: whether the low-latency calls are available.
+        runtime: DeepEP's C++ runtime methods, answered from this Buffer (ep_rt.deep_ep_runtime).
+        topology (ep_rt): ranks, nodes and local ranks as ep_rt found them (by host, or EP_RT_RANKS_PER_NODE).
+        comm_stream: the stream the calls run on unless a receive hook is asked for (get_comm_stream).
+
+    ep_rt: the kernels are compiled ahead of time and launched from Python; every wait has a deadline, and a kernel's
+    failure is raised as an ep_rt.errors exception naming the rank, the peer and the phase (raise_if_failed)."""
 
     num_sms: int = 20
 
@@ -50,6 +69,35 @@ class Buffer:
                  num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
                  allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
                  enable_shrink: bool = False, comm=None, timeout_s: Optional[float] = None):
+        """Create the buffers and connect the ranks of `group` (collective: every rank of the group calls it with the
+        same sizes and modes, which are compared first and refused on every rank if they differ).
+
+        Arguments:
+            group: the torch.distributed process group of the expert-parallel ranks.
+            num_nvl_bytes: the NVL buffer size in bytes (a multiple of 128) for high-throughput calls; size it with
+                Config.get_nvl_buffer_size_hint. 0: no intranode buffer.
+            num_rdma_bytes: the RDMA buffer size in bytes (a multiple of 128) for the low-latency mode
+                (get_low_latency_rdma_size_hint) and for high-throughput calls across nodes
+                (Config.get_rdma_buffer_size_hint); must be 0 on one node without low_latency_mode.
+            low_latency_mode: whether to set up the low-latency calls (needs num_rdma_bytes > 0, and sm_90 or newer).
+            num_qps_per_rank: the queue pairs per peer NVSHMEM opens for IBGDA (as DeepEP's); checked against
+                config.num_sms for internode calls that run over IBGDA.
+            allow_nvlink_for_low_latency_mode: whether low-latency traffic to peers on this node may use NVLink
+                (DeepEP's NVSHMEM_DISABLE_P2P rule).
+            allow_mnnvl: let NVSHMEM decide on multi-node NVLink (default: disabled, as DeepEP does).
+            use_fabric: fabric (MNNVL) memory handles; not implemented, raises NotImplementedError.
+            explicitly_destroy: if set, the buffers are freed by destroy() only (collective), else when the Buffer is
+                garbage-collected.
+            enable_shrink: the low-latency mode's shrink mode: a rank that stops answering is masked instead of
+                failing the calls (low_latency_*_mask_buffer).
+            comm: an mpi4py communicator in place of `group`; not implemented, raises NotImplementedError.
+            timeout_s (ep_rt): how long a kernel or host wait waits for a peer before raising CommTimeoutError;
+                default EP_RT_TIMEOUT_S (100 s). Internode waits use EP_RT_NET_TIMEOUT_S (default 3 x this).
+
+        ep_rt: nodes are found by host name (or EP_RT_RANKS_PER_NODE, which emulates nodes on one host), not by
+        `rank // 8`; NVSHMEM is initialised by ep_rt itself from Python, so there is no separate sync() step, and
+        the NVSHMEM environment a Buffer needs is set (and checked against what the environment already says) by
+        ep_rt.transport.network_settings."""
         self._parts = []  # transports, in construction order; destroyed in reverse (see _release)
         self._nvl = self._ll = self._ht = self._layout = None
         self._ll_on_comm_stream = False
@@ -159,8 +207,10 @@ class Buffer:
 
     @property
     def runtime(self) -> DeepEPRuntime:
-        """DeepEP's C++ runtime object: its methods that Python code calls, answered from this Buffer
-        (ep_rt.deep_ep_runtime)."""
+        """DeepEP's C++ runtime object (`buffer.runtime`): the methods Python code calls on it (node counts and ranks,
+        availability, the local device and IPC handle, the comm stream, get_local_buffer_tensor, the low-latency
+        clean and mask calls), answered from this Buffer (ep_rt.deep_ep_runtime). Calls ep_rt has no use for
+        (sync, the C++ data-path calls) raise NotImplementedError naming what to call instead."""
         return DeepEPRuntime(self)
 
     def _nvshmem(self, topo, setup, kind):
@@ -204,7 +254,12 @@ class Buffer:
 
     # ---- lifetime -------------------------------------------------------------------------------
     def destroy(self) -> None:
-        """Collective teardown; only for Buffers made with explicitly_destroy=True (as in DeepEP). Idempotent."""
+        """Free every buffer of this Buffer, collectively; only for Buffers made with explicitly_destroy=True (as
+        DeepEP). Every rank must call it. Idempotent: a second call does nothing.
+
+        ep_rt: every wait of the teardown has a deadline; a part whose peers may be gone (a timeout, a masked rank)
+        is freed without collectives, so destroy() returns on the ranks that are left. Any later call raises
+        EpRtError ("destroyed")."""
         if not self.explicitly_destroy:
             raise EpRtError("destroy() is for Buffers created with explicitly_destroy=True; others are "
                             "released when garbage-collected")
@@ -292,14 +347,68 @@ class Buffer:
         return self._ll
 
     def raise_if_failed(self) -> None:
-        """ep_rt extension: raise the error a finished kernel recorded (a peer timeout, a bad expert id), if any.
-        Every call does this on entry; call it after synchronising to learn about the last call at once."""
+        """ep_rt extension: raise the error a finished kernel recorded (CommTimeoutError for a peer that never came,
+        KernelError for a bad expert id, BufferTooSmallError...), if there is one. Every call checks this on entry;
+        call it after synchronising to learn about the last call at once."""
         if not self.destroyed:
             self._errors.raise_if_failed()
+
+    # ---- ep_rt extensions: what the argument checks and the benchmarks read, and the benchmarks' hooks -----------
+    @property
+    def is_internode(self) -> bool:
+        """ep_rt extension: True when the high-throughput calls run the internode kernels (ranks on several nodes,
+        num_rdma_bytes > 0); False on one node, for a low-latency-only Buffer, and once destroyed. DeepEP tells
+        this case by `runtime.get_num_rdma_ranks() > 1`."""
+        return bool(getattr(self._ht, "is_internode", False))
+
+    @property
+    def ht_serial(self) -> Optional[int]:
+        """ep_rt extension: the serial number of this Buffer's high-throughput op, which the handles of its dispatch
+        carry as their owner (ep_rt.handles.HandleFacts): combine and cached dispatch refuse a handle that another
+        Buffer made. None without a high-throughput mode."""
+        return None if self._ht is None else self._ht.serial
+
+    def set_kernel_timer(self, timer) -> None:
+        """Benchmark hook (ep_rt.testing.bench), not DeepEP API: time this Buffer's high-throughput kernels.
+
+        Arguments:
+            timer: a testing.bench.KernelTimer: every high-throughput kernel this Buffer launches then runs as
+                `timer.around(kernel name, stream, launch)`, and the internode kernels start only after the kernel
+                before them (no early launches); None: normal launches again."""
+        if self._ht is None:
+            raise EpRtError("set_kernel_timer: this Buffer has no high-throughput mode")
+        self._ht.timer = timer
+
+    def nvl_barrier(self, stream: torch.cuda.Stream, synchronize: bool = True) -> None:
+        """Benchmark hook, not DeepEP API: the device barrier of this node's ranks over the NVL buffer, with the
+        Buffer's timeout; every rank of the node must call it.
+
+        Arguments:
+            stream: the stream to run it on.
+            synchronize: also wait for it on the host and raise what it recorded; False only enqueues it (the
+                benchmarks line the GPUs up with it before a timed call)."""
+        if self._nvl is None:
+            raise EpRtError("nvl_barrier: this Buffer has no NVL buffer")
+        self._nvl.barrier(stream, synchronize)
+
+    def internode_barrier(self, stream: torch.cuda.Stream) -> None:
+        """Benchmark hook, not DeepEP API: every rank of the group meets in the internode kernels' barrier (the
+        network deadline, EP_RT_NET_TIMEOUT_S) and the host waits for it; raises CommTimeoutError naming a missing
+        peer. Only on a Buffer whose high-throughput calls are internode (is_internode).
+
+        Arguments:
+            stream: the stream to run it on."""
+        if not self.is_internode:
+            raise EpRtError("internode_barrier needs a Buffer whose ranks span several nodes")
+        self._ht.barrier(stream)
 
     # ---- small static API -----------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
+        """Whether the shipped cubins include sm_90 (Hopper) builds (the low-latency kernels need sm_90). DeepEP:
+        whether its extension was compiled for SM90.
+
+        ep_rt: read from the cubin manifest (cubins/manifest.json); False when the manifest cannot be found."""
         try:
             return any(e["arch"] == "sm_90" for e in modules.manifest()["cubins"])
         except EpRtError:
@@ -307,49 +416,105 @@ class Buffer:
 
     @classmethod
     def set_num_sms(cls, new_num_sms: int) -> None:
+        """Set the SM count the high-throughput configs use (Buffer.num_sms, class-wide, as DeepEP).
+
+        Arguments:
+            new_num_sms: a positive even number (DeepEP's rule; ep_rt's calls run config.num_sms channels, so this
+                is also the channel count of the configs get_dispatch_config / get_combine_config return)."""
         if not isinstance(new_num_sms, int) or new_num_sms <= 0 or new_num_sms % 2:
             raise ValueError(f"num_sms must be a positive even int, got {new_num_sms!r}")
         cls.num_sms = new_num_sms
 
     @staticmethod
     def capture() -> EventOverlap:
+        """Record a CUDA event on the current stream (`torch.cuda.current_stream()`).
+
+        Returns:
+            event: an EventOverlap holding it, to pass as `previous_event` to a later call."""
         return EventOverlap(EventHandle())
 
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
-        """DeepEP's formula; the same for any node size (every LL peer, on a node or not, has its own slots)."""
+        """The smallest RDMA buffer (num_rdma_bytes) for low-latency calls of this shape, sized for BF16 combines.
+
+        Arguments:
+            num_max_dispatch_tokens_per_rank: the most tokens one rank dispatches in one call (the same on every rank).
+            hidden: the hidden size of a token.
+            num_ranks: the number of ranks in the group.
+            num_experts: the number of experts over all ranks.
+
+        Returns:
+            size: the size in bytes.
+
+        ep_rt: DeepEP's formula, the same whatever the node size (every peer has its own slots); ep_rt adds its own
+        control area after num_rdma_bytes, so the caller's bytes are all usable."""
         from .transport.ll_layout import rdma_size_hint
 
         return rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts)
 
     @staticmethod
     def get_dispatch_config(num_ranks: int, *, num_ranks_per_node: Optional[int] = None) -> Config:
-        """The Config for `num_ranks` ranks in nodes of `num_ranks_per_node` (an ep_rt extension; without it
-        config.ranks_per_node's rule: EP_RT_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE, else 8 as DeepEP;
-        dispatch(config=None) passes the Buffer's own node size): from EP_RT_CONFIG_FILE when it holds one for
-        num_ranks (its num_sms wins over Buffer.num_sms: the file says what was measured), else DeepEP's row where
-        it has one and a default elsewhere (config_tables), with Buffer.num_sms."""
+        """A recommended Config for dispatch over `num_ranks` ranks.
+
+        Arguments:
+            num_ranks: the number of ranks.
+            num_ranks_per_node (ep_rt): the node size the config is for; without it config.ranks_per_node's rule
+                (EP_RT_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE, else 8 as DeepEP). dispatch(config=None)
+                passes the Buffer's own node size.
+
+        Returns:
+            config: the Config.
+
+        ep_rt: a config from EP_RT_CONFIG_FILE (`python -m ep_rt tune`) wins when it holds one for num_ranks (its
+        num_sms included: the file says what was measured); else DeepEP's row where DeepEP has one, and a default
+        elsewhere (ep_rt.config_tables), with Buffer.num_sms. Any rank count is accepted (DeepEP asserts on rank
+        counts outside its table). Of a Config, ep_rt's intranode kernels use num_sms only."""
         tuned = config_file.lookup("dispatch", num_ranks)
         return tuned if tuned is not None else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms,
                                                                         num_ranks_per_node)
 
     @staticmethod
     def get_combine_config(num_ranks: int, *, num_ranks_per_node: Optional[int] = None) -> Config:
-        """As get_dispatch_config. ep_rt's combine runs on the channels of the dispatch that made its handle, so
-        this Config's num_sms does not change what the combine does (combine(config=None) looks nothing up)."""
+        """A recommended Config for combine over `num_ranks` ranks; as get_dispatch_config.
+
+        Arguments:
+            num_ranks: the number of ranks.
+            num_ranks_per_node (ep_rt): the node size, as in get_dispatch_config.
+
+        Returns:
+            config: the Config.
+
+        ep_rt: combine runs on the channels of the dispatch that made its handle, so this Config's num_sms does not
+        change what a combine does (combine(config=None) looks nothing up)."""
         tuned = config_file.lookup("combine", num_ranks)
         return tuned if tuned is not None else config_mod.table_config("combine", num_ranks, Buffer.num_sms,
                                                                         num_ranks_per_node)
 
     def get_comm_stream(self) -> torch.cuda.Stream:
+        """The communication stream: the high-throughput and layout calls, and the low-latency calls without a
+        receive hook, run on it (DeepEP's).
+
+        Returns:
+            stream: a torch.cuda.Stream of this Buffer's device (high priority)."""
         return self.comm_stream
 
     def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
                                 use_rdma_buffer: bool = False) -> torch.Tensor:
-        """A view of this rank's NVL buffer data region, or with use_rdma_buffer of its RDMA (symmetric) buffer's
-        num_rdma_bytes. `offset` is in bytes (as DeepEP's C++ does); unlike DeepEP, the view's length stops at the
-        buffer's end instead of running past it."""
+        """A view of this rank's own communication buffer as a tensor (no copy).
+
+        Arguments:
+            dtype: the tensor's torch.dtype.
+            size: the shape to view (its element count must fit); None: 1-D, to the buffer's end.
+            offset: where the view starts, in bytes (as DeepEP's C++ takes it).
+            use_rdma_buffer: the RDMA (symmetric) buffer's num_rdma_bytes instead of the NVL buffer.
+
+        Returns:
+            tensor: the view.
+
+        ep_rt: the NVL view is the buffer's data region (ep_rt's control region comes first in the allocation and is
+        not part of it); the view stops at the buffer's end where DeepEP's runs past it by `offset`; an offset or
+        size that does not fit raises ValueError."""
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         if not isinstance(offset, int) or isinstance(offset, bool):
@@ -381,6 +546,26 @@ class Buffer:
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
                             previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                             allocate_on_comm_stream: bool = False):
+        """Count, from the top-k routing, what a dispatch sends: tokens per rank, per node and per expert, and which
+        ranks each token goes to.
+
+        Arguments:
+            topk_idx: `[num_tokens, num_topk]` int64 (or int32, ep_rt.topk_idx_t), the experts each token selected;
+                -1: no selection.
+            num_experts: the number of experts over all ranks (a multiple of the rank count).
+            previous_event: an EventOverlap the comm stream waits for before the kernel runs.
+            async_finish: if set, the current stream does not wait for the kernel; wait on the returned event.
+            allocate_on_comm_stream: allocate the outputs on the comm stream (their memory belongs to it).
+
+        Returns:
+            num_tokens_per_rank: `[num_ranks]` int32, the tokens this rank sends to each rank.
+            num_tokens_per_rdma_rank: `[num_nodes]` int32, the tokens sent to each node; None on one node.
+            num_tokens_per_expert: `[num_experts]` int32, the tokens sent to each expert.
+            is_token_in_rank: `[num_tokens, num_ranks]` bool, whether a token goes to a rank.
+            event: the event after the kernel (holds something only with async_finish).
+
+        ep_rt: nodes are ep_rt's (Topology), so num_tokens_per_rdma_rank has one entry per node of the Buffer's
+        node size, not per `rank // 8`."""
         self._live()
         validate.experts(num_experts, self.group_size)
         validate.topk_idx(topk_idx, self.device, num_experts)
@@ -401,6 +586,48 @@ class Buffer:
                  expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
                  previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                  allocate_on_comm_stream: bool = False):
+        """Send each token to the ranks that hold its selected experts, within a node or across nodes (the internode
+        kernels when the ranks span several nodes). Intranode, all ranks must reach each other over NVLink; across
+        nodes, the ranks of a node over NVLink and each rank its peers of the same local index over the network.
+
+        Arguments:
+            x: `[num_tokens, hidden]` bf16, or an FP8 pair: `[num_tokens, hidden]` float8_e4m3fn and its scales,
+                `[num_tokens, num_scales]` float32 (DeepEP's hidden // 128; any strides) or int32 (UE8M0 exponents,
+                four per int32), which travel as they are. A row's bytes must be a multiple of 16.
+            handle: a handle from an earlier dispatch of the same tokens: a cached dispatch, which reuses its layout
+                (no counting, no host wait) and takes no topk_idx / topk_weights.
+            num_tokens_per_rank: `[num_ranks]` int32, from get_dispatch_layout.
+            num_tokens_per_rdma_rank: `[num_nodes]` int32, from get_dispatch_layout; checked, not needed (ep_rt's
+                internode kernels derive the node counts); None on one node.
+            is_token_in_rank: `[num_tokens, num_ranks]` bool, from get_dispatch_layout.
+            num_tokens_per_expert: `[num_experts]` int32, from get_dispatch_layout; needed with or without top-k.
+            topk_idx: `[num_tokens, num_topk]` int64 or int32, the selected experts (-1: none); None to send the
+                tokens without routing data.
+            topk_weights: `[num_tokens, num_topk]` float32, given together with topk_idx.
+            expert_alignment: each local expert's received count is rounded up to a multiple of this.
+            num_worst_tokens: if > 0, the outputs have this many rows whatever the routing, and the host does not
+                wait for the receive count (needed inside CUDA-graph capture); rows past the received ones are
+                unused (recv_topk_idx -1 there) and num_recv_tokens_per_expert_list is empty.
+            config: the performance config; None: get_dispatch_config for this Buffer's ranks and node size.
+            previous_event: an EventOverlap the comm stream waits for before the kernels run.
+            async_finish: if set, the current stream does not wait for the kernels; wait on the returned event.
+            allocate_on_comm_stream: allocate the outputs on the comm stream.
+
+        Returns:
+            recv_x: the received tokens, in the form of `x` (a tensor or an FP8 pair).
+            recv_topk_idx: `[num_recv, num_topk]`, each received token's selections, as local expert indices (-1 for
+                experts of other ranks); None without topk_idx or for a cached dispatch.
+            recv_topk_weights: `[num_recv, num_topk]` float32, the matching weights; None likewise.
+            num_recv_tokens_per_expert_list: a Python list, the tokens each local expert receives (aligned to
+                expert_alignment); empty with num_worst_tokens; None for a cached dispatch.
+            handle: the handle combine (and a cached dispatch) takes: DeepEP's 6-tuple intranode, its 10-tuple
+                internode (ep_rt.handles); None for a cached dispatch.
+            event: the event after the kernels (holds something only with async_finish).
+
+        ep_rt: channels are config.num_sms (DeepEP: num_sms / 2), so the prefix matrices of the handle differ in
+        their channel dimension; the handle's send positions are stream positions; a handle from another Buffer is
+        refused. A call that does not fit the buffers raises BufferTooSmallError naming the size it needs, and bad
+        input raises before any kernel runs."""
         self._live()
         if handle is None and num_worst_tokens == 0 and torch.cuda.is_current_stream_capturing():
             # Without num_worst_tokens the host must read the receive count to size the outputs: a sync.
@@ -458,8 +685,29 @@ class Buffer:
                 bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                 async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        """Sum each token's rows over the ranks it was sent to (rank order, f32, bias first); no top-k
-        weighting. Runs with the channel count of the dispatch that made `handle` (config.num_sms must match)."""
+        """Return each token's expert outputs to the rank it came from and sum them: the reverse of the dispatch that
+        made `handle`, without top-k weighting (as DeepEP).
+
+        Arguments:
+            x: `[num_recv, hidden]` bf16, one row per token this rank received, in the dispatch's receive order.
+            handle: the handle of that dispatch (a rebuilt plain tuple of the same tensors works too).
+            topk_weights: `[num_recv, num_topk]` float32, summed per token like x; None: none returned.
+            bias (ep_rt, as DeepEP's later releases): a `[num_tokens, hidden]` bf16 tensor or a pair of them, added
+                to each token's sum.
+            config: DeepEP's performance config; accepted and type-checked, but ep_rt's combine runs on the
+                channels of the dispatch that made `handle`, so it changes nothing.
+            previous_event: an EventOverlap the comm stream waits for before the kernels run.
+            async_finish: if set, the current stream does not wait for the kernels; wait on the returned event.
+            allocate_on_comm_stream: allocate the outputs on the comm stream.
+
+        Returns:
+            combined_x: `[num_tokens, hidden]` bf16, each token's sum over the ranks it was sent to.
+            combined_topk_weights: `[num_tokens, num_topk]` float32, the summed weights; None without topk_weights.
+            event: the event after the kernels (holds something only with async_finish).
+
+        ep_rt: the sum runs in float32 in a fixed order (bias first, then the ranks in ascending order), so results
+        are the same from call to call; ep_rt.reference.intranode_combine / internode_combine define them bit for
+        bit."""
         self._live()
         bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
         if not getattr(self._ht, "is_internode", False):
@@ -475,8 +723,15 @@ class Buffer:
 
     # ---- low latency --------------------------------------------------------------------------
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
-        """Zero both LL signal areas on every rank (collective). ep_rt's signals carry per-call tags, so this is
-        only needed to recover a known state, not between normal and LL use as in DeepEP."""
+        """Zero the low-latency buffers' signal areas on every rank (collective).
+
+        Arguments:
+            num_max_dispatch_tokens_per_rank: the most tokens a rank dispatches in one call (the same on every rank).
+            hidden: the hidden size.
+            num_experts: the number of experts over all ranks.
+
+        ep_rt: the signals carry per-call tags, so this is not needed between high-throughput and low-latency use
+        (DeepEP needs it there), only to return to a known state; the shape is checked against the buffer."""
         self._ll_live().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
@@ -484,6 +739,39 @@ class Buffer:
                              dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
                              round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
                              return_recv_hook: bool = False):
+        """Send each token to the ranks of its selected experts, for decoding-size batches; the received tokens are
+        laid out per local expert in fixed-size blocks, so no host sync is needed (CUDA-graph friendly). Two buffers
+        alternate, so the call after the next one overwrites a call's outputs (hold at most two, as with DeepEP).
+
+        Arguments:
+            x: `[num_tokens, hidden]` bf16, at most num_max_dispatch_tokens_per_rank tokens; hidden a multiple of 128.
+            topk_idx: `[num_tokens, num_topk]` int64 or int32, the selected experts (-1: none); top-k up to 16.
+            num_max_dispatch_tokens_per_rank: the most tokens a rank dispatches in one call (the same on every rank).
+            num_experts: the number of experts over all ranks.
+            cumulative_local_expert_recv_stats: `[num_local_experts]` int32 or None; the tokens each local expert
+                receives are added to it.
+            dispatch_wait_recv_cost_stats: `[num_ranks]` int64 or None; the cycles the receive waited for each
+                source rank are added to it.
+            use_fp8: send FP8 (e4m3) with a scale per 128 channels; the received data is then a pair.
+            round_scale: round the scales to powers of two.
+            use_ue8m0: send the scales as UE8M0 exponents, four per int32 (needs round_scale and hidden % 512 == 0).
+            async_finish: if set, the current stream does not wait for the kernels; wait on the returned event.
+            return_recv_hook: if set, only the sending kernel runs now (on the current stream); calling the returned
+                hook launches the receive, so other work can overlap the transfer.
+
+        Returns:
+            recv_x: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` bf16, or with use_fp8
+                a pair of that shape in float8_e4m3fn and its scales, `[..., hidden // 128]` float32 (int32
+                `[..., hidden // 512]` with use_ue8m0), column-major in the last two dimensions as DeepEP's. Only
+                the first recv_count[e] rows of each expert are valid.
+            recv_count: `[num_local_experts]` int32, the tokens each local expert received.
+            handle: the handle low_latency_combine takes.
+            event: the event after the kernels (holds something only with async_finish).
+            hook: with return_recv_hook, the function that launches the receive; else None.
+
+        ep_rt: peers on this node are reached over NVLink (allow_nvlink_for_low_latency_mode), others over the
+        network, both through NVSHMEM; a rank that did not make the same call raises CommTimeoutError (in shrink
+        mode it is masked instead); calls of different shapes from call to call need no clean_low_latency_buffer."""
         ll = self._ll_live()
         T = num_max_dispatch_tokens_per_rank
         if async_finish and return_recv_hook:
@@ -505,6 +793,33 @@ class Buffer:
                             use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
                             return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
                             combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+        """Return the experts' outputs of a low-latency dispatch to the ranks the tokens came from and sum them with
+        the top-k weights (weighted, unlike combine).
+
+        Arguments:
+            x: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` bf16, the experts' outputs
+                in the dispatch's receive layout.
+            topk_idx: `[num_tokens, num_topk]`, the routing this rank passed to the dispatch.
+            topk_weights: `[num_tokens, num_topk]` float32, the weights of that routing.
+            handle: the handle of that dispatch.
+            use_logfmt: send the rows LogFMT-10 encoded (10-bit log codes per 128-channel division, as DeepEP's;
+                divisions it cannot encode travel as bf16).
+            zero_copy: x is already in the send buffer (written through get_next_low_latency_combine_buffer); not with
+                use_logfmt.
+            async_finish: if set, the current stream does not wait for the kernels; wait on the returned event.
+            return_recv_hook: as in low_latency_dispatch.
+            out: a `[num_tokens, hidden]` bf16 tensor to write the result into; None: a new one.
+            combine_wait_recv_cost_stats: `[num_ranks]` int64 or None; the cycles the receive waited for each rank
+                are added to it.
+
+        Returns:
+            combined_x: `[num_tokens, hidden]` bf16, each token's weighted sum (float32 accumulation in top-k order).
+            event: the event after the kernels (holds something only with async_finish).
+            hook: with return_recv_hook, the function that launches the receive; else None.
+
+        ep_rt: a handle made by another Buffer, or whose tensors were replaced, is refused (ValueError);
+        ep_rt.reference.low_latency_combine defines the result bit for bit (with LogFMT, within the rounding of
+        the GPU's approximate lg2 / ex2)."""
         ll = self._ll_live()
         if use_logfmt and zero_copy:
             raise ValueError("use_logfmt and zero_copy cannot be used together (zero_copy rows are already in the "
@@ -542,6 +857,15 @@ class Buffer:
         return result, scope.finish(touched(result)), None
 
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
+        """The send buffer the next low-latency call reads, for a zero_copy combine: write the experts' outputs
+        into it, then call low_latency_combine(..., zero_copy=True).
+
+        Arguments:
+            handle: the handle of the dispatch whose tokens will be combined.
+
+        Returns:
+            buffer: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` bf16, a strided view
+                into the RDMA buffer (no copy)."""
         src_info, layout_range, T, hidden, num_experts = self._ll_handle(
             self._ll_live(), handle, "get_next_low_latency_combine_buffer")
         return self._ll_live().next_combine_buffer(T, hidden, num_experts)
@@ -553,17 +877,30 @@ class Buffer:
         return ll.mask
 
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
+        """Shrink mode (enable_shrink=True): mark a rank as masked, or unmask it. The low-latency calls skip masked
+        ranks (they neither send to nor wait for them).
+
+        Arguments:
+            rank_to_mask: the rank, in [0, num_ranks).
+            mask: True to mask it, False to unmask it.
+
+        ep_rt: a rank that times out in a low-latency call is masked by the kernels themselves in shrink mode."""
         m = self._shrink_mask()
         if not isinstance(rank_to_mask, int) or isinstance(rank_to_mask, bool) or not 0 <= rank_to_mask < self.group_size:
             raise ValueError(f"rank_to_mask must be in [0, {self.group_size}), got {rank_to_mask}")
         m[rank_to_mask] = 1 if mask else 0
 
     def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
+        """Shrink mode: copy which ranks are masked into `mask_status`.
+
+        Arguments:
+            mask_status: `[num_ranks]` int32 on this device; 1 for a masked rank, 0 otherwise."""
         m = self._shrink_mask()
         validate.tensor("mask_status", mask_status, dtype=torch.int32, ndim=1, device=self.device, rows=self.group_size)
         mask_status.copy_(m)
 
     def low_latency_clean_mask_buffer(self) -> None:
+        """Shrink mode: unmask every rank (this rank's view; each rank keeps its own)."""
         self._shrink_mask().zero_()
 
     # ---- DeepEP's internode entry points (its dispatch / combine route to them across nodes) ----------
@@ -577,7 +914,9 @@ class Buffer:
                            num_worst_tokens: int = 0, config: Optional[Config] = None,
                            previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                            allocate_on_comm_stream: bool = False):
-        """dispatch() on a Buffer whose ranks span several nodes (DeepEP's internode entry point)."""
+        """DeepEP's internode entry point: dispatch() on a Buffer whose ranks span several nodes; the arguments and
+        results are dispatch()'s (see its docstring). dispatch() takes this path by itself, so callers need not
+        call it; raises EpRtError on a Buffer whose high-throughput calls are not internode."""
         if not getattr(self._ht, "is_internode", False):
             raise EpRtError("internode_dispatch needs a Buffer whose ranks span several nodes")
         return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
@@ -589,7 +928,9 @@ class Buffer:
                           bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
                           config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
                           async_finish: bool = False, allocate_on_comm_stream: bool = False):
-        """combine() on a Buffer whose ranks span several nodes (DeepEP's internode entry point)."""
+        """DeepEP's internode entry point: combine() on a Buffer whose ranks span several nodes; the arguments and
+        results are combine()'s (see its docstring). combine() takes this path by itself; raises EpRtError on a
+        Buffer whose high-throughput calls are not internode."""
         if not getattr(self._ht, "is_internode", False):
             raise EpRtError("internode_combine needs a Buffer whose ranks span several nodes")
         return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,

@@ -63,7 +63,7 @@ class DeepEPRuntime:
 
     def is_internode_available(self) -> bool:
         """Available, and the high-throughput calls run across nodes (the internode kernels)."""
-        return self.is_available() and bool(getattr(self._buffer()._ht, "is_internode", False))
+        return self.is_available() and self._buffer().is_internode
 
     def get_num_rdma_ranks(self) -> int:
         """The number of nodes (DeepEP: max(1, num_ranks // 8))."""

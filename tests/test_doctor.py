@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from ep_rt import installing
 from ep_rt.cli import doctor, doctor_checks as dc
 from ep_rt.runtime import modules
 

@@ -30,7 +30,8 @@ build_cubins = _load_tool()
 
 def mirror_structs():
     return {name: cls for name, cls in vars(params).items()
-            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == params.__name__}
+            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == params.__name__
+            and cls is not params.Mirror}
 
 
 def layout_mismatches(structs, constants):

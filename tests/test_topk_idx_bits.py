@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from ep_rt import reference, reference_ll, validate
-from ep_rt.ops.intranode import IntranodeOp
 from ep_rt.ops.layout import LayoutOp
 from ep_rt.ops.low_latency import LowLatencyOp
 from ep_rt.runtime import abi

@@ -11,7 +11,7 @@ from ep_rt.ops import ht_args as dispatch_args
 from ep_rt.events import EventOverlap, StreamScope
 
 CPU = torch.device("cpu")
-BUF = SimpleNamespace(group_size=2, device=CPU, _ht=SimpleNamespace(serial=-1))
+BUF = SimpleNamespace(group_size=2, device=CPU, is_internode=False, ht_serial=-1)  # what ht_args reads of a Buffer
 N, H, K, E = 16, 256, 4, 8
 
 

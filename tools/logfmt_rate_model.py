@@ -81,7 +81,7 @@ def emulated_roundtrip(y: torch.Tensor, approx: Approx) -> torch.Tensor:
 def reference_with_offset(y: torch.Tensor, offset: float) -> torch.Tensor:
     """The reference's round trip with the rounding offset rho replaced by a constant (a wrong oracle)."""
     enc = reference_ll.logfmt_encode(y)
-    castable, log_amin, step = reference_ll._logfmt_params(enc["amax"], enc["amin"])
+    castable, log_amin, step = reference_ll.logfmt_params(enc["amax"], enc["amin"])
     D = castable.shape[-1]
     a = y.float().abs().reshape(*y.shape[:-1], D, 128)
     q = (torch.log2(a) - log_amin.unsqueeze(-1)) / step.unsqueeze(-1) + offset

@@ -70,10 +70,10 @@ def check_internode_handle(handle, num_ranks: int, num_nodes: int, device, owner
 
 
 def _handle_for(buf, handle, what: str):
-    if getattr(buf._ht, "is_internode", False):
-        return check_internode_handle(handle, buf.group_size, buf.topology.num_nodes, buf.device, buf._ht.serial,
+    if buf.is_internode:
+        return check_internode_handle(handle, buf.group_size, buf.topology.num_nodes, buf.device, buf.ht_serial,
                                       what)
-    return check_handle(handle, buf.group_size, buf.device, buf._ht.serial, what)
+    return check_handle(handle, buf.group_size, buf.device, buf.ht_serial, what)
 
 
 def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
@@ -129,7 +129,7 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
 def check_combine(buf, x, handle, topk_weights, bias, config):
     dev = buf.device
     handle = _handle_for(buf, handle, "combine")
-    if getattr(buf._ht, "is_internode", False):
+    if buf.is_internode:
         rows, N = handle.recv_src_meta.size(0), handle.is_token_in_rank.size(0)
     else:
         rows, N = handle[3].size(0), handle[4].size(0)

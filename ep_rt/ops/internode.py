@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 from .. import validate
-from ..errors import BufferTooSmallError, EpRtError
+from ..errors import BufferTooSmallError
 from ..handles import DispatchResult, HandleFacts, InternodeHandle, next_serial, with_facts
 from ..runtime import abi, driver
 from ..runtime.launch import Launcher

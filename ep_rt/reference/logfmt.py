@@ -12,8 +12,9 @@ LOGFMT_MAX_LOG_RANGE = 32.0
 # ----------------------------------------------------------------------------------------
 # LogFMT-10 codec (per 128-channel division along the last dim)
 # ----------------------------------------------------------------------------------------
-def _logfmt_params(amax, amin):
-    """castable, log_amin, step (float32) from the bf16 amax / nonzero-amin of each division."""
+def logfmt_params(amax, amin):
+    """castable, log_amin, step (float32) from the bf16 amax / nonzero-amin of each division (public: the LL
+    self-check and tools/logfmt_rate_model.py model the GPU's rounding from them)."""
     amax, amin = amax.float(), amin.float()
     log_amax = torch.log2(amax)
     log_amin_raw = torch.log2(amin)
@@ -47,7 +48,7 @@ def logfmt_encode(x):
     a = g.abs()
     amax = a.amax(dim=-1)
     amin = torch.where(a == 0, torch.full_like(a, float("inf")), a).amin(dim=-1)  # inf if all zero
-    castable, log_amin, step = _logfmt_params(amax, amin)
+    castable, log_amin, step = logfmt_params(amax, amin)
     step_, log_amin_ = step.unsqueeze(-1), log_amin.unsqueeze(-1)
     rho = 2 - torch.log2((1 + torch.exp2(step_)) / 2) / step_
     q = (torch.log2(a) - log_amin_) / step_ + rho                    # -inf for zeros
@@ -64,7 +65,7 @@ def logfmt_decode(enc):
     """Decodes logfmt_encode's output to bf16: value = bf16(±2**((code - 1) * step + log_amin)),
     0 for code 0; non-castable divisions are returned unchanged (bf16)."""
     castable, codes, signs, fallback = enc["castable"], enc["codes"], enc["signs"], enc["fallback"]
-    _, log_amin, step = _logfmt_params(enc["amax"], enc["amin"])  # only used where castable
+    _, log_amin, step = logfmt_params(enc["amax"], enc["amin"])  # only used where castable
     c = codes.float()
     mag = torch.exp2((c - 1) * step.unsqueeze(-1) + log_amin.unsqueeze(-1))
     mag = torch.where(codes == 0, torch.zeros_like(mag), mag)

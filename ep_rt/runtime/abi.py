@@ -3,8 +3,11 @@
 Hand-written: change this file together with params.h. tests/test_params.py compares every struct's
 size, alignment and field offsets, and every constant, with what tools/build_cubins.py measured
 from params.h (cubins/manifest.json). Device pointers are plain integers (c_uint64); 0 means absent.
+Every struct is a Mirror with `__slots__ = ()`: assigning a name that is not one of its fields raises AttributeError
+(plain ctypes would add an attribute, so a misspelt field would silently never reach the kernel).
 """
 import ctypes
+import difflib
 
 EP_RT_MAX_NVL_RANKS = 8
 EP_RT_MAX_CHANNELS = 128
@@ -107,7 +110,30 @@ _u64, _i64, _i32 = ctypes.c_uint64, ctypes.c_int64, ctypes.c_int32
 _PeerBuffers = _u64 * EP_RT_MAX_NVL_RANKS
 
 
-class ErrorRecord(ctypes.Structure):
+def field_names(struct_type: type) -> frozenset:
+    """The field names of a ctypes struct type, its bases' included."""
+    return frozenset(f[0] for cls in struct_type.__mro__ for f in cls.__dict__.get("_fields_", ()))
+
+
+def unknown_field(struct_type: type, name: str) -> AttributeError:
+    """The error for assigning `name`, which is no field of struct_type: it names the struct and the nearest fields."""
+    fields = sorted(field_names(struct_type))
+    near = difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
+    hint = (f"did you mean {' or '.join(repr(n) for n in near)}?" if near else
+            f"its fields: {', '.join(fields)}")
+    return AttributeError(f"{struct_type.__name__} has no field {name!r} (kernels_src/include/ep_rt/params.h): {hint}")
+
+
+class Mirror(ctypes.Structure):
+    """Base of the mirrors. Each mirror declares `__slots__ = ()`, so its instances have no __dict__ and ctypes
+    itself refuses a name that is not a field, at no cost to field writes (a Python __setattr__ would add about
+    0.14 us to each, and the low-latency and internode calls write dozens per call). CPython's message names the
+    struct; Launcher.set adds the nearest field names (unknown_field)."""
+    __slots__ = ()
+
+
+class ErrorRecord(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("code", _i32),
         ("phase", _i32),
@@ -120,7 +146,8 @@ class ErrorRecord(ctypes.Structure):
     ]
 
 
-class LayoutParams(ctypes.Structure):
+class LayoutParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("topk_idx", _u64),
         ("num_tokens_per_rank", _u64),
@@ -138,7 +165,8 @@ class LayoutParams(ctypes.Structure):
     ]
 
 
-class ControlLayout(ctypes.Structure):
+class ControlLayout(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("notify_slots", _i64),
         ("barrier_flags", _i64),
@@ -153,7 +181,8 @@ class ControlLayout(ctypes.Structure):
     ]
 
 
-class BarrierParams(ctypes.Structure):
+class BarrierParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("peer_buffers", _PeerBuffers),
         ("error", _u64),
@@ -164,7 +193,8 @@ class BarrierParams(ctypes.Structure):
     ]
 
 
-class NotifyParams(ctypes.Structure):
+class NotifyParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("peer_buffers", _PeerBuffers),
         ("error", _u64),
@@ -192,7 +222,8 @@ class NotifyParams(ctypes.Structure):
     ]
 
 
-class DispatchRegion(ctypes.Structure):
+class DispatchRegion(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("x", _i64),
         ("scales", _i64),
@@ -203,7 +234,8 @@ class DispatchRegion(ctypes.Structure):
     ]
 
 
-class DispatchParams(ctypes.Structure):
+class DispatchParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("peer_buffers", _PeerBuffers),
         ("error", _u64),
@@ -241,7 +273,8 @@ class DispatchParams(ctypes.Structure):
     ]
 
 
-class CombineRegion(ctypes.Structure):
+class CombineRegion(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("x", _i64),
         ("topk_weights", _i64),
@@ -249,7 +282,8 @@ class CombineRegion(ctypes.Structure):
     ]
 
 
-class CombineParams(ctypes.Structure):
+class CombineParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("peer_buffers", _PeerBuffers),
         ("error", _u64),
@@ -276,7 +310,8 @@ class CombineParams(ctypes.Structure):
     ]
 
 
-class LowLatencyParams(ctypes.Structure):
+class LowLatencyParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("x", _u64),
         ("topk_idx", _u64),
@@ -320,7 +355,8 @@ class LowLatencyParams(ctypes.Structure):
     ]
 
 
-class InternodeLayout(ctypes.Structure):
+class InternodeLayout(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("stage", _i64),
         ("recv", _i64),
@@ -338,7 +374,8 @@ class InternodeLayout(ctypes.Structure):
     ]
 
 
-class InternodeNvlLayout(ctypes.Structure):
+class InternodeNvlLayout(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("slot_bytes", _i64),
         ("slots", _i64),
@@ -354,7 +391,8 @@ class InternodeNvlLayout(ctypes.Structure):
     ]
 
 
-class InternodeParams(ctypes.Structure):
+class InternodeParams(Mirror):
+    __slots__ = ()
     _fields_ = [
         ("sym_base", _u64),
         ("nvl_peers", _u64 * EP_RT_MAX_NVL_RANKS),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ctypes
 
-from . import driver
+from . import abi, driver
 from .modules import LoadedModule
 
 _streams: dict[int, object] = {}
@@ -54,8 +54,19 @@ class Launcher:
             driver.set_max_dynamic_smem(self.function, smem)
 
     def set(self, **fields) -> "Launcher":
-        for key, value in fields.items():
-            setattr(self.params, key, value)
+        """Write parameter fields by name; a name that is no field of the struct raises AttributeError naming the
+        nearest fields (the fields named before it are written). The check costs nothing until ctypes refuses a
+        name (the mirrors have no instance __dict__: runtime/abi.py Mirror)."""
+        params = self.params
+        try:
+            for key, value in fields.items():
+                setattr(params, key, value)
+        except AttributeError:
+            names = abi.field_names(type(self.params))
+            unknown = next((key for key in fields if key not in names), None)
+            if unknown is None:
+                raise
+            raise abi.unknown_field(type(self.params), unknown) from None
         return self
 
     def __call__(self, grid: int, stream, smem: int | None = None, early: bool = False) -> None:

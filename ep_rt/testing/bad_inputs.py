@@ -50,7 +50,7 @@ class Ctx:
         self.x = torch.randn(N, H, generator=g).to(torch.bfloat16).to(dev)
         self.idx = torch.topk(torch.rand(N, E, generator=g), K).indices.to(dev)
         self.w = torch.rand(N, K, generator=g).to(dev)
-        self.internode = getattr(buf._ht, "is_internode", False)
+        self.internode = buf.is_internode
         self.per_rank, self.per_node, self.per_expert, self.in_rank, _ = buf.get_dispatch_layout(self.idx, E)
         self.recv_x, _, self.recv_w, _, self.handle, _ = buf.dispatch(self.x, **self.dispatch_kwargs())
         self.rows = self.recv_x.size(0)

@@ -78,7 +78,6 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
     sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev)
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
     timer = KernelTimer()
-    op = buffer._ht
     rows = []
 
     def one_call(name, it, lined_up):
@@ -96,8 +95,8 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
             # GPUs together, so a kernel that waits for its peer is not charged for the other host arriving late
             # (a dispatch's hosts then also get their counts, and launch the dispatch kernel, together).
             torch.cuda._sleep(_SLEEP_CYCLES_COVER)
-            op.nvl.barrier(torch.cuda.current_stream(), synchronize=False)
-        op.timer = timer
+            buffer.nvl_barrier(torch.cuda.current_stream(), synchronize=False)
+        buffer.set_kernel_timer(timer)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         t0 = time.perf_counter()
         start.record()
@@ -111,7 +110,7 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
         end.record()
         t1 = time.perf_counter()
         torch.cuda.synchronize()
-        op.timer = None
+        buffer.set_kernel_timer(None)
         return timer.collect(), start.elapsed_time(end) * 1000.0, (t1 - t0) * 1e6, recv.size(0)
 
     for name in workloads:
@@ -317,8 +316,7 @@ def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_expert
     unknown = [w for w in workloads if w not in IN_WORKLOADS]
     if unknown:
         raise ValueError(f"unknown internode workloads {unknown}; known: {list(IN_WORKLOADS)}")
-    op = buffer._ht
-    if not getattr(op, "is_internode", False):
+    if not buffer.is_internode:
         raise ValueError("bench_internode needs a Buffer whose ranks span several nodes (EP_RT_RANKS_PER_NODE)")
     dev = buffer.device
     config = Config(num_sms, 6, 256, 6, 128)
@@ -337,8 +335,8 @@ def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_expert
         sums, notifies, calls = [], [], []
         for it in range(warmup + iters):
             flush.zero_()
-            op.barrier(torch.cuda.current_stream())  # every rank here (host-synchronising), then launch at once
-            op.timer = timer
+            buffer.internode_barrier(torch.cuda.current_stream())  # every rank here (the host waits), then launch
+            buffer.set_kernel_timer(timer)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             if name == "internode dispatch BF16":
@@ -349,7 +347,7 @@ def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_expert
                 buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
             end.record()
             torch.cuda.synchronize()
-            op.timer = None
+            buffer.set_kernel_timer(None)
             got = timer.collect()
             if it >= warmup:
                 sums.append(sum(got[k][0] for k in kernels))

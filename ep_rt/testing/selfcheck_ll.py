@@ -165,7 +165,7 @@ def _logfmt_term_slack(y: torch.Tensor) -> torch.Tensor:
     most), and at the bottom of a clipped division code 1 (2^log_amin) can become code 0. Zero where the
     division is not castable (bf16 on the wire, exact)."""
     enc = reference_ll.logfmt_encode(y)
-    castable, log_amin, step = reference_ll._logfmt_params(enc["amax"], enc["amin"])
+    castable, log_amin, step = reference_ll.logfmt_params(enc["amax"], enc["amin"])
     D = castable.shape[-1]
     decoded = reference_ll.logfmt_decode(enc).float().abs().reshape(*y.shape[:-1], D, 128)
     slack = decoded * (torch.exp2(step) - 1 + 2.0 ** -7).unsqueeze(-1) + torch.exp2(log_amin).unsqueeze(-1)

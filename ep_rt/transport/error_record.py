@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import ctypes
 
-from ..errors import ERR_BAD_EXPERT, ERR_CAPACITY, ERR_WORST_TOKENS, EpRtError, error_from_record
+from ..errors import EpRtError, error_from_record
 from ..runtime import abi, driver
 
 RECORD_BYTES = 128
 SLOTS = ("nvl", "low_latency", "internode")
-RECOVERABLE = (ERR_BAD_EXPERT, ERR_WORST_TOKENS, ERR_CAPACITY)  # the call completed on every rank
+RECOVERABLE = (abi.EP_RT_ERR_BAD_EXPERT, abi.EP_RT_ERR_WORST_TOKENS, abi.EP_RT_ERR_CAPACITY)  # the call completed on every rank
 
 
 class ErrorRecords:

@@ -113,8 +113,8 @@ def net_ops(rank, num_ranks):
     """Under the chaos variant's cost mode: the network operations one internode dispatch, cached dispatch and
     combine, and one LL dispatch and combine issue on this rank (counted by the kernels' module), with what the
     design says they must be, worked out here from the call's own routing."""
-    from ep_rt import Buffer, Config
-    from ep_rt.transport import internode_layout, ll_layout
+    from ep_rt import Buffer
+    from ep_rt.transport import internode_layout
 
     G = int(__import__("os").environ["EP_RT_RANKS_PER_NODE"])
     N, me_node = num_ranks // G, rank // G
