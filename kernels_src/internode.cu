@@ -49,6 +49,10 @@ struct In {
         ws = reinterpret_cast<int64_t*>(p.workspace);
     }
     __device__ ErrorSink sink() const { return ErrorSink{p.error, reinterpret_cast<int32_t*>(ws + EP_RT_IN_WS_CLAIM), me}; }
+    // A word of my node (or of my own earlier kernel) is set after its writer's own waits on the network, so its
+    // deadline is twice the network's: when a node dies, the wait for the rails fails first and names it, not a
+    // live rank of my node that waited for the same node.
+    __device__ int64_t node_timeout_ns() const { return 2 * p.net_timeout_ns; }
     __device__ int64_t seq(int kind) const { return *reinterpret_cast<volatile int64_t*>(ws + kind) + 1; }
     // My symmetric buffer (the network writes into it; only I read it).
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
@@ -223,7 +227,7 @@ __device__ bool handshake(const In& in, int kind, int64_t seq, int phase) {
         if (threadIdx.x < in.G) release_nvl(in.nvl_word(threadIdx.x, hs_nvl, in.j), seq);
     }
     if (threadIdx.x < in.G)
-        ok = wait_flag(in.nvl_word(in.j, hs_nvl, threadIdx.x), seq, in.p.net_timeout_ns, in.sink(), phase,
+        ok = wait_flag(in.nvl_word(in.j, hs_nvl, threadIdx.x), seq, in.node_timeout_ns(), in.sink(), phase,
                        in.m * in.G + threadIdx.x, -1);
     return !__syncthreads_or(!ok);
 }
@@ -351,7 +355,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     // ---- wait for every source rank's relayed slot (from its rail peer on my node) ----
     // (a timeout names the source whose counts never came: its forwarder here waits for it)
     for (int s = threadIdx.x; s < R; s += blockDim.x)
-        ok = ok && wait_flag(in.nvl_word(in.j, p.nvl.slot_flags, s), seq, p.net_timeout_ns, sink,
+        ok = ok && wait_flag(in.nvl_word(in.j, p.nvl.slot_flags, s), seq, in.node_timeout_ns(), sink,
                              EP_RT_PHASE_IN_NOTIFY_RELAY, s, -1);
     const bool failed = __syncthreads_or(!ok);
     auto slot_of = [&](int s) {
@@ -581,10 +585,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
 
     bool ok = true;
     if (s == in.m && threadIdx.x == 0)  // my own node's records, written by my send kernel (which may still run)
-        ok = wait_flag(own_ready(p, 0, c), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_FORWARD, in.me, c);
+        ok = wait_flag(own_ready(p, 0, c), seq, in.node_timeout_ns(), sink, EP_RT_PHASE_IN_FORWARD, in.me, c);
     if (threadIdx.x >= kWarp && threadIdx.x < kWarp + G) {  // the start rows of every rank of my node
         const int l = threadIdx.x - kWarp;
-        ok = wait_flag(in.nvl_word(l, p.nvl.pub_flag, 0), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_FORWARD,
+        ok = wait_flag(in.nvl_word(l, p.nvl.pub_flag, 0), seq, in.node_timeout_ns(), sink, EP_RT_PHASE_IN_FORWARD,
                        in.m * G + l, c);
         if (ok) {
             const volatile int32_t* pub = reinterpret_cast<const volatile int32_t*>(in.nvl(l, p.nvl.pub));
@@ -697,7 +701,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
 
     for (int src = 0; src < R; ++src) {
         if (threadIdx.x == 0)
-            wait_flag(in.nvl_word(in.j, p.nvl.relay, src * EP_RT_MAX_CHANNELS + c), seq, p.net_timeout_ns, sink,
+            wait_flag(in.nvl_word(in.j, p.nvl.relay, src * EP_RT_MAX_CHANNELS + c), seq, in.node_timeout_ns(), sink,
                       EP_RT_PHASE_IN_RECV, in.m * G + src % G, c);
         if (__syncthreads_or(error_raised(sink))) return;
         if (skip) continue;
@@ -803,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
     __shared__ int prefix[EP_RT_MAX_NVL_RANKS][EP_RT_IN_MAX_NODES];  // [l][s]: rows rank (m, l) got from ranks < s*G+j
     bool ok = true;
     if (threadIdx.x < G)
-        ok = wait_flag(in.nvl_word(threadIdx.x, p.nvl.ready, 0), seq, p.net_timeout_ns, sink,
+        ok = wait_flag(in.nvl_word(threadIdx.x, p.nvl.ready, 0), seq, in.node_timeout_ns(), sink,
                        EP_RT_PHASE_IN_COMBINE_FORWARD, in.m * G + threadIdx.x, c);
     if (__syncthreads_or(!ok)) return;
     for (int q = threadIdx.x; q < G * N; q += blockDim.x) {
@@ -902,7 +906,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
     bool ok = true;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
         if (n == in.m) {
-            ok = ok && wait_flag(own_ready(p, 1, c), seq, p.net_timeout_ns, sink, EP_RT_PHASE_IN_COMBINE_REDUCE, in.me, c);
+            ok = ok && wait_flag(own_ready(p, 1, c), seq, in.node_timeout_ns(), sink, EP_RT_PHASE_IN_COMBINE_REDUCE,
+                                 in.me, c);
             continue;
         }
         const int first = min(c > 0 ? rdma_cpm[n * C + c - 1] : 0, int(p.lay.cap));

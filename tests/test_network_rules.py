@@ -153,3 +153,32 @@ def test_every_chunk_has_its_own_signal_word():
         assert uses and all(u.startswith("chunk_word(") for u in uses), (kind, uses)
     waits = re.findall(r"wait_next\(in\.word\(p\.lay\.(\w+), ([^)]*\))\)", code)
     assert len(waits) == 2 and all(arg.startswith("chunk_word(") for _, arg in waits), waits
+
+
+def _wait_calls(code: str, name: str) -> list[str]:
+    """The argument text of every call of `name` (balanced parentheses)."""
+    calls = []
+    for m in re.finditer(r"\b" + name + r"\(", code):
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"(": 1, ")": -1}.get(code[i], 0)
+            i += 1
+        calls.append(code[m.end():i - 1])
+    return calls
+
+
+def test_internode_waits_for_my_node_outlast_waits_for_the_network():
+    """A wait for a word of my node (wait_flag: NVL words, my own earlier kernel's flags) is set by a writer that
+    first waits on the network itself. With equal deadlines a node's death could be reported by a live rank of my
+    node that waited for the same node (the killed-node GPU test saw a survivor name itself): so every wait_flag
+    has the node deadline (twice the network's) and every wait on a network word (wait_word, wait_next) has the
+    network's. The host's wait for the notify outlasts both."""
+    code = _code(SRC / "internode.cu")
+    body = code[code.index("__device__ int64_t node_timeout_ns"):]
+    assert "return 2 * p.net_timeout_ns;" in body.split("}")[0], "node deadline is not twice the network's"
+    flags = _wait_calls(code[code.index("struct In {"):], "wait_flag")
+    words = [c for c in _wait_calls(code, "wait_word") + _wait_calls(code, "wait_next") if "in.word(" in c]
+    assert len(flags) == 7 and all("in.node_timeout_ns()" in c and "net_timeout_ns" not in c for c in flags), flags
+    assert len(words) == 4 and all("net_timeout_ns" in c and "node_timeout" not in c for c in words), words
+    host = (REPO / "ep_rt" / "ops" / "internode.py").read_text()
+    assert "wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, 2 * self.net_timeout_s" in host

@@ -156,7 +156,8 @@ class InternodeOp:
             self.timer.around(name, stream, lambda: k(grid, stream))
 
     def _wait_counters(self, token: int) -> None:
-        wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, self.net_timeout_s, self.errors, SLOT,
+        # (the notify's waits for my node's words have twice the network deadline: see node_timeout_ns)
+        wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, 2 * self.net_timeout_s, self.errors, SLOT,
                        f"rank {self.rank} (node {self.topology.node})", "internode dispatch notify")
 
     def _too_small(self, what: str, need_rows: int, cap: int, record_bytes: int, nvl: bool) -> BufferTooSmallError:
