@@ -84,8 +84,13 @@ run() {
   say "=== $name: $* (limit ${limit} s, started $(date -u +%T) UTC)"
   pack
   start=$(date +%s)
-  timeout -k 10 "$limit" "$@" > "$log" 2>&1
+  # Its own process group, killed whole after it ends: a step that timed out would otherwise leave its rank
+  # processes (multiprocessing children of pytest) running on the GPU into later steps and groups.
+  setsid timeout -k 10 "$limit" "$@" > "$log" 2>&1 &
+  local pid=$!
+  wait "$pid"
   rc=$?
+  kill -9 -- "-$pid" 2>/dev/null && echo "(killed what was left of step $name's processes)" >> "$log"
   secs=$(($(date +%s) - start))
   case $rc in
     0) verdict="ok" ;;
@@ -136,7 +141,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).
     cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py \
              tests/gpu/test_layout_gpu.py tests/gpu/test_intranode_gpu.py -k "not more_ranks" ;;
-    retest) run retest 300 python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
+    retest) run retest "${LIMIT_RETEST:-300}" python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
     bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$LOGS/bench_cli.json" ;;
