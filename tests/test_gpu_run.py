@@ -110,3 +110,20 @@ def test_parallel_groups_each_run_their_steps_and_all_are_recorded(tmp_path):
     rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; no_such_step",
                     RETEST="tests/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored")
     assert rc == 2 and "step 'no_such_step' is unknown" in text
+
+
+def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
+    """tests/gpu/conftest.py writes each GPU test's verdict, and a failure's traceback, as soon as the test ends:
+    a step killed at its time limit never reaches pytest's summary (attempt 20261202T012159Z kept only '.F.')."""
+    shutil.copy(ROOT / "tests" / "gpu" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_x.py").write_text(
+        "import os, signal\n\ndef test_fails():\n    assert 1 + 1 == 3, 'the reason it failed'\n\n"
+        "def test_passes():\n    pass\n\n"
+        "def test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)  # as a step's time limit kills pytest\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == -9, out
+    assert "short test summary" not in out, out  # it really was killed before the summary
+    assert "[ep_rt] FAILED test_x.py::test_fails (call" in out and "the reason it failed" in out, out
+    assert "[ep_rt] PASSED test_x.py::test_passes (call" in out, out

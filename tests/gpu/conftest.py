@@ -14,3 +14,30 @@ def pytest_collection_modifyitems(config, items):
 def gpus(n):
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
     return pytest.mark.skipif(have < n, reason=f"needs {n} GPUs, found {have}")
+
+
+# Each GPU test's verdict and, for a failure, its traceback go to the log as soon as the test ends: a step that
+# runs into its time limit is killed before pytest's end-of-run summary, and the failures before it would be lost
+# (attempt 20261202T012159Z kept only ".F.").
+_CONFIG = {}
+
+
+def pytest_configure(config):
+    _CONFIG["config"] = config  # (the terminal reporter registers later: looked up at each report)
+
+
+def report_line(report) -> str | None:
+    """The line (and, for a failure, the traceback) written for a finished test phase, or None."""
+    if report.when == "call" or (report.failed and report.when != "call"):
+        verdict = "FAILED" if report.failed else ("SKIPPED" if report.skipped else "PASSED")
+        line = f"[ep_rt] {verdict} {report.nodeid} ({report.when}, {report.duration:.1f} s)"
+        return line + ("\n" + report.longreprtext if report.failed else "")
+    return None
+
+
+def pytest_runtest_logreport(report):
+    config = _CONFIG.get("config")
+    line, tr = report_line(report), config and config.pluginmanager.get_plugin("terminalreporter")
+    if line is not None and tr is not None:
+        tr.write_line("")
+        tr.write_line(line)
