@@ -149,7 +149,8 @@ step() {  # one named step; returns 3 for a name it does not know
     megatron) run megatron_install 300 python3 -m pip install -q --no-deps --no-index --target /tmp/ep_rt_megatron_site \
                "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl
              run megatron 900 env PYTHONPATH="/tmp/ep_rt_megatron_site:$PWD" python3 -m pytest -q -rs \
-               tests/gpu/test_megatron_gpu.py tests/test_megatron_expectation.py tests/test_deep_ep_alias.py ;;
+               tests/gpu/test_megatron_gpu.py tests/testing/test_megatron_expectation.py \
+               tests/package/test_deep_ep_alias.py ;;
     # Internode on emulated nodes (issue 11): the GPU tests, then the whole case list through the main command
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
     internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py ;;
