@@ -11,6 +11,8 @@ import pytest
 
 from ..repo import REPO as ROOT
 
+pytestmark = pytest.mark.pypi  # pip's isolated build fetches setuptools
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
