@@ -1,8 +1,8 @@
 """Exceptions ep_rt raises, and the decoding of the error record kernels fill in.
 
 Codes and phases are named by their mirrors in runtime/abi.py, the one Python source of the kernel interface (a
-leaf that imports nothing of ep_rt, so this base module may read it); tests/test_errors.py checks that every code
-and phase params.h defines has its words here."""
+leaf that imports nothing of ep_rt, so this base module may read it); tests/runtime/test_errors.py checks that
+every code and phase params.h defines has its words here."""
 from __future__ import annotations
 
 from .runtime import abi
@@ -64,7 +64,8 @@ class KernelError(EpRtError):
 
 
 # The words for the codes and phases of params.h, keyed by their mirrors in runtime/abi.py (the one Python source
-# of the kernel interface; tests/test_errors.py fails when params.h gains a code or phase that has no entry here).
+# of the kernel interface; tests/runtime/test_errors.py fails when params.h gains a code or phase that has no
+# entry here).
 ERROR_CODES = {
     abi.EP_RT_ERR_NONE: "none (the record is clear)",
     abi.EP_RT_ERR_TIMEOUT: "timeout (a peer, or the kernel's own blocks, did not arrive in time)",
@@ -96,7 +97,8 @@ PHASES = {
     abi.EP_RT_PHASE_IN_NOTIFY_RELAY:
         "internode dispatch notify (waiting for a source's counts, which its forwarder on this node relays)",
 }
-# The internode kernels' phases (every EP_RT_PHASE_IN_*; tests/test_errors.py checks): timeouts name nodes there.
+# The internode kernels' phases (every EP_RT_PHASE_IN_*; tests/runtime/test_errors.py checks): timeouts name nodes
+# there.
 INTERNODE_PHASES = frozenset((
     abi.EP_RT_PHASE_IN_NOTIFY, abi.EP_RT_PHASE_IN_HANDSHAKE, abi.EP_RT_PHASE_IN_FORWARD, abi.EP_RT_PHASE_IN_RECV,
     abi.EP_RT_PHASE_IN_COMBINE_HANDSHAKE, abi.EP_RT_PHASE_IN_COMBINE_FORWARD, abi.EP_RT_PHASE_IN_COMBINE_REDUCE,

@@ -1,7 +1,8 @@
 """How to install ep_rt beside each torch release: the one table that README "Installing" shows, that
-tests/test_install_table.py checks against the recorded torch pins (tests/test_requirements.py), and that doctor and
-the error hints quote. ep-rt is on no package index: every command installs the wheel file (built in a checkout with
-`pip wheel --no-deps -w . .`) or the checkout itself. Standard library only (the runtime's hints use it too).
+tests/cli/test_install_table.py checks against the recorded torch pins (tests/package/test_requirements.py), and that
+doctor and the error hints quote. ep-rt is on no package index: every command installs the wheel file (built in a
+checkout with `pip wheel --no-deps -w . .`) or the checkout itself. Standard library only (the runtime's hints use it
+too).
 
 The rule behind every row: take the extra of your torch's CUDA major. cu12 brings cuda-bindings 12.9.x (torch 2.9's
 CUDA 12 wheels pin no cuda-bindings, so a plain install picks 13.x, which refuses drivers below r580 at first use) and
@@ -32,7 +33,7 @@ class Row(NamedTuple):
     cuda: int               # CUDA major of the build: 12 or 13
     build: Optional[str]    # the build to take ("cu128"), or None where no build of this CUDA major was seen
     default: bool           # the build is PyPI's default for that release (no index URL needed)
-    recorded: bool          # its NVSHMEM (and cuda-bindings) pins are recorded in tests/test_requirements.py
+    recorded: bool          # its NVSHMEM (and cuda-bindings) pins are recorded in tests/package/test_requirements.py
 
     @property
     def extra(self) -> str:

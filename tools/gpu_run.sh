@@ -107,16 +107,19 @@ run() {
 
 step() {  # one named step; returns 3 for a name it does not know
   case $1 in
-    smoke) run smoke 120 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
-             "tests/gpu/test_intranode_gpu.py::test_buffer_construction_peer_mapping_and_barrier" ;;
-    suite) run suite 360 python3 -m pytest -q -rs tests/gpu/test_intranode_gpu.py -k "match_reference" ;;
+    # Steps pick tests by marker (pyproject.toml lists them) or node id, never by -k name fragments. A -m replaces
+    # pyproject's default "not bench and not soak", so an -m that excludes repeats it.
+    smoke) run smoke 120 python3 -m pytest -q -rs -m smoke tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
+             tests/gpu/test_intranode_gpu.py ;;
+    suite) run suite 360 python3 -m pytest -q -rs -m suite tests/gpu/test_intranode_gpu.py ;;
     main)  run main 300 python3 -m ep_rt ;;
     main_quick) run main_quick 300 python3 -m ep_rt --quick --no-bench ;;
-    catalogue) run catalogue 300 python3 -m pytest -q -rs tests/gpu/test_reliability_gpu.py -k catalogue ;;
+    catalogue) run catalogue 300 python3 -m pytest -q -rs -m catalogue tests/gpu/test_reliability_gpu.py ;;
     main_aggressive) run main_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --quick ;;
-    rest)  run rest 420 python3 -m pytest -q -rs tests -k "not match_reference and not layout and not cubins and not peer_mapping and not wheel" ;;
+    rest)  run rest 420 python3 -m pytest -q -rs -m "not bench and not soak and not smoke and not suite and not pypi" \
+             tests ;;  # all that smoke and suite leave
     ll)    run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
-    tests) run tests 540 python3 -m pytest -q -rs tests -k "not wheel" ;;  # the wheel build needs PyPI
+    tests) run tests 540 python3 -m pytest -q -rs -m "not bench and not soak and not pypi" tests ;;  # no PyPI there
     ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
     ep8_main) run ep8_main 540 python3 -m ep_rt ;;                           # one rank per GPU: EP8 tables
     ep4_main) run ep4_main 400 python3 -m ep_rt --ranks 4 --quick ;;         # EP4 tables on the same node
@@ -139,8 +142,9 @@ step() {  # one named step; returns 3 for a name it does not know
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     soak_ht) run soak_ht 300 python3 -m pytest -q -rs -m soak tests/gpu/test_reliability_gpu.py ;;
     # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).
-    cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs tests/gpu/test_cubins_gpu.py \
-             tests/gpu/test_layout_gpu.py tests/gpu/test_intranode_gpu.py -k "not more_ranks" ;;
+    cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs \
+             -m "not bench and not soak and not more_ranks" tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
+             tests/gpu/test_intranode_gpu.py ;;
     retest) run retest "${LIMIT_RETEST:-300}" python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
@@ -149,14 +153,15 @@ step() {  # one named step; returns 3 for a name it does not know
     megatron) run megatron_install 300 python3 -m pip install -q --no-deps --no-index --target /tmp/ep_rt_megatron_site \
                "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl
              run megatron 900 env PYTHONPATH="/tmp/ep_rt_megatron_site:$PWD" python3 -m pytest -q -rs \
-               tests/gpu/test_megatron_gpu.py tests/test_megatron_expectation.py tests/test_deep_ep_alias.py ;;
+               tests/gpu/test_megatron_gpu.py tests/testing/test_megatron_expectation.py \
+               tests/package/test_deep_ep_alias.py ;;
     # Internode on emulated nodes (issue 11): the GPU tests, then the whole case list through the main command
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
     internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py ;;
     internode_core) run internode_core "${LIMIT_CORE:-520}" python3 -m pytest -q -rs --durations=20 \
-             tests/gpu/test_internode_gpu.py -k "not sixteen" ;;  # all but the 16-process test (internode16)
-    internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 \
-             tests/gpu/test_internode_gpu.py::test_internode_nodes_of_eight_ranks_sixteen_on_one_gpu ;;
+             -m "not bench and not soak and not sixteen" tests/gpu/test_internode_gpu.py ;;  # all but internode16's
+    internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
+             tests/gpu/test_internode_gpu.py ;;
     internode_main) run internode_main 300 python3 -m ep_rt --ranks 4 --internode 2 ;;
     internode_aggressive) run internode_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --ranks 4 \
              --internode 2 --no-bench ;;
@@ -164,7 +169,7 @@ step() {  # one named step; returns 3 for a name it does not know
              --ranks 4 --internode 2 --no-bench ;;
     # Issue 21: the network operations per call under the chaos build's cost mode; the Buffer setup (agreement,
     # NVSHMEM worlds); the killed-node and shrink-mode faults again.
-    net_counts) run net_counts 300 python3 -m pytest -q -rs tests/gpu/test_chaos_transport_gpu.py -k network_operations ;;
+    net_counts) run net_counts 300 python3 -m pytest -q -rs -m net_counts tests/gpu/test_chaos_transport_gpu.py ;;
     setup) run setup 300 python3 -m pytest -q -rs tests/gpu/test_setup_gpu.py ;;
     # The cu12 flavour's NVSHMEM-linked cubins with the cu12 NVSHMEM host library carried to the machine (the folder
     # CU12_NVSHMEM, default .cu12nvshmem: libnvshmem_host.so.3.xz, nvshmem_bootstrap_uid.so.3, the wheel's

@@ -3,12 +3,12 @@
 
 Each entry of MUTATIONS is one small semantic change of a reference module (an operator, a rounding, an order, an
 off-by-one). The tool copies the package and the reference tests into a scratch folder, applies one mutation at a
-time to the copy, runs the reference tests there (tests/test_reference*.py by default) and reports which mutations
-the tests kill (some test fails) and which survive. A mutation marked `equivalent` is one that cannot change any
-result the reference is used for; the reason says why, and the tool reports it if it is killed after all.
+time to the copy, runs the reference tests there (tests/reference/test_reference*.py by default) and reports which
+mutations the tests kill (some test fails) and which survive. A mutation marked `equivalent` is one that cannot
+change any result the reference is used for; the reason says why, and the tool reports it if it is killed after all.
 
 MUTATIONS is the single source of docs/REFERENCE_MUTATIONS.md: `--write-doc` regenerates the doc's table from it
-and from the run (tests/test_reference_mutations.py checks that the doc and this list agree, and that every
+and from the run (tests/tools/test_reference_mutations.py checks that the doc and this list agree, and that every
 mutation still applies to the current sources).
 
     python tools/mutate_reference.py                 # every mutation, a table on stdout
@@ -32,8 +32,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REF = "ep_rt/reference"
-DEFAULT_TESTS = ("tests/test_reference.py", "tests/test_reference_ll.py", "tests/test_reference_internode.py")
-COPIED = ("ep_rt", "_ep_rt_deep_ep.py", "pyproject.toml", "tests/__init__.py")  # plus the test files
+DEFAULT_TESTS = ("tests/reference/test_reference.py", "tests/reference/test_reference_ll.py",
+                 "tests/reference/test_reference_internode.py")
+COPIED = ("ep_rt", "_ep_rt_deep_ep.py", "pyproject.toml", "tests/__init__.py")  # plus the test files and their
+# folders' __init__.py (the tests are a package: their relative imports need every level)
 TIMEOUT_S = 600
 
 
@@ -267,7 +269,9 @@ def check_list(root: Path = ROOT) -> list[str]:
 def make_scratch(tests) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix="ep_rt_mutants_"))
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for rel in COPIED + tuple(t.split("::")[0] for t in tests):  # (a test may be a pytest node id)
+    files = [t.split("::")[0] for t in tests]  # (a test may be a pytest node id)
+    inits = [str(d / "__init__.py") for f in files for d in Path(f).parents if (ROOT / d / "__init__.py").is_file()]
+    for rel in COPIED + tuple(inits) + tuple(files):
         src, dst = ROOT / rel, scratch / rel
         if dst.exists():
             continue
@@ -361,10 +365,10 @@ DOC_HEAD = """# Mutations of the reference
 
 The plain-torch reference (`ep_rt/reference/`) is the oracle the GPU kernels are compared against bit for bit, so
 a wrong reference would pass wrong kernels. `tools/mutate_reference.py` changes one operator, rounding, order or
-offset of it at a time (in a scratch copy), runs the reference's CPU tests (`tests/test_reference*.py`) against
-the mutant and records whether some test fails ("killed"). The table below is written by
+offset of it at a time (in a scratch copy), runs the reference's CPU tests (`tests/reference/test_reference*.py`)
+against the mutant and records whether some test fails ("killed"). The table below is written by
 `python tools/mutate_reference.py --write-doc docs/REFERENCE_MUTATIONS.md` from the tool's mutation list, which
-is its single source (`tests/test_reference_mutations.py` checks that this table and the list agree and that
+is its single source (`tests/tools/test_reference_mutations.py` checks that this table and the list agree and that
 every mutation still applies to the sources). "Killed by" names the first failing tests of the recorded run.
 
 An *equivalent* mutation changes the code but cannot change any result the reference is used for; the reason is

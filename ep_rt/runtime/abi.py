@@ -1,6 +1,6 @@
 """ctypes mirrors of the kernel parameter structs and constants in kernels_src/include/ep_rt/params.h.
 
-Hand-written: change this file together with params.h. tests/test_params.py compares every struct's
+Hand-written: change this file together with params.h. tests/runtime/test_params.py compares every struct's
 size, alignment and field offsets, and every constant, with what tools/build_cubins.py measured
 from params.h (cubins/manifest.json). Device pointers are plain integers (c_uint64); 0 means absent.
 Every struct is a Mirror with `__slots__ = ()`: assigning a name that is not one of its fields raises AttributeError

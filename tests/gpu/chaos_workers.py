@@ -1,7 +1,7 @@
 """Per-rank bodies of the chaos-transport GPU tests (test_chaos_transport_gpu.py; module level for spawn).
 
 The probe kernel ep_rt_ll_net_probe (kernels_src/low_latency.cu) lives in the LL family; PROBE mirrors its sizes
-(tests/test_chaos_transport.py checks the mirror against the source)."""
+(tests/transport/test_chaos_transport.py checks the mirror against the source)."""
 from __future__ import annotations
 
 import torch

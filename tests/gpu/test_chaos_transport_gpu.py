@@ -88,6 +88,7 @@ def _check_counts(results, calls):
     return problems
 
 
+@pytest.mark.net_counts
 @gpus(1)
 def test_internode_network_operations_per_call_are_the_designs():
     """Issue 21: the chaos build counts every network operation; one internode dispatch, cached dispatch and combine
@@ -100,6 +101,7 @@ def test_internode_network_operations_per_call_are_the_designs():
                                                                                                   "combine"))
 
 
+@pytest.mark.net_counts
 @gpus(1)
 def test_low_latency_network_operations_per_call_are_the_designs():
     """One LL dispatch and combine on 2 nodes x 2: one put-with-signal per message for a rank of another node, one

@@ -5,6 +5,8 @@ import torch
 
 from ep_rt.runtime import choice, driver, modules as cubins
 
+pytestmark = pytest.mark.smoke
+
 
 def test_every_runnable_manifest_cubin_loads_and_its_kernels_resolve():
     torch.cuda.init()

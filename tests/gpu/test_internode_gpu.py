@@ -169,6 +169,7 @@ SIXTEEN = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "every token sp
            "a node receives nothing", "bias pair"]
 
 
+@pytest.mark.sixteen
 @gpus(1)
 def test_internode_nodes_of_eight_ranks_sixteen_on_one_gpu():
     """DeepEP's node size: 2 nodes of 8 ranks, 16 processes sharing the GPU (6 cases and the graph replays; buffers

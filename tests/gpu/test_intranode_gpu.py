@@ -18,12 +18,14 @@ def _report(results):
     return lines
 
 
+@pytest.mark.smoke
 @gpus(1)
 def test_buffer_construction_peer_mapping_and_barrier():
     results = run_ranks(workers.buffer_basics, 2, timeout_s=300)
     assert all(all(r) for r in results)
 
 
+@pytest.mark.suite
 @gpus(1)
 @pytest.mark.parametrize("aggressive", [False, True], ids=["safe", "aggressive"])
 def test_dispatch_combine_match_reference_2_ranks(aggressive):
@@ -65,6 +67,7 @@ SHARED_GPU_CASES = ("bf16 uniform", "fp8 row scales", "num_worst_tokens", "holes
                     "a rank receives nothing", "bias pair", "uneven token counts", workers.GRAPH_CASE)
 
 
+@pytest.mark.more_ranks
 @gpus(1)
 @pytest.mark.parametrize("num_ranks", [4, 8])
 def test_more_ranks_than_gpus(num_ranks):

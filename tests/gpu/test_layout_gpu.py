@@ -7,6 +7,8 @@ import torch
 from ep_rt import reference
 from ep_rt.ops.layout import LayoutOp
 
+pytestmark = pytest.mark.smoke
+
 SEED = int.from_bytes(os.urandom(4), "little")
 
 

@@ -17,6 +17,7 @@ def _seed():
     return int.from_bytes(os.urandom(4), "little")
 
 
+@pytest.mark.catalogue
 @gpus(1)
 def test_bad_input_catalogue():
     """All 147 cases on 2 ranks: each raises its error before any ep_rt kernel launched (the launch counter did not

@@ -1,0 +1,1 @@
+"""CPU tests of ep_rt.Buffer and Buffer.runtime (the top wing), on the CPU with stand-ins for the GPU parts."""

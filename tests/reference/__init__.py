@@ -1,0 +1,1 @@
+"""CPU tests of ep_rt.reference: the plain-torch oracle the kernels are compared against."""

@@ -1,0 +1,130 @@
+"""tools/gpu_run.sh on the CPU: it refuses a tree whose digest is not the one given (and says so in its own
+record), refuses unknown steps before running any, keeps each attempt apart, and records ok / failed / timed-out
+steps as such, with every log in the one archive that comes back."""
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ..repo import REPO as ROOT
+
+SCRIPT = ROOT / "tools" / "gpu_run.sh"
+_spec = importlib.util.spec_from_file_location("tree_digest", ROOT / "tools" / "tree_digest.py")
+td = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(td)
+
+pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
+                                reason="needs bash and coreutils' timeout")
+
+
+def _run(tmp_path, *args, **env):
+    """The script in this checkout, python3 being this interpreter, results under tmp_path."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    wrapper = bin_dir / "python3"  # (a symlink would lose the virtual environment)
+    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.chmod(0o755)
+    full_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
+                "LOG_ROOT": str(tmp_path / "logs"), **env}
+    done = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
+                          timeout=300)
+    return done.returncode, done.stdout + done.stderr
+
+
+def _attempts(tmp_path):
+    return sorted(p for p in (tmp_path / "out").iterdir())
+
+
+def _here():
+    """The digest the script computes of this checkout (its files as they are now)."""
+    return td.digest_of(td.file_lines(ROOT))
+
+
+def test_usage_without_a_digest(tmp_path):
+    rc, text = _run(tmp_path, "abc1234")
+    assert rc == 2 and "tree_digest.py --commit COMMIT" in text
+
+
+def test_a_tree_that_is_not_the_commit_is_refused_and_recorded(tmp_path):
+    wrong = "0" * 64
+    rc, text = _run(tmp_path, "abc1234", wrong, STEPS="doctor")
+    assert rc == 2 and "REFUSED" in text
+    (attempt,) = _attempts(tmp_path)
+    assert sorted(p.name for p in attempt.iterdir()) == ["env.txt", "logs.tar.gz", "summary.txt"]
+    env = (attempt / "env.txt").read_text()
+    assert f"expected tree digest (from git, CPU side): {wrong}" in env and f"of the files here): {_here()}" in env
+    summary = (attempt / "summary.txt").read_text()
+    assert "not commit abc1234" in summary and "result: refused, no step ran" in summary
+    assert "=== doctor" not in summary
+    with tarfile.open(attempt / "logs.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"env.txt", "summary.txt", "tree_digest.txt", "cubin_check.txt"} <= names
+
+
+def test_an_unknown_step_or_a_missing_setting_refuses_before_any_step(tmp_path):
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="doctor no_such_step")
+    assert rc == 2 and "step 'no_such_step' is unknown" in text and "=== doctor" not in text
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="retest")  # retest needs RETEST
+    assert rc == 2 and "step 'retest'" in text
+    assert len(_attempts(tmp_path)) == 2  # two attempts, two folders
+
+
+def test_steps_are_recorded_ok_failed_and_timed_out(tmp_path):
+    # retest of one CPU test: ok; soak_base on a checkout that is not there: failed; gpu_core under a 0.1 s
+    # limit: timeout.
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="retest soak_base gpu_core", LIMIT="0.1",
+                    RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
+                    BASE=str(tmp_path / "no_checkout"))
+    assert rc == 1, text
+    (attempt,) = _attempts(tmp_path)
+    summary = (attempt / "summary.txt").read_text()
+    assert re.search(r"=== retest: ok after \d+ s, log retest.log", summary), summary
+    assert re.search(r"=== soak_base: FAILED \(exit 1\) after \d+ s", summary), summary
+    assert re.search(r"=== gpu_core: TIMEOUT \(limit 0.1 s, exit 124\) after \d+ s", summary), summary
+    assert "result: failed or timed out: soak_base gpu_core (of 3 steps)" in summary
+    env = (attempt / "env.txt").read_text()
+    assert "cubins up to date" in env and ("NVIDIA" in env or "nvidia-smi" in env)  # the machine block ran
+    with tarfile.open(attempt / "logs.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"retest.log", "soak_base.log", "gpu_core.log", "summary.txt", "env.txt"} <= names
+
+
+def test_parallel_groups_each_run_their_steps_and_all_are_recorded(tmp_path):
+    rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; soak_base",
+                    RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
+                    BASE=str(tmp_path / "no_checkout"))
+    assert rc == 1, text
+    (attempt,) = _attempts(tmp_path)
+    summary = (attempt / "summary.txt").read_text()
+    assert "groups at the same time: 2" in summary
+    assert re.search(r"=== retest: ok after \d+ s", summary) and re.search(r"=== soak_base: FAILED", summary)
+    assert "result: failed or timed out: soak_base (of 2 steps)" in summary
+    with tarfile.open(attempt / "logs.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"retest.log", "soak_base.log"} <= names
+    rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; no_such_step",
+                    RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored")
+    assert rc == 2 and "step 'no_such_step' is unknown" in text
+
+
+def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
+    """tests/gpu/conftest.py writes each GPU test's verdict, and a failure's traceback, as soon as the test ends:
+    a step killed at its time limit never reaches pytest's summary (attempt 20261202T012159Z kept only '.F.')."""
+    shutil.copy(ROOT / "tests" / "gpu" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_x.py").write_text(
+        "import os, signal\n\ndef test_fails():\n    assert 1 + 1 == 3, 'the reason it failed'\n\n"
+        "def test_passes():\n    pass\n\n"
+        "def test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)  # as a step's time limit kills pytest\n")
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert done.returncode == -9, out
+    assert "short test summary" not in out, out  # it really was killed before the summary
+    assert "[ep_rt] FAILED test_x.py::test_fails (call" in out and "the reason it failed" in out, out
+    assert "[ep_rt] PASSED test_x.py::test_passes (call" in out, out

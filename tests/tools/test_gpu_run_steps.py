@@ -1,0 +1,71 @@
+"""tools/gpu_run.sh's steps pick their tests by marker (-m, the markers pyproject.toml registers) or by node id,
+never by -k name fragments: a -k matches any test, module or folder whose name holds the fragment (the old
+`rest` step's `-k "not layout"` also dropped 44 CPU tests with "layout" or "cubins" in their names), and a renamed
+test silently leaves its step. Read from the script's text; nothing runs."""
+import re
+import sys
+
+import pytest
+
+from ..repo import REPO
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml on Python 3.10 needs tomli")
+
+SCRIPT = REPO / "tools" / "gpu_run.sh"
+WORDS = {"and", "or", "not"}
+
+
+def pytest_commands(text: str) -> list[str]:
+    """Each logical line (backslash continuations joined) that runs pytest, from pytest on (so `timeout -k 10`
+    before it is no pytest option)."""
+    joined = re.sub(r"\\\n", " ", text)
+    return [line[line.index("pytest"):] for line in joined.splitlines()
+            if "pytest" in line and not line.lstrip().startswith("#")]
+
+
+def keyword_options(command: str) -> list[str]:
+    return re.findall(r"(?<!\S)(-k\S*|--keyword\S*)", command)
+
+
+def marker_names(command: str) -> set[str]:
+    """The names in each -m expression of one command."""
+    names = set()
+    for quoted2, quoted1, bare in re.findall(r"(?<!\S)-m\s+(?:\"([^\"]*)\"|'([^']*)'|(\S+))", command):
+        names |= set(re.findall(r"[A-Za-z_]\w*", quoted2 or quoted1 or bare)) - WORDS
+    return names
+
+
+def registered_markers() -> set[str]:
+    config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    return {m.split(":")[0].strip() for m in config["markers"]}
+
+
+def test_no_step_selects_by_name_fragment():
+    commands = pytest_commands(SCRIPT.read_text(encoding="utf-8"))
+    assert len(commands) > 20, "the script's pytest steps were not found: the parser here needs updating"
+    found = {c: keyword_options(c) for c in commands if keyword_options(c)}
+    assert not found, f"steps select by -k: {found}; mark the tests (pyproject.toml's markers) and use -m"
+
+
+def test_every_marker_a_step_names_is_registered_and_marks_some_test():
+    used = set().union(*map(marker_names, pytest_commands(SCRIPT.read_text(encoding="utf-8"))))
+    registered = registered_markers()
+    assert used, "no -m in the script: the parser here needs updating"
+    assert used <= registered, f"gpu_run.sh names markers pyproject.toml does not register: {used - registered}"
+    sources = "".join(p.read_text(encoding="utf-8") for p in (REPO / "tests").rglob("*.py"))
+    unused = {m for m in registered if not re.search(rf"pytest\.mark\.{m}\b", sources)}
+    assert not unused, f"registered markers that mark no test (a step selecting by them runs nothing): {unused}"
+
+
+def test_the_parsers_see_what_they_look_for():
+    text = ('    a) run a 10 python3 -m pytest -q -rs tests -k "not wheel" ;;\n'
+            '    b) run b 10 setsid timeout -k 10 python3 -m pytest -q \\\n'
+            '             -m "not bench and not (soak or smoke)" tests ;;\n'
+            '    # c) python3 -m pytest -k old ;;\n')
+    a, b = pytest_commands(text)
+    assert keyword_options(a) == ["-k"] and keyword_options(b) == []
+    assert marker_names(a) == set() and marker_names(b) == {"bench", "soak", "smoke"}
+    assert keyword_options("pytest --keyword=x") == ["--keyword=x"] and marker_names("pytest -m suite x") == {"suite"}
