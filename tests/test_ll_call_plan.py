@@ -12,7 +12,6 @@ the kernels receive, and say so in the commit.
 """
 import ctypes
 import json
-from pathlib import Path
 
 import pytest
 
