@@ -477,7 +477,7 @@ class _Names:
 
 def trace_ll_sequence():
     """A fixed sequence of LL calls (shapes changing, FP8 / BF16 / UE8M0 / LogFMT / zero_copy, hooks on and off,
-    async_finish, a CUDA-graph capture, a stale hook called late, a masked (shrink) Buffer with remote peers):
+    async_finish, a CUDA-graph capture, hooks called late (after a call of another kind, and of their own kind), a masked (shrink) Buffer with remote peers):
     the list of kernel launches (every parameter field) and stream waits, pointers named by tensor."""
     names = _Names()
     S.trace, S.fresh_empty = [], True
@@ -547,6 +547,15 @@ def trace_ll_sequence():
         step("c14", c(y_for("c14", 8, 256, 8), i0, w0, r13[2]))
         r15 = step("c15", d(x1, i1, 8, 8))                                          # shape a again (plans reused)
         step("c16", c(y_for("c16", 8, 256, 8), i1, w1, r15[2]))
+        # A hook held across a later call of its own kind (on the other buffer): it must launch what it had.
+        r17 = step("c17", d(x1, i1, 8, 8, return_recv_hook=True))
+        r18 = step("c18", d(x3, i3, 8, 8, use_fp8=False))
+        S.trace.append({"hook": "c17 (after c18)"})
+        r17[4]()
+        r19 = step("c19", c(y_for("c19", 8, 256, 8), i1, w1, r17[2], return_recv_hook=True))
+        step("c20", c(y_for("c20", 8, 256, 8), i3, w3, r18[2], use_logfmt=True))
+        S.trace.append({"hook": "c19 (after c20)"})
+        r19[2]()
         # A shrink Buffer (mask) with a peer behind the network (has_remote_peers).
         buf2 = ll_buffer(nvlink_peers=1, shrink=True)
         names.add("mask2", buf2._ll.mask)
