@@ -6,6 +6,26 @@ from typing import Any, Optional, Tuple
 import torch
 
 
+# One reusable event per stream for stream-to-stream waits (torch's Stream.wait_stream makes a new CUDA event on
+# every call). Recording an event again at once is safe: a wait already queued keeps the point it was queued with.
+_fences: dict = {}
+
+
+def wait_stream(waiter, waitee) -> None:
+    """`waiter` waits for the work queued on `waitee` so far, as waiter.wait_stream(waitee) but with the waitee's
+    reused fence event. A stream object without a handle (a stand-in) waits the plain way."""
+    handle = getattr(waitee, "cuda_stream", None)
+    if handle is None:
+        waiter.wait_stream(waitee)
+        return
+    key = (waitee.device_index, handle)
+    event = _fences.get(key)
+    if event is None:
+        event = _fences[key] = torch.cuda.Event()
+    event.record(waitee)
+    waiter.wait_event(event)
+
+
 class EventHandle:
     """A CUDA event recorded on a stream (the current stream by default)."""
 
@@ -71,7 +91,7 @@ class StreamScope:
         if previous_event is not None:
             self.comm.wait_event(previous_event.event)
         else:
-            self.comm.wait_stream(self.compute)
+            wait_stream(self.comm, self.compute)
 
     def alloc_stream(self) -> torch.cuda.Stream:
         return self.comm if self.allocate_on_comm else self.compute
@@ -85,5 +105,5 @@ class StreamScope:
                     if self.allocate_on_comm:
                         t.record_stream(self.compute)
             return EventOverlap(event, tuple(t for t in tensors if isinstance(t, torch.Tensor)))
-        self.compute.wait_stream(self.comm)
+        wait_stream(self.compute, self.comm)
         return EventOverlap(None)

@@ -27,11 +27,60 @@ _SEND_BLOCK, _RECV_BLOCK = 512, 256
 _FP8 = torch.float8_e4m3fn
 SLOT = "low_latency"  # this op's slot in the ErrorRecords
 MIN_CC = (9, 0)  # kernels_src/low_latency.cu's min_arch
+_MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
+
+
+class _Plan:
+    """One call shape's parameter struct, filled once (issue 23): the buffer's areas and signal words, sizes, shape
+    digest, format and the op's fixed pointers. A call copies it into the send kernel's struct and patches only its
+    own tensors' pointers, token count, top-k and flags."""
+    __slots__ = ("params", "address", "size")
+
+    def __init__(self, params):
+        self.params, self.address, self.size = params, ctypes.addressof(params), ctypes.sizeof(params)
+
+
+class _ReceiveLaunch:
+    """The receive kernel of one call, launched now or from a hook, exactly once, with the parameters its send kernel
+    had. They stay in the receive launcher's struct until a later call of the same kind overwrites it; only then
+    (a hook still held) are they copied into a snapshot of their own, so an eager call makes no copy."""
+    __slots__ = ("op", "kind", "launcher", "grid", "buffer", "frozen", "launched")
+
+    def __init__(self, op, kind, launcher, grid, buffer):
+        self.op, self.kind, self.launcher, self.grid, self.buffer = op, kind, launcher, grid, buffer
+        self.frozen, self.launched = None, False
+
+    def freeze(self):
+        if not self.launched and self.frozen is None:
+            self.frozen = self.launcher.snapshot()
+
+    def __call__(self, stream, early=False):
+        if self.launched:
+            raise EpRtError("this low-latency receive hook was already called (each hook runs once)")
+        self.launched = True
+        self.op.pending_recv[self.buffer] = False
+        if self.frozen is not None:
+            self.frozen(self.grid, stream, early)
+            return
+        self.op._unfrozen[self.kind] = None
+        if early:
+            self.launcher(self.grid, stream, early=True)
+        else:
+            self.launcher(self.grid, stream)
 
 
 class LowLatencyOp:
     """Owns no resources: the symmetric buffer, the NVSHMEM session that registered `module`, and the error
-    records are transports the Buffer made (and tears down); the workspace and mask are torch tensors."""
+    records are transports the Buffer made (and tears down); the workspace and mask are torch tensors.
+
+    The per-call host path is lean (issue 23, docs/HOST_PATH.md): shapes already checked and call plans (_Plan) are
+    kept, so a call validates its tensors, copies its plan and patches the pointers. Plans read the op's fixed state
+    (pointers, rank, timeout) when they are built."""
+
+    # Made on first use (an op built with object.__new__, as the CPU tests do, has them too).
+    _fit = None        # (T, hidden, num_experts) shapes check_shape accepted
+    _plans = None      # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
+    _unfrozen = None   # kind -> the _ReceiveLaunch still reading its receive launcher's struct
 
     @staticmethod
     def require_arch(cc: tuple[int, int]) -> None:
@@ -113,17 +162,45 @@ class LowLatencyOp:
     def failed(self):
         return self.errors.check(SLOT)
 
-    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool,
-                message_format: int) -> int:
-        """Fill the fields every LL kernel shares for the buffer this call uses; returns that buffer's index."""
-        offsets = self._offsets(T, hidden, num_experts)
+    def _take_buffer(self) -> int:
+        """The buffer this call uses (then the other one is next), refused while its last hook is held."""
         b = self.idx
         if self.pending_recv[b]:
             raise EpRtError(
                 "the receive hook of the low-latency call before the previous one was never called; it used the "
                 "same buffer as this call (ep_rt alternates two buffers, as DeepEP). Call every hook before the "
                 "next-but-one low-latency call; nothing was launched, so calling it now and retrying works.")
-        self.idx ^= 1
+        self.idx = b ^ 1
+        return b
+
+    def _plan(self, kind: str, T: int, hidden: int, num_experts: int, message_format: int, b: int) -> _Plan:
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = {}
+        key = (kind, T, hidden, num_experts, message_format, b)
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            p = abi.LowLatencyParams()
+            if kind == "dispatch":
+                use_fp8 = message_format == 1
+                self._common(p, T, hidden, num_experts, ll_layout.dispatch_slot_bytes(hidden, use_fp8),
+                             combine=False, message_format=message_format, b=b)
+                p.topk_weights, p.use_fp8, p.zero_copy, p.use_logfmt = 0, int(use_fp8), 0, 0
+            else:
+                use_logfmt = message_format == 3
+                self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt),
+                             combine=True, message_format=message_format, b=b)
+                p.recv_x_scales, p.recv_count, p.cumulative_stats = 0, 0, 0
+                p.use_fp8, p.round_scale, p.use_ue8m0, p.use_logfmt = 0, 0, 0, int(use_logfmt)
+            plan = plans[key] = _Plan(p)
+        return plan
+
+    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool,
+                message_format: int, b: int = 0) -> None:
+        """Fill the fields every LL kernel shares for buffer `b` and this shape (a call plan's, built once)."""
+        offsets = self._offsets(T, hidden, num_experts)
         p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
         p.workspace = self.workspace.data_ptr()
         p.mask = self.mask.data_ptr() if self.mask is not None else 0
@@ -137,7 +214,6 @@ class LowLatencyOp:
         p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
             self.rank, self.num_ranks, T, hidden, num_experts, b)
         p.shape_digest = ll_layout.shape_digest(T, hidden, num_experts, message_format)
-        return b
 
     def check_shape(self, T: int, hidden: int, num_experts: int) -> None:
         """The (num_max_dispatch_tokens_per_rank, hidden, num_experts) of an LL call: ranges, and fits the buffer."""
@@ -155,6 +231,17 @@ class LowLatencyOp:
                              f"got {num_experts!r}")
         self._offsets(T, hidden, num_experts)
 
+    def _check_shape_once(self, T, hidden: int, num_experts) -> None:
+        """check_shape, skipped for a shape it already accepted (exact ints only: a bool or float is checked again
+        and refused)."""
+        fit = self._fit
+        if fit is None:
+            fit = self._fit = set()
+        if T.__class__ is int and num_experts.__class__ is int and (T, hidden, num_experts) in fit:
+            return
+        self.check_shape(T, hidden, num_experts)
+        fit.add((T, hidden, num_experts))
+
     def _offsets(self, T: int, hidden: int, num_experts: int) -> dict:
         """The buffers' areas for this shape (ll_layout.buffer_offsets), or BufferTooSmallError if it does not fit."""
         offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
@@ -168,7 +255,7 @@ class LowLatencyOp:
     def _check(self, x, topk_idx, T, num_experts):
         validate.tensor("x", x, dtype=torch.bfloat16, ndim=2, device=self.device)
         N, H = x.shape
-        self.check_shape(T, H, num_experts)
+        self._check_shape_once(T, H, num_experts)
         if N > T:
             raise ValueError(f"x has {N} tokens, more than num_max_dispatch_tokens_per_rank={T}")
         # No host check of the values (it would sync every decode step and break graph capture): the send
@@ -178,23 +265,20 @@ class LowLatencyOp:
             raise ValueError(f"low-latency top-k is at most {abi.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
         return N, H
 
-    def _receive_launcher(self, send: Launcher, recv: Launcher, grid: int):
-        """The receive kernel with the send kernel's parameters frozen now: launch(stream, early), now or from a
-        hook, exactly once. early=True (right behind the send kernel on the same stream) lets its blocks start
-        while the send kernel finishes: the receive kernel waits for its data through the signals anyway."""
+    def _receive_launcher(self, kind: str, send: Launcher, recv: Launcher, grid: int, b: int) -> _ReceiveLaunch:
+        """The receive kernel with the send kernel's parameters: launch(stream, early), now or from a hook, exactly
+        once. early=True (right behind the send kernel on the same stream) lets its blocks start while the send
+        kernel finishes: the receive kernel waits for its data through the signals anyway."""
+        unfrozen = self._unfrozen
+        if unfrozen is None:
+            unfrozen = self._unfrozen = {}
+        held = unfrozen.get(kind)
+        if held is not None:
+            held.freeze()  # a hook still held reads this struct: it gets its own copy before it is overwritten
         ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(send.params), ctypes.sizeof(send.params))
-        launch, b = recv.snapshot(), send.params.buffer_idx
         self.pending_recv[b] = True
-        state = {"launched": False}
-
-        def launch_once(stream, early=False):
-            if state["launched"]:
-                raise EpRtError("this low-latency receive hook was already called (each hook runs once)")
-            state["launched"] = True
-            self.pending_recv[b] = False
-            launch(grid, stream, early)
-
-        return launch_once
+        launch = unfrozen[kind] = _ReceiveLaunch(self, kind, recv, grid, b)
+        return launch
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, T, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale, use_ue8m0,
@@ -214,29 +298,35 @@ class LowLatencyOp:
         if wait_stats is not None:
             validate.tensor("dispatch_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1,
                             device=self.device, rows=R)
-        send, recv = self.kernels["dispatch_send"], self.kernels["dispatch_recv"]
+        plan = self._plan("dispatch", T, H, num_experts, int(use_fp8), self.idx)
+        b = self._take_buffer()
+        send = self.kernels["dispatch_send"]
         p = send.params
-        self._common(p, T, H, num_experts, ll_layout.dispatch_slot_bytes(H, use_fp8), combine=False,
-                     message_format=int(use_fp8))
+        ctypes.memmove(ctypes.addressof(p), plan.address, plan.size)
         RT, S = R * T, H // 128
-        recv_x = torch.empty(L, RT, H, dtype=_FP8 if use_fp8 else torch.bfloat16, device=self.device)
+        dev = self.device
+        recv_x = torch.empty(L, RT, H, dtype=_FP8 if use_fp8 else torch.bfloat16, device=dev)
         scales = None
         if use_fp8:
             cols = S // 4 if use_ue8m0 else S
             scales = torch.empty(L, cols, RT, dtype=torch.int32 if use_ue8m0 else torch.float32,
-                                 device=self.device).transpose(1, 2)
-        src_info = torch.empty(L, RT, dtype=torch.int32, device=self.device)
-        layout_range = torch.empty(L, R, dtype=torch.int64, device=self.device)
-        count = torch.empty(L, dtype=torch.int32, device=self.device)
-        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
-        send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=0, recv_x=recv_x.data_ptr(),
-                 recv_x_scales=ptr(scales), recv_src_info=src_info.data_ptr(), recv_layout_range=layout_range.data_ptr(),
-                 recv_count=count.data_ptr(), cumulative_stats=ptr(cumulative_stats), wait_stats=ptr(wait_stats),
-                 num_tokens=N, num_topk=topk_idx.size(1), use_fp8=int(use_fp8), round_scale=int(round_scale),
-                 use_ue8m0=int(use_ue8m0), zero_copy=0, use_logfmt=0, topk_idx_bits=validate.bits(topk_idx))
+                                 device=dev).transpose(1, 2)
+            p.recv_x_scales = scales.data_ptr()
+        else:
+            p.recv_x_scales = 0
+        src_info = torch.empty(L, RT, dtype=torch.int32, device=dev)
+        layout_range = torch.empty(L, R, dtype=torch.int64, device=dev)
+        count = torch.empty(L, dtype=torch.int32, device=dev)
+        p.x, p.topk_idx, p.recv_x = x.data_ptr(), topk_idx.data_ptr(), recv_x.data_ptr()
+        p.recv_src_info, p.recv_layout_range, p.recv_count = (src_info.data_ptr(), layout_range.data_ptr(),
+                                                              count.data_ptr())
+        p.cumulative_stats = cumulative_stats.data_ptr() if cumulative_stats is not None else 0
+        p.wait_stats = wait_stats.data_ptr() if wait_stats is not None else 0
+        p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
+        p.round_scale, p.use_ue8m0 = int(round_scale), int(use_ue8m0)
         send(max(1, min(N, self.num_sms)), stream_for_send)
-        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(send, recv,
-                                                                                      self.dispatch_recv_grid)
+        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(
+            "dispatch", send, self.kernels["dispatch_recv"], self.dispatch_recv_grid, b)
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
@@ -268,20 +358,22 @@ class LowLatencyOp:
         if wait_stats is not None:
             validate.tensor("combine_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1, device=self.device,
                             rows=R)
-        send, recv = self.kernels["combine_send"], self.kernels["combine_recv"]
+        plan = self._plan("combine", T, hidden, num_experts, 2 + int(use_logfmt), self.idx)
+        b = self._take_buffer()
+        send = self.kernels["combine_send"]
         p = send.params
-        self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt), combine=True,
-                     message_format=2 + int(use_logfmt))
-        send.set(x=x.data_ptr(), topk_idx=topk_idx.data_ptr(), topk_weights=topk_weights.data_ptr(),
-                 recv_x=out.data_ptr(), recv_x_scales=0, recv_src_info=src_info.data_ptr(),
-                 recv_layout_range=layout_range.data_ptr(), recv_count=0, cumulative_stats=0,
-                 wait_stats=wait_stats.data_ptr() if wait_stats is not None else 0, num_tokens=N,
-                 num_topk=topk_idx.size(1), use_fp8=0, round_scale=0, use_ue8m0=0, zero_copy=int(zero_copy),
-                 use_logfmt=int(use_logfmt), topk_idx_bits=validate.bits(topk_idx))
+        ctypes.memmove(ctypes.addressof(p), plan.address, plan.size)
+        p.x, p.topk_idx, p.topk_weights, p.recv_x = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(),
+                                                     out.data_ptr())
+        p.recv_src_info, p.recv_layout_range = src_info.data_ptr(), layout_range.data_ptr()
+        p.wait_stats = wait_stats.data_ptr() if wait_stats is not None else 0
+        p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
+        p.zero_copy = int(zero_copy)
         send(self.combine_send_grid, stream_for_send)  # even shares of the rows
         # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * _RECV_BLOCK))
-        return out, self._receive_launcher(send, recv, max(1, min(items, 2 * self.num_sms)))
+        return out, self._receive_launcher("combine", send, self.kernels["combine_recv"],
+                                           max(1, min(items, 2 * self.num_sms)), b)
 
     # ---- buffers --------------------------------------------------------------------------------
     def rdma_tensor(self) -> torch.Tensor:

@@ -1,0 +1,44 @@
+"""tools/host_path_stub.py runs through every part (few iterations), counts the launches of each call, says that it
+measures no GPU time, and puts torch and the driver back when it is done."""
+import json
+
+import torch
+
+from ep_rt.runtime import driver
+from tests.host_path_tools import load_stub
+
+
+def test_the_harness_times_every_hot_call_and_counts_its_launches(tmp_path, capsys):
+    stub = load_stub()
+    empty, launch = torch.empty, driver.launch
+    out = tmp_path / "rows.json"
+    stub.main(["--scale", "0.005", "--json", str(out)])
+    assert torch.empty is empty and driver.launch is launch  # the stubs are gone again
+    printed = capsys.readouterr().out
+    assert "no GPU time is measured" in printed
+    report = json.loads(out.read_text())
+    assert "no GPU time" in report["note"]
+    rows = {r["call"]: r for r in report["rows"]}
+    want = {  # call -> kernel launches it makes (cuLaunchKernel + cuLaunchKernelEx)
+        "get_dispatch_layout": 1, "intranode dispatch BF16": 2, "intranode cached dispatch": 1,
+        "intranode combine": 1, "internode dispatch BF16": 4, "internode cached dispatch": 3, "internode combine": 3,
+        "LL dispatch FP8": 2, "LL dispatch BF16": 2, "LL dispatch FP8, async_finish": 2,
+        "LL dispatch FP8, return_recv_hook (hook called)": 2, "LL combine BF16": 2, "LL combine LogFMT": 2,
+        "LL combine BF16, out= given": 2, "LL combine BF16, return_recv_hook (hook called)": 2,
+    }
+    for call, n in want.items():
+        row = rows[call]
+        got = row["per_call"].get("cuLaunchKernel", 0) + row["per_call"].get("cuLaunchKernelEx", 0)
+        assert got == n, (call, row["per_call"])
+        assert row["median_us"] > 0
+    assert rows["LL dispatch FP8"]["per_call"]["torch.empty"] >= 1
+    assert rows["intranode dispatch BF16"]["per_call"]["torch.aminmax + 2 x int() (= 1 kernel + 2 blocking D2H "
+                                                      "copies)"] == 1
+
+
+def test_only_runs_one_part(tmp_path):
+    stub = load_stub()
+    out = tmp_path / "rows.json"
+    stub.main(["--only", "ll", "--scale", "0.005", "--json", str(out)])
+    calls = [r["call"] for r in json.loads(out.read_text())["rows"]]
+    assert calls and all(c.startswith("LL ") for c in calls)

@@ -1,0 +1,89 @@
+"""The lean LL host path's own rules (issue 23 item 2), with the CUDA calls stubbed (tools/host_path_stub.py):
+stream waits reuse one event per stream, plans and checked shapes are reused, a call makes no more allocations than
+it returns tensors, and bad shapes are still refused after a good call of the same numbers."""
+import pytest
+import torch
+
+from ep_rt import events
+from tests.host_path_tools import load_stub
+
+stub = load_stub()
+
+
+@pytest.fixture
+def ll():
+    with stub.stubbed():
+        events._fences.clear()
+        yield stub.ll_buffer()
+        events._fences.clear()
+
+
+def census(fn):
+    stub.COUNT.clear()
+    fn()
+    return dict(stub.COUNT)
+
+
+def test_eager_calls_create_no_event_after_the_first(ll):
+    T, H, E = 8, 256, 8
+    x, idx = torch.zeros(4, H, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    first = census(lambda: ll.low_latency_dispatch(x, idx, T, E))
+    assert first.get("torch.cuda.Event()") == 2  # one fence per stream (compute, comm), made once
+    later = census(lambda: ll.low_latency_dispatch(x, idx, T, E))
+    assert "torch.cuda.Event()" not in later and later["Stream.wait_event"] == 2 and later["Event.record"] == 2
+    assert "Stream.wait_stream (a new Event each)" not in later
+
+
+def test_allocations_are_the_returned_tensors(ll):
+    T, H, E = 8, 256, 8
+    x, idx, w = torch.zeros(4, H, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2)
+    assert census(lambda: ll.low_latency_dispatch(x, idx, T, E))["torch.empty"] == 5  # x, scales, count, 2 handle
+    assert census(lambda: ll.low_latency_dispatch(x, idx, T, E, use_fp8=False))["torch.empty"] == 4
+    handle = ll.low_latency_dispatch(x, idx, T, E)[2]
+    y = torch.zeros(E // 2, 2 * T, H, dtype=torch.bfloat16)
+    assert census(lambda: ll.low_latency_combine(y, idx, w, handle))["torch.empty"] == 1
+    out = torch.zeros(4, H, dtype=torch.bfloat16)
+    assert "torch.empty" not in census(lambda: ll.low_latency_combine(y, idx, w, handle, out=out))
+
+
+def test_plans_are_reused_and_bounded(ll):
+    op = ll._ll
+    x, idx = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    for _ in range(4):
+        ll.low_latency_dispatch(x, idx, 8, 8)
+    assert len(op._plans) == 2  # one per buffer
+    for T in range(4, 4 + 80):
+        ll.low_latency_dispatch(x, idx, T, 8)
+    assert len(op._plans) <= 64
+
+
+@pytest.mark.parametrize("T,E,error", [(True, 8, TypeError), (8.0, 8, TypeError), (8, 8.0, TypeError),
+                                       (8, 7, ValueError)])
+def test_a_checked_shape_does_not_let_other_types_through(ll, T, E, error):
+    x, idx = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    ll.low_latency_dispatch(x, idx, 8, 8)
+    before = ll._ll.idx
+    with pytest.raises(error):
+        ll.low_latency_dispatch(x, idx, T, E)
+    assert ll._ll.idx == before  # nothing was taken
+
+
+def test_a_shape_too_big_for_the_buffer_takes_no_buffer(ll):
+    op = ll._ll
+    x, idx = torch.zeros(4, 7168, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    with pytest.raises(Exception, match="get_low_latency_rdma_size_hint"):
+        ll.low_latency_dispatch(x, idx, 1024, 288)
+    assert op.idx == 0 and op.pending_recv == [False, False]
+
+
+def test_a_hook_launches_once_and_a_held_hook_blocks_its_buffer(ll):
+    x, idx = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
+    hook = ll.low_latency_dispatch(x, idx, 8, 8, return_recv_hook=True)[4]
+    ll.low_latency_dispatch(x, idx, 8, 8)  # the other buffer
+    with pytest.raises(Exception, match="never called"):
+        ll.low_latency_dispatch(x, idx, 8, 8)
+    launches = census(hook)
+    assert launches.get("cuLaunchKernel") == 1
+    with pytest.raises(Exception, match="already called"):
+        hook()
+    ll.low_latency_dispatch(x, idx, 8, 8)
