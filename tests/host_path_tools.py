@@ -3,10 +3,11 @@ import importlib.util
 import sys
 from pathlib import Path
 
+from .repo import REPO
+
 
 def repo_root() -> Path:
-    here = Path(__file__).resolve()
-    return next(p for p in here.parents if (p / "tools" / "host_path_stub.py").exists())
+    return REPO
 
 
 def load_stub():

@@ -11,7 +11,7 @@ internal attributes: after a refactor of ep_rt/ops, expect to adapt this file.
 --scale multiplies the iteration counts (a CPU test runs it with a small one). `trace_ll_sequence()` is the other use:
 it runs a fixed sequence of low-latency calls and returns every kernel launch (name, grid, block, stream, launch
 config, every parameter field) and every stream wait, with pointers named by the tensor they point at
-(tests/test_ll_call_plan.py compares it with a committed trace).
+(tests/ops/test_ll_call_plan.py compares it with a committed trace).
 """
 from __future__ import annotations
 
