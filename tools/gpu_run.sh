@@ -19,6 +19,7 @@
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
 #          soak_ht, cu12, retest (RETEST="pytest ids"), doctor, cli, bench_cli, megatron (wheels in
 #          MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
+#          internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS),
 #          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
@@ -105,6 +106,14 @@ run() {
   pack
 }
 
+internode_ids() {  # the internode GPU test ids but the 16-process one, fault tests first (INTERNODE_IDS overrides)
+  if [ -n "${INTERNODE_IDS:-}" ]; then echo "$INTERNODE_IDS"; return; fi
+  local ids
+  ids=$(python3 -m pytest -q --collect-only -m "not bench and not soak and not sixteen" \
+        tests/gpu/test_internode_gpu.py 2>/dev/null | grep '::')
+  { echo "$ids" | grep -E 'killed|missing'; echo "$ids" | grep -vE 'killed|missing'; } | tr '\n' ' '
+}
+
 step() {  # one named step; returns 3 for a name it does not know
   case $1 in
     # Steps pick tests by marker (pyproject.toml lists them) or node id, never by -k name fragments. A -m replaces
@@ -162,6 +171,18 @@ step() {  # one named step; returns 3 for a name it does not know
              -m "not bench and not soak and not sixteen" tests/gpu/test_internode_gpu.py ;;  # all but internode16's
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
              tests/gpu/test_internode_gpu.py ;;
+    # Each internode GPU test (but the 16-process one) its own pytest, its own log and limit (LIMIT_EACH, default
+    # 300 s): one that hangs costs only its own limit, and every verdict and traceback is kept; cu12_internode_each:
+    # the same under the cu12 flavour with the carried cu12 host library.
+    internode_each) [ "$DRY" = 1 ] && return 0
+             k=0; for t in $(internode_ids); do k=$((k + 1))
+               run internode_each$k "${LIMIT_EACH:-300}" python3 -m pytest -q -rs "$t"; done ;;
+    cu12_internode_each) [ "$DRY" = 1 ] && return 0
+             run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
+             k=0; for t in $(internode_ids); do k=$((k + 1)); run cu12_internode_each$k "${LIMIT_EACH:-300}" env \
+               PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
+               EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
+               python3 -m pytest -q -rs "$t"; done ;;
     internode_main) run internode_main 300 python3 -m ep_rt --ranks 4 --internode 2 ;;
     internode_aggressive) run internode_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --ranks 4 \
              --internode 2 --no-bench ;;

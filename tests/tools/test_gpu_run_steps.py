@@ -69,3 +69,27 @@ def test_the_parsers_see_what_they_look_for():
     assert keyword_options(a) == ["-k"] and keyword_options(b) == []
     assert marker_names(a) == set() and marker_names(b) == {"bench", "soak", "smoke"}
     assert keyword_options("pytest --keyword=x") == ["--keyword=x"] and marker_names("pytest -m suite x") == {"suite"}
+
+
+def test_internode_each_runs_every_internode_test_but_the_sixteen_process_one_fault_tests_first():
+    """internode_each's list (the function internode_ids of gpu_run.sh, run here with bash): every test id of
+    tests/gpu/test_internode_gpu.py that is not marked sixteen, each once, the killed-node and missing-peer tests
+    before the rest (they must run while the machine is fresh, and alone)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None:
+        pytest.skip("needs bash")
+    fn = re.search(r"^internode_ids\(\) \{.*?^\}", SCRIPT.read_text(), flags=re.S | re.M)
+    assert fn, "gpu_run.sh has no internode_ids function"
+    env = {"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", "-c", fn.group(0).replace("python3 ", f"{sys.executable} ") + "\ninternode_ids"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    ids = done.stdout.split()
+    source = (REPO / "tests" / "gpu" / "test_internode_gpu.py").read_text()
+    want = len(re.findall(r"^def test_", source, flags=re.M))  # one test per function ...
+    want += sum(len(re.findall(r'"[^"]+"', m)) - 1 for m in re.findall(r"ids=\[([^\]]*)\]", source))  # ... or per id
+    assert len(ids) == len(set(ids)) == want - 1, (done.stderr, ids)  # all but the sixteen-process test
+    assert not any("sixteen" in i for i in ids), ids
+    faults = [k for k, i in enumerate(ids) if "killed" in i or "missing" in i]
+    assert faults == list(range(3)), ids
