@@ -220,6 +220,8 @@ def stubs(trace: Trace, topology, rank: int, size: int):
         return SimpleNamespace(plan=plan, world=wanted, shared_values=lambda: {"NVSHMEM world": wanted.kind})
 
     class Session:
+        error_slot = "nvshmem"  # as transport.nvshmem.NvshmemSession's (the code before issue 26 set it on the part)
+
         def __init__(self, group, prep, topo):
             trace.add("NvshmemSession", prep.world.kind)
             self.plan, self.qp_depth, self.world = prep.plan, prep.plan.qp_depth, prep.world
