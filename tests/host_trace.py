@@ -433,7 +433,8 @@ def _ll_calls(trace, buf):
         buf.low_latency_clean_mask_buffer()
 
 
-def run_scenario(name: str) -> list:
+def run_scenario(name: str, inspect=None) -> list:
+    """The trace of scenario `name`; inspect(buffer), if given, runs right after construction (stubs still on)."""
     from ep_rt import Buffer
     from ep_rt.transport.topology import Topology
 
@@ -450,6 +451,8 @@ def run_scenario(name: str) -> list:
         for part in (getattr(buf, "_ll", None), getattr(buf, "_ht", None)):
             if part is not None and hasattr(part, "device"):
                 part.device = CPU
+        if inspect is not None:
+            inspect(buf)
         trace.add("state", buf.is_internode, buf.low_latency_mode, buf.runtime.get_num_rdma_ranks(),
                   buf.runtime.is_internode_available())
         if buf.num_nvl_bytes:
