@@ -101,7 +101,7 @@ def part_destroy_collective(slot: Optional[str], collective: bool, nvshmem_colle
     NVSHMEM users, since NVSHMEM's own teardown has no deadline."""
     if slot == "nvshmem":
         return collective and nvshmem_collective
-    healthy = slot is None or not slot_failed(slot)  # asked even when not collective: a recoverable error re-arms
     if slot in (LOW_LATENCY, INTERNODE):
-        healthy = healthy and nvshmem_collective
-    return collective and healthy
+        # asked even when the teardown is local (a recoverable error re-arms there, as it always did)
+        return not slot_failed(slot) and nvshmem_collective and collective
+    return collective and (slot is None or not slot_failed(slot))

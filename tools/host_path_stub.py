@@ -19,11 +19,11 @@ import torch
 
 sys.path.insert(0, os.environ.get("EP_RT_SRC", os.getcwd()))
 import ep_rt  # noqa: E402
-from ep_rt import buffer as buffer_mod, events, validate  # noqa: E402
+from ep_rt import buffer as buffer_mod  # noqa: E402
 from ep_rt.handles import next_serial  # noqa: E402
 from ep_rt.ops import intranode, internode, low_latency, layout  # noqa: E402
 from ep_rt.runtime import abi, driver, launch  # noqa: E402
-from ep_rt.transport import ll_layout, nvl, nvl_layout  # noqa: E402
+from ep_rt.transport import ll_layout, nvl  # noqa: E402
 from ep_rt.transport import internode_layout as lay_mod  # noqa: E402
 from ep_rt.transport.error_record import ErrorRecords  # noqa: E402
 
@@ -297,11 +297,15 @@ io.kernels = {n: launcher(f"ep_rt_internode_{n}", abi.InternodeParams, blocks.ge
 io.serial = next_serial()
 io.timer = None
 io.qp_rule_num_qps = None  # no IBGDA queue pairs carry these calls
+io.device = cpu
+io.nvl_control = lay_mod.nvl_control_offsets(RI, NI)
+io.records_bytes = nv.num_nvl_bytes - io.nvl_control["records"]
 ibuf = buffer_mod.Buffer.__new__(buffer_mod.Buffer)
 ibuf.__dict__.update(buf.__dict__)
 ibuf._ht = io
 ibuf.group_size = RI
 ibuf.topology = io.topology
+ibuf._session = types.SimpleNamespace(plan=types.SimpleNamespace(ibgda_peers=False))  # read by the code before issue 26
 EI = 256
 idx4 = torch.stack([torch.randperm(EI)[:K] for _ in range(64)]).repeat(TOKENS // 64, 1)
 pr, pn, pe, ir, _ = ibuf.get_dispatch_layout(idx4, EI)
