@@ -9,12 +9,13 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import config as config_mod, config_file, env, validate
+from . import buffer_plan, config as config_mod, config_file, env, validate
 from .config import Config
 from .deep_ep_runtime import DeepEPRuntime
 from .errors import EpRtError
 from .events import EventHandle, EventOverlap, StreamScope
-from .handles import HandleFacts, InternodeHandle, LowLatencyHandle, as_handle, with_facts
+from .handles import HandleFacts, LowLatencyHandle, as_handle, with_facts
+from .ht_op import DispatchCall
 from .ops import ht_args
 from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
@@ -28,15 +29,11 @@ from .utils import check_nvlink_connections
 # What deep_ep/buffer.py's namespace offers the code that imports from it (`from deep_ep.buffer import Buffer`).
 __all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "check_nvlink_connections"]
 
-_NOT_YET = ("ep_rt does not implement {what} yet (this release covers high-throughput dispatch and combine within and "
-            "across nodes over a torch.distributed process group, and the low-latency mode)")
-
-
 class _Setup:
     """What Buffer._prepare decided (the same on every rank once agreement.exchange returned)."""
 
-    def __init__(self, internode: bool):
-        self.internode = internode
+    def __init__(self, plan: buffer_plan.BufferPlan):
+        self.plan = plan
         self.entries: dict = {}  # kernel family -> manifest entry of its NVSHMEM-linked cubin
         self.nvshmem = None      # transport.nvshmem.Preparation, when the Buffer uses NVSHMEM
 
@@ -103,18 +100,9 @@ class Buffer:
         self._ll_on_comm_stream = False
         self.destroyed = False
         if group is None and comm is not None:
-            raise NotImplementedError(_NOT_YET.format(what="mpi4py communicators (comm=); pass a torch.distributed "
-                                                           "process group"))
+            raise buffer_plan.not_yet("mpi4py communicators (comm=); pass a torch.distributed process group")
         validate.process_group(group)
-        if use_fabric:
-            raise NotImplementedError(_NOT_YET.format(what="fabric (MNNVL) memory handles"))
-        for name, value in (("num_nvl_bytes", num_nvl_bytes), ("num_rdma_bytes", num_rdma_bytes)):
-            if not isinstance(value, int) or value < 0 or value % 128:
-                raise ValueError(f"{name} must be a non-negative multiple of 128, got {value!r}")
-        if low_latency_mode and num_rdma_bytes == 0:
-            raise ValueError("low_latency_mode needs num_rdma_bytes > 0 (see get_low_latency_rdma_size_hint)")
-        if low_latency_mode and (not isinstance(num_qps_per_rank, int) or num_qps_per_rank <= 0):
-            raise ValueError(f"num_qps_per_rank must be a positive int, got {num_qps_per_rank!r}")
+        buffer_plan.check_arguments(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, use_fabric)
         validate.cuda_available()
         self.num_qps_per_rank = num_qps_per_rank
         self.rank = dist.get_rank(group)
@@ -133,74 +121,60 @@ class Buffer:
 
             LowLatencyOp.require_arch(driver.compute_capability(self.device_index))
         self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
-        timeout = env.timeout_s() if timeout_s is None else float(timeout_s)
-        if timeout <= 0:
-            raise ValueError(f"timeout_s must be positive, got {timeout}")
+        timeout = buffer_plan.timeout_of(timeout_s, env.timeout_s)
 
         self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
-        # Before the first collective allocation: every rank's local preparation, and the inputs that decide sizes,
-        # layouts, modes and the NVSHMEM world, compared over the group (raises on every rank if they differ or
-        # any rank failed; transport.agreement).
+        # Before the first collective allocation: every rank's local preparation (the plan included), and the inputs
+        # that decide sizes, layouts, modes and the NVSHMEM world, compared over the group (raises on every rank if
+        # they differ or any rank failed; transport.agreement).
         args = dict(num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes, low_latency_mode=low_latency_mode,
                     num_qps_per_rank=num_qps_per_rank,
                     allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode, allow_mnnvl=allow_mnnvl,
                     enable_shrink=enable_shrink)
         shared = agreement.buffer_values(args, topo)
         shared["EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)"] = str(validate.topk_idx_t)
-        setup = agreement.exchange(group, shared, lambda: self._prepare(group, topo, **args))
-        internode = setup.internode
+        setup = agreement.exchange(group, shared, lambda: self._prepare(group, topo, timeout, **args))
+        self._plan = plan = setup.plan
+        # The plan, executed: transports, then ops.
         self._errors = self._own(ErrorRecords())
         self._session = None
-        if topo.num_nodes == 1 or internode:  # the NVL buffer of my node (also the device barrier)
+        if plan.nvl_buffer:  # the NVL buffer of my node (also the device barrier)
             topo.require_nvlink(group)
-            self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, timeout, self._errors))
+            self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, plan.timeout_s,
+                                            self._errors, teardown_stream=self.comm_stream))
             self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
             self._nvl.barrier(self.comm_stream)
-        if topo.num_nodes == 1:
-            self._ht = IntranodeOp(self._nvl)
-        elif internode:
-            self._ht = self._internode_op(topo, setup, num_rdma_bytes, env.net_timeout_s(timeout))
-        if low_latency_mode:
-            self._ll = self._low_latency_op(topo, setup, num_rdma_bytes, timeout, enable_shrink)
+        if plan.ht is not None:
+            self._ht = _HT_OPS[plan.ht](self, topo, setup)
+        if plan.low_latency:
+            self._ll = self._low_latency_op(topo, setup)
 
     def _own(self, part):
         self._parts.append(part)
         return part
 
-    def _prepare(self, group, topo, num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank,
+    def _prepare(self, group, topo, timeout, num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank,
                  allow_nvlink_for_low_latency_mode, allow_mnnvl, enable_shrink):
         """This rank's part of the setup that can fail on its own (run inside agreement.exchange, so a failure is
-        raised on every rank): which modes the Buffer has, the cubins, and the NVSHMEM environment and world it
-        would use. Returns (values every rank must share, the setup)."""
-        # Internode high-throughput mode: ranks on several nodes, with an RDMA buffer; with low_latency_mode too
-        # only when an NVL buffer is given (DeepEP's LL-compatibility case; HT then gets a symmetric buffer of its
-        # own, so LL and HT never overwrite each other and clean_low_latency_buffer is not needed between them).
-        internode = topo.num_nodes > 1 and num_rdma_bytes > 0 and (not low_latency_mode or num_nvl_bytes > 0)
-        if topo.num_nodes == 1 and num_rdma_bytes and not low_latency_mode:
-            raise ValueError(f"num_rdma_bytes is for the low-latency mode and for ranks on several nodes; these "
-                             f"{topo.num_ranks} ranks are on one node and low_latency_mode is off: pass "
-                             f"num_rdma_bytes=0 (nothing would use it)")
-        if topo.num_nodes > 1 and not internode and not low_latency_mode:
-            raise ValueError(f"the ranks span {topo.describe()}: high-throughput mode across nodes needs "
-                             f"num_rdma_bytes > 0 (see Config.get_rdma_buffer_size_hint)")
-        setup = _Setup(internode)
-        if not (internode or low_latency_mode):
-            return {}, setup
+        raised on every rank): the plan (buffer_plan), its cubins, and the NVSHMEM environment and world it would
+        use. Returns (values every rank must share, the setup)."""
         from .ops.internode import InternodeOp
-        from .ops.low_latency import LowLatencyOp
+
+        plan = buffer_plan.plan(topo.num_ranks, topo.num_nodes, topo.describe(), num_nvl_bytes, num_rdma_bytes,
+                                low_latency_mode, allow_nvlink_for_low_latency_mode, self.explicitly_destroy,
+                                enable_shrink, timeout, getattr(InternodeOp, "supports_rail_world", False))
+        setup = _Setup(plan)
+        if not plan.cubins:
+            return {}, setup
         from .transport import nvshmem, nvshmem_world
 
         flavour = nvshmem.host_flavour()
-        if internode:
-            setup.entries["internode"] = modules.choose_entry(modules.manifest(), "internode", self.device_index,
-                                                              env.aggressive_ptx(), flavour)
-        if low_latency_mode:
-            setup.entries["low_latency"] = LowLatencyOp.cubin_entry(self.device_index, flavour)
-        # A high-throughput-only Buffer joins its rail's world (N PEs), once its kernels say they can run in one.
-        wanted = nvshmem_world.choose(topo, low_latency_mode, getattr(InternodeOp, "supports_rail_world", False))
-        first = setup.entries["internode" if internode else "low_latency"]  # the first to open the session
-        setup.nvshmem = nvshmem.prepare(group, topo, wanted, first["nvshmem"], num_qps_per_rank,
-                                        allow_nvlink_for_low_latency_mode if low_latency_mode else True, allow_mnnvl)
+        for family in plan.cubins:
+            setup.entries[family] = _CUBINS[family](self.device_index, flavour)
+        worlds = {buffer_plan.FULL: nvshmem_world.full_world, buffer_plan.RAIL: nvshmem_world.rail_world}
+        first = setup.entries[plan.first_session_family]  # the first to open the session
+        setup.nvshmem = nvshmem.prepare(group, topo, worlds[plan.nvshmem_world](topo), first["nvshmem"],
+                                        num_qps_per_rank, plan.nvshmem_allow_nvlink, allow_mnnvl)
         for entry in setup.entries.values():
             nvshmem.check_compatible(entry["nvshmem"], setup.nvshmem.plan.ibgda_peers)
         return setup.nvshmem.shared_values(), setup
@@ -219,38 +193,37 @@ class Buffer:
 
         if self._session is None:
             self._session = self._own(NvshmemSession(self.group, setup.nvshmem, topo))
-            self._session.error_slot = "nvshmem"  # healthy only if every NVSHMEM user is (see _release)
             self.nvshmem_qp_depth = self._session.qp_depth
         module = modules.load_entry(self.device_index, setup.entries[kind])
         self._session.register(module)
         return self._session, module
 
-    def _internode_op(self, topo, setup, num_rdma_bytes, net_timeout):
+    def _internode_op(self, topo, setup):
         from .ops.internode import InternodeOp
         from .transport.symmetric import SymmetricBuffer
 
-        session, module = self._nvshmem(topo, setup, "internode")
-        sym = self._own(SymmetricBuffer(session, InternodeOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks,
+        net_timeout = env.net_timeout_s(setup.plan.timeout_s)  # plan.internode_deadline: the network's
+        session, module = self._nvshmem(topo, setup, buffer_plan.INTERNODE)
+        sym = self._own(SymmetricBuffer(session, InternodeOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks,
                                                                              topo.num_nodes),
-                                        topo.num_ranks, self.device))
-        sym.error_slot = "internode"
-        op = self._own(InternodeOp(topo, sym, self._nvl, module, num_rdma_bytes, self.device_index, net_timeout,
-                                   self._errors, pe_base=sym.pe_base, pe_stride=sym.pe_stride))
+                                        topo.num_ranks, self.device, error_slot=buffer_plan.INTERNODE))
+        op = self._own(InternodeOp(topo, sym, self._nvl, module, self.num_rdma_bytes, self.device_index, net_timeout,
+                                   self._errors, pe_base=sym.pe_base, pe_stride=sym.pe_stride,
+                                   qp_rule_num_qps=self.num_qps_per_rank if session.plan.ibgda_peers else None))
         # Every rank's buffers are zeroed and registered before any kernel runs; ranks reach this after NVSHMEM's
         # start, which may take them different times (not a fault: a longer deadline than the network's).
         op.barrier(self.comm_stream, timeout_s=max(net_timeout, 120.0))
         return op
 
-    def _low_latency_op(self, topo, setup, num_rdma_bytes, timeout, enable_shrink):
+    def _low_latency_op(self, topo, setup):
         from .ops.low_latency import LowLatencyOp
         from .transport.symmetric import SymmetricBuffer
 
-        session, module = self._nvshmem(topo, setup, "low_latency")
-        sym = self._own(SymmetricBuffer(session, LowLatencyOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks),
-                                        topo.num_ranks, self.device))
-        sym.error_slot = "low_latency"
-        return LowLatencyOp(topo, sym, module, num_rdma_bytes, self.device_index, timeout, self._errors,
-                            enable_shrink)
+        session, module = self._nvshmem(topo, setup, buffer_plan.LOW_LATENCY)
+        sym = self._own(SymmetricBuffer(session, LowLatencyOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks),
+                                        topo.num_ranks, self.device, error_slot=buffer_plan.LOW_LATENCY))
+        return LowLatencyOp(topo, sym, module, self.num_rdma_bytes, self.device_index, setup.plan.timeout_s,
+                            self._errors, self.enable_shrink)
 
     # ---- lifetime -------------------------------------------------------------------------------
     def destroy(self) -> None:
@@ -267,54 +240,46 @@ class Buffer:
 
     def _release(self, collective: bool) -> None:
         """Destroy the transports in reverse order of construction. A part whose kernels failed (its peers may be
-        anywhere) is destroyed without collectives, as is everything from a finalizer."""
+        anywhere) is destroyed without collectives, as is everything from a finalizer (buffer_plan's rules)."""
         if self.destroyed:
             return
         self.destroyed = True
-        ll, ht = self._ll, self._ht
-        internode = ht if getattr(ht, "is_internode", False) else None
+        nvshmem_users = [op for op in (self._ll, self._ht if self._plan.ht == buffer_plan.INTERNODE else None)
+                         if op is not None]
         self._ll = self._ht = self._layout = self._nvl = None
         errors = []
-        nvshmem_collective = collective
         try:  # our own kernels first (every wait they make has a deadline, so this returns)
             torch.cuda.synchronize(self.device)
         except Exception as e:  # a finalizer at interpreter exit: the driver may be gone
             errors.append(e)
-            collective = nvshmem_collective = False
-        if collective:
-            # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen
-            # every peer arrive (mask-aware for LL), and never with a masked (gone) rank.
-            for op in (ll, internode):
-                if op is None:
-                    continue
-                if op.failed is None:
-                    try:
-                        op.barrier(self.comm_stream)
-                    except EpRtError as e:
-                        errors.append(e)
-                nvshmem_collective = nvshmem_collective and op.failed is None
-            # Every rank must make the same choice. A rank's masks are its own view (a peer may have masked us
-            # while we masked nobody), so with shrink mode the collective teardown is never risked.
-            if ll is not None and ll.mask is not None:
-                nvshmem_collective = False
+            collective = False
+        # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen every
+        # peer arrive (mask-aware for LL), and never in shrink mode: a rank's masks are its own view (a peer may have
+        # masked us while we masked nobody), and every rank must make the same choice.
+        nvshmem_collective = collective and self._nvshmem_users_met(nvshmem_users, errors) and \
+            not self._plan.nvshmem_teardown_local
         parts, self._parts = self._parts, []
         for part in reversed(parts):
-            slot = getattr(part, "error_slot", None)
-            if slot == "nvshmem":
-                healthy = nvshmem_collective
-            else:
-                healthy = slot is None or self._errors.check(slot) is None
-                if slot in ("low_latency", "internode"):
-                    healthy = healthy and nvshmem_collective
+            part_collective = buffer_plan.part_destroy_collective(
+                part.error_slot, collective, nvshmem_collective, lambda slot: self._errors.check(slot) is not None)
             try:
-                if isinstance(part, NvlBuffer):
-                    part.destroy(collective and healthy, self.comm_stream)
-                else:
-                    part.destroy(collective and healthy)
+                part.destroy(part_collective)
             except Exception as e:  # keep freeing the rest; report the first failure
                 errors.append(e)
         if errors:
             raise errors[0]
+
+    def _nvshmem_users_met(self, ops, errors: list) -> bool:
+        """Each NVSHMEM user's barrier with a deadline, unless it failed already; True if every one passed."""
+        met = True
+        for op in ops:
+            if op.failed is None:
+                try:
+                    op.barrier(self.comm_stream)
+                except EpRtError as e:
+                    errors.append(e)
+            met = met and op.failed is None
+        return met
 
     def __del__(self):
         if getattr(self, "destroyed", True) or not getattr(self, "_parts", None):
@@ -334,8 +299,7 @@ class Buffer:
             raise EpRtError(f"this Buffer has no high-throughput mode ({self.topology.describe()}, low_latency_mode "
                             f"without an NVL buffer): create it with num_nvl_bytes > 0 for high-throughput calls")
         self._nvl.raise_if_failed()
-        if getattr(self._ht, "is_internode", False):
-            self._ht.raise_if_failed()
+        self._ht.raise_if_failed()
         return self._nvl
 
     def _ll_live(self):
@@ -522,8 +486,7 @@ class Buffer:
         if use_rdma_buffer:
             if self.destroyed:
                 raise EpRtError("this Buffer has been destroyed")
-            owner = self._ll if self._ll is not None else (self._ht if getattr(self._ht, "is_internode", False)
-                                                            else None)
+            owner = self._ll if self._ll is not None else (self._ht if self.is_internode else None)
             if owner is None:
                 raise ValueError("use_rdma_buffer=True needs a Buffer with num_rdma_bytes > 0 (low_latency_mode=True, "
                                  "or ranks on several nodes)")
@@ -636,46 +599,13 @@ class Buffer:
         if config is None:  # this Buffer's own node size, not an assumed one
             config = self.get_dispatch_config(self.group_size, num_ranks_per_node=self.topology.node_size)
         args = ht_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-                                   topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
-        internode = getattr(self._ht, "is_internode", False)
-        if internode and handle is None and num_tokens_per_rdma_rank is not None:
-            # DeepEP's kernels read it; ep_rt's derive the same counts, but a wrong one is still the caller's error.
-            validate.tensor("num_tokens_per_rdma_rank", num_tokens_per_rdma_rank, dtype=torch.int32, ndim=1,
-                            device=self.device, rows=self.topology.num_nodes)
+                             topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
+        call = DispatchCall(args.x, args.x_scales, handle, topk_idx, topk_weights, num_tokens_per_rank,
+                            num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert, expert_alignment,
+                            num_worst_tokens, config.num_sms)
+        self._ht.check_dispatch(call)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
-        if internode:
-            return self._internode_dispatch(args, handle, topk_idx, topk_weights, is_token_in_rank,
-                                            num_tokens_per_expert, expert_alignment, num_worst_tokens, config, scope)
-        if handle is not None:
-            self._ht.check_handle_capacity(handle, args.x.size(1) * args.x.element_size(),
-                                           args.x_scales.size(1) if args.x_scales is not None else 0, None, 0)
-            recv_x, recv_scales, tensors = self._ht.cached_dispatch(
-                args.x, args.x_scales, handle, scope.alloc_stream(), self.comm_stream)
-            event = scope.finish(tensors)
-            out_x = (recv_x, recv_scales) if recv_scales is not None else recv_x
-            return out_x, None, None, None, None, event
-        r = self._ht.dispatch(args.x, args.x_scales, topk_idx, topk_weights, num_tokens_per_rank,
-                                     is_token_in_rank, num_tokens_per_expert, expert_alignment, num_worst_tokens,
-                                     config.num_sms, scope.alloc_stream(), self.comm_stream)
-        event = scope.finish(r.tensors)
-        out_x = (r.recv_x, r.recv_x_scales) if r.recv_x_scales is not None else r.recv_x
-        return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
-
-    def _internode_dispatch(self, args, handle, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
-                            expert_alignment, num_worst_tokens, config, scope):
-        if self._session.plan.ibgda_peers:  # DeepEP's queue-pair rule, where queue pairs carry the calls
-            from .transport.network_settings import check_ht_num_qps
-
-            check_ht_num_qps(self.num_qps_per_rank, config.num_sms)
-        if handle is not None:
-            handle = as_handle(InternodeHandle, handle, "cached dispatch")  # a rebuilt plain tuple too
-            recv_x, recv_scales, tensors = self._ht.cached_dispatch(args.x, args.x_scales, handle,
-                                                                    scope.alloc_stream(), self.comm_stream)
-            event = scope.finish(tensors)
-            return ((recv_x, recv_scales) if recv_scales is not None else recv_x), None, None, None, None, event
-        r = self._ht.dispatch(args.x, args.x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
-                              expert_alignment, num_worst_tokens, config.num_sms, scope.alloc_stream(),
-                              self.comm_stream)
+        r = self._ht.run_dispatch(call, scope.alloc_stream(), self.comm_stream)
         event = scope.finish(r.tensors)
         out_x = (r.recv_x, r.recv_x_scales) if r.recv_x_scales is not None else r.recv_x
         return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
@@ -710,14 +640,10 @@ class Buffer:
         bit."""
         self._live()
         bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
-        if not getattr(self._ht, "is_internode", False):
-            self._ht.check_handle_capacity(handle, 0, 0, x.size(1),
-                                           topk_weights.size(1) if topk_weights is not None else 0)
+        handle = self._ht.combine_handle(x, handle, topk_weights)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
-        if getattr(self._ht, "is_internode", False):
-            handle = as_handle(InternodeHandle, handle, "combine")
         combined_x, combined_w, tensors = self._ht.combine(x, handle, topk_weights, bias0, bias1,
-                                                                  scope.alloc_stream(), self.comm_stream)
+                                                           scope.alloc_stream(), self.comm_stream)
         event = scope.finish(tensors)
         return combined_x, combined_w, event
 
@@ -917,7 +843,7 @@ class Buffer:
         """DeepEP's internode entry point: dispatch() on a Buffer whose ranks span several nodes; the arguments and
         results are dispatch()'s (see its docstring). dispatch() takes this path by itself, so callers need not
         call it; raises EpRtError on a Buffer whose high-throughput calls are not internode."""
-        if not getattr(self._ht, "is_internode", False):
+        if not self.is_internode:
             raise EpRtError("internode_dispatch needs a Buffer whose ranks span several nodes")
         return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
                              num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
@@ -931,7 +857,24 @@ class Buffer:
         """DeepEP's internode entry point: combine() on a Buffer whose ranks span several nodes; the arguments and
         results are combine()'s (see its docstring). combine() takes this path by itself; raises EpRtError on a
         Buffer whose high-throughput calls are not internode."""
-        if not getattr(self._ht, "is_internode", False):
+        if not self.is_internode:
             raise EpRtError("internode_combine needs a Buffer whose ranks span several nodes")
         return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
                             allocate_on_comm_stream)
+
+
+def _internode_cubin(device_index: int, flavour):
+    return modules.choose_entry(modules.manifest(), "internode", device_index, env.aggressive_ptx(), flavour)
+
+
+def _low_latency_cubin(device_index: int, flavour):
+    from .ops.low_latency import LowLatencyOp
+
+    return LowLatencyOp.cubin_entry(device_index, flavour)
+
+
+# The NVSHMEM-linked cubin of each family a plan names (buffer_plan.BufferPlan.cubins).
+_CUBINS = {buffer_plan.INTERNODE: _internode_cubin, buffer_plan.LOW_LATENCY: _low_latency_cubin}
+# The high-throughput op of each plan.ht (ep_rt.ht_op.HighThroughputOp): adding a mode is one line here.
+_HT_OPS = {buffer_plan.INTRANODE: lambda buf, topo, setup: IntranodeOp(buf._nvl),
+           buffer_plan.INTERNODE: lambda buf, topo, setup: buf._internode_op(topo, setup)}

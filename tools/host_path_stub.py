@@ -285,6 +285,7 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
     io.pe_base, io.pe_stride = 0, node_size
     io.sym_base = 0x40000
     io.module, io.net_stats = MOD, None
+    io.qp_rule_num_qps = None  # no IBGDA queue pairs carry these calls (the rule is taken at construction)
     io.workspace = torch.zeros(abi.EP_RT_IN_WS_WORDS, dtype=torch.int64)
     io.scratch = torch.zeros(abi.EP_RT_MAX_CHANNELS * (ranks + N), dtype=torch.int32)
     io.consumed = torch.zeros(8, dtype=torch.int64)

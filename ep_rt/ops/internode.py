@@ -18,7 +18,8 @@ import torch
 
 from .. import validate
 from ..errors import BufferTooSmallError
-from ..handles import DispatchResult, HandleFacts, InternodeHandle, next_serial, with_facts
+from ..handles import DispatchResult, HandleFacts, InternodeHandle, as_handle, next_serial, with_facts
+from ..ht_op import DispatchCall
 from ..runtime import abi, driver
 from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
@@ -39,13 +40,15 @@ _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
 
 
 class InternodeOp:
-    """Owns no transports (the Buffer made the symmetric buffer, the NVL buffer and the error records); its
-    workspace, scratch and host counters are its own."""
+    """ep_rt.ht_op.HighThroughputOp across nodes. Owns no transports (the Buffer made the symmetric buffer, the NVL
+    buffer and the error records); its workspace, scratch and host counters are its own (destroy frees the host
+    counters whatever the peers do, so it has no error slot of its own in the Buffer's teardown)."""
 
     is_internode = True
     # Its kernels reach other nodes only through rail peers and keep node peers to the NVL buffers, so a Buffer
     # without low_latency_mode can join a world of its rail (transport.nvshmem_world).
     supports_rail_world = True
+    error_slot = None
 
     @staticmethod
     def symmetric_bytes(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> int:
@@ -53,7 +56,9 @@ class InternodeOp:
 
     def __init__(self, topology: Topology, sym: SymmetricBuffer, nvl: NvlBuffer, module, num_rdma_bytes: int,
                  device_index: int, net_timeout_s: float, errors: ErrorRecords, pe_base: Optional[int] = None,
-                 pe_stride: Optional[int] = None):
+                 pe_stride: Optional[int] = None, qp_rule_num_qps: Optional[int] = None):
+        """qp_rule_num_qps: the Buffer's num_qps_per_rank where IBGDA queue pairs carry the calls (DeepEP's rule
+        between it and config.num_sms is checked on every dispatch); None: no such rule."""
         R, G = topology.num_ranks, topology.node_size
         N = R // G
         if R > lay_mod.MAX_RANKS or N > lay_mod.MAX_NODES:
@@ -108,6 +113,7 @@ class InternodeOp:
             p.rank, p.num_ranks, p.ranks_per_node, p.num_nodes = self.rank, R, G, N
         errors.on_rearm(SLOT, lambda: self.workspace[abi.EP_RT_IN_WS_CLAIM].zero_())
         errors.name_nodes(SLOT, G)
+        self.qp_rule_num_qps = qp_rule_num_qps
         self.serial = next_serial()  # the owner its handles name
         self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
         torch.cuda.synchronize(self.device)
@@ -187,6 +193,32 @@ class InternodeOp:
             cap = lay_mod.fill(p.lay, self.control, self.num_rdma_bytes, self.N, record_bytes)
             p.nvl_capacity_rows = rows
         return cap
+
+    # ---- ep_rt.ht_op.HighThroughputOp ------------------------------------------------------------
+    def check_dispatch(self, call: DispatchCall) -> None:
+        """DeepEP's kernels read num_tokens_per_rdma_rank; ep_rt's derive the same counts, but a wrong one is still
+        the caller's error."""
+        if call.handle is None and call.num_tokens_per_rdma_rank is not None:
+            validate.tensor("num_tokens_per_rdma_rank", call.num_tokens_per_rdma_rank, dtype=torch.int32, ndim=1,
+                            device=self.device, rows=self.N)
+
+    def run_dispatch(self, call: DispatchCall, alloc_stream, comm_stream) -> DispatchResult:
+        if self.qp_rule_num_qps is not None:  # DeepEP's queue-pair rule, where queue pairs carry the calls
+            from ..transport.network_settings import check_ht_num_qps
+
+            check_ht_num_qps(self.qp_rule_num_qps, call.num_channels)
+        if call.handle is not None:
+            handle = as_handle(InternodeHandle, call.handle, "cached dispatch")  # a rebuilt plain tuple too
+            recv_x, recv_scales, tensors = self.cached_dispatch(call.x, call.x_scales, handle, alloc_stream,
+                                                                comm_stream)
+            return DispatchResult(recv_x, recv_scales, None, None, None, None, tensors)
+        return self.dispatch(call.x, call.x_scales, call.topk_idx, call.topk_weights, call.is_token_in_rank,
+                             call.num_tokens_per_expert, call.expert_alignment, call.num_worst_tokens,
+                             call.num_channels, alloc_stream, comm_stream)
+
+    def combine_handle(self, x, handle, topk_weights) -> InternodeHandle:
+        """Its combine checks the handle's rows itself (check_handle_capacity)."""
+        return as_handle(InternodeHandle, handle, "combine")
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,

@@ -17,6 +17,7 @@ import torch
 from .. import validate
 from ..errors import BufferTooSmallError
 from ..handles import DispatchResult, HandleFacts, IntranodeHandle, next_serial, with_facts
+from ..ht_op import DispatchCall
 from ..runtime import abi, modules
 from ..runtime.launch import Launcher
 from ..transport import nvl_layout
@@ -27,6 +28,8 @@ _DATA_BLOCK = 512
 
 
 class IntranodeOp:
+    """ep_rt.ht_op.HighThroughputOp over the NVL buffer of one node (owned by the Buffer)."""
+
     is_internode = False
 
     def __init__(self, nvl: NvlBuffer):
@@ -48,6 +51,25 @@ class IntranodeOp:
             kernel(grid, stream)
         else:
             self.timer.around(name, stream, lambda: kernel(grid, stream))
+
+    # ---- ep_rt.ht_op.HighThroughputOp ------------------------------------------------------------
+    def check_dispatch(self, call: DispatchCall) -> None:
+        """Nothing of its own: on one node num_tokens_per_rdma_rank is not read (DeepEP passes None here)."""
+
+    def run_dispatch(self, call: DispatchCall, alloc_stream, comm_stream) -> DispatchResult:
+        if call.handle is not None:
+            x, x_scales = call.x, call.x_scales
+            self.check_handle_capacity(call.handle, x.size(1) * x.element_size(),
+                                       x_scales.size(1) if x_scales is not None else 0, None, 0)
+            recv_x, recv_scales, tensors = self.cached_dispatch(x, x_scales, call.handle, alloc_stream, comm_stream)
+            return DispatchResult(recv_x, recv_scales, None, None, None, None, tensors)
+        return self.dispatch(call.x, call.x_scales, call.topk_idx, call.topk_weights, call.num_tokens_per_rank,
+                             call.is_token_in_rank, call.num_tokens_per_expert, call.expert_alignment,
+                             call.num_worst_tokens, call.num_channels, alloc_stream, comm_stream)
+
+    def combine_handle(self, x, handle, topk_weights):
+        self.check_handle_capacity(handle, 0, 0, x.size(1), topk_weights.size(1) if topk_weights is not None else 0)
+        return handle
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,

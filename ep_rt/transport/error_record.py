@@ -22,6 +22,8 @@ RECOVERABLE = (abi.EP_RT_ERR_BAD_EXPERT, abi.EP_RT_ERR_WORST_TOKENS, abi.EP_RT_E
 
 
 class ErrorRecords:
+    error_slot = None  # a transport part with no slot of its own: freed whatever the peers do
+
     def __init__(self, mapped: bool = True):
         """mapped=False: plain host memory no kernel can reach (CPU tests of the decoding and failed state)."""
         nbytes = RECORD_BYTES * len(SLOTS)

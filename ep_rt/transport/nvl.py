@@ -31,8 +31,14 @@ SLOT = "nvl"  # this buffer's slot in the ErrorRecords
 
 
 class NvlBuffer:
+    """A transport part (as every part a Buffer owns): `error_slot` names its ErrorRecords slot from construction,
+    and destroy(collective) frees it (the node barrier of a collective teardown runs on `teardown_stream`, by
+    default the current stream then)."""
+
+    error_slot = SLOT
+
     def __init__(self, group, topology: Topology, num_nvl_bytes: int, device_index: int, timeout_s: float,
-                 errors: ErrorRecords):
+                 errors: ErrorRecords, teardown_stream=None):
         G = topology.node_size
         if not 1 <= G <= nvl_layout.MAX_NVL_RANKS:
             raise ValueError(f"an NVL buffer serves 1..{nvl_layout.MAX_NVL_RANKS} ranks of a node; "
@@ -44,6 +50,7 @@ class NvlBuffer:
         self.timeout_s = timeout_s
         self.timeout_ns = int(timeout_s * 1e9)
         self.errors = errors
+        self.teardown_stream = teardown_stream
         self.host_token = 0
         self.peer_ptrs = [0] * G
         self._opened: list[int] = []
@@ -126,6 +133,7 @@ class NvlBuffer:
         freeing memory another process maps is undefined behaviour for that process: the mappings of the peers are
         closed, but this buffer stays allocated until the process exits (a fresh Buffer allocates its own)."""
         freed = False
+        stream = stream if stream is not None else self.teardown_stream
         try:
             if collective and self.failed is None and self.local_ptr:
                 self.barrier(stream if stream is not None else torch.cuda.current_stream(self.device_index))

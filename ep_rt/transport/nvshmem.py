@@ -236,7 +236,12 @@ class NvshmemSession:
 
     For the kernels: `world` (nvshmem_world.NvshmemWorld), and `pe_base`, `pe_stride` (ints): the PE of the rank with
     this rank's local index on node n is pe_base + n * pe_stride ((0, 1) in a rail world, (local index, G) in a
-    full one)."""
+    full one).
+
+    Its error_slot "nvshmem" is no ErrorRecords slot: the session is healthy only if every NVSHMEM user is
+    (Buffer._release)."""
+
+    error_slot = "nvshmem"
 
     def __init__(self, group, preparation: Preparation, topology):
         network_settings.apply(preparation.plan)

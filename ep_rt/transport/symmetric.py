@@ -11,8 +11,13 @@ from .nvshmem import NvshmemSession
 
 
 class SymmetricBuffer:
-    def __init__(self, session: NvshmemSession, nbytes: int, num_ranks: int, device: torch.device):
+    """A transport part: `error_slot` is the slot of the op that uses it (low_latency or internode), whose failure
+    means the peers may be anywhere, so that destroy(collective) never frees collectively then."""
+
+    def __init__(self, session: NvshmemSession, nbytes: int, num_ranks: int, device: torch.device,
+                 error_slot: str | None = None):
         self.session = session
+        self.error_slot = error_slot
         self.nbytes = nbytes
         self.ptr = nvshmem.align(nbytes)  # collective: every rank's inputs were compared first (transport.agreement)
         driver.memset_d8(self.ptr, 0, nbytes)

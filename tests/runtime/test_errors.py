@@ -72,7 +72,7 @@ def test_dispatch_without_num_worst_tokens_refuses_graph_capture(monkeypatch):
     buf = object.__new__(Buffer)
     buf.destroyed = False
     buf._nvl = SimpleNamespace(raise_if_failed=lambda: None)
-    buf._ht = object()
+    buf._ht = SimpleNamespace(raise_if_failed=lambda: None)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="num_worst_tokens"):
         buf.dispatch(torch.zeros(1, 8, dtype=torch.bfloat16))
