@@ -172,8 +172,9 @@ step() {  # one named step; returns 3 for a name it does not know
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
              tests/gpu/test_internode_gpu.py ;;
     # Each internode GPU test (but the 16-process one) its own pytest, its own log and limit (LIMIT_EACH, default
-    # 360 s: past the 300 s after which the tests' rank harness gives up and says why): one that hangs costs only its own limit, and every verdict and traceback is kept; cu12_internode_each:
-    # the same under the cu12 flavour with the carried cu12 host library.
+    # 360 s: past the 300 s after which the tests' rank harness gives up and says why): one that hangs costs only
+    # its own limit, and every verdict and traceback is kept; cu12_internode_each: the same under the cu12 flavour
+    # with the carried cu12 host library.
     internode_each) [ "$DRY" = 1 ] && return 0
              k=0; for t in $(internode_ids); do k=$((k + 1))
                run internode_each$k "${LIMIT_EACH:-360}" python3 -m pytest -q -rs "$t"; done ;;
