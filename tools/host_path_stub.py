@@ -7,11 +7,13 @@ internal attributes: after a refactor of ep_rt/ops, expect to adapt this file.
 
     python tools/host_path_stub.py [--only ll|intranode|internode] [--json FILE] [--scale F]
     python tools/host_path_stub.py --trace-ll FILE
+    python tools/host_path_stub.py --trace-ht FILE
 
 --scale multiplies the iteration counts (a CPU test runs it with a small one). `trace_ll_sequence()` is the other use:
 it runs a fixed sequence of low-latency calls and returns every kernel launch (name, grid, block, stream, launch
 config, every parameter field) and every stream wait, with pointers named by the tensor they point at
-(tests/ops/test_ll_call_plan.py compares it with a committed trace).
+(tests/ops/test_ll_call_plan.py compares it with a committed trace); `trace_ht_sequence()` does the same for the
+high-throughput calls (tests/ops/test_ht_call_plan.py).
 """
 from __future__ import annotations
 
