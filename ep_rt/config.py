@@ -149,6 +149,20 @@ def _positive_ints(**values) -> None:
 def table_config(kind: str, num_ranks: int, num_sms: int, num_ranks_per_node: int | None = None) -> Config:
     """The Config of config_tables for `kind` ("dispatch" / "combine") and `num_ranks` ranks in nodes of
     `num_ranks_per_node` (ranks_per_node's rule without it): DeepEP's row where it has one, the default otherwise."""
-    G = ranks_per_node(num_ranks, num_ranks_per_node)
-    row = config_tables.lookup(kind, num_ranks, num_nodes=num_ranks // G)
-    return Config(num_sms, row.nvl_send, row.nvl_recv, row.rdma_send, row.rdma_recv)
+    key = (kind, num_ranks, num_sms, num_ranks_per_node)
+    # With the node size given nothing here reads the environment, so the Config (frozen) is built once per key:
+    # dispatch(config=None) resolves through this on every call. Exact ints only (True == 1 must not hit 1's entry).
+    cacheable = num_ranks_per_node is not None and all(type(v) is int for v in key[1:])
+    config = _TABLE_CONFIGS.get(key) if cacheable else None
+    if config is None:
+        G = ranks_per_node(num_ranks, num_ranks_per_node)
+        row = config_tables.lookup(kind, num_ranks, num_nodes=num_ranks // G)
+        config = Config(num_sms, row.nvl_send, row.nvl_recv, row.rdma_send, row.rdma_recv)
+        if cacheable:
+            if len(_TABLE_CONFIGS) >= 256:
+                _TABLE_CONFIGS.clear()
+            _TABLE_CONFIGS[key] = config
+    return config
+
+
+_TABLE_CONFIGS: dict = {}  # table_config's results for an explicit node size

@@ -1,6 +1,7 @@
 """Events and stream rules shared by every communication call (DeepEP's semantics)."""
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Optional, Tuple
 
 import torch
@@ -24,6 +25,15 @@ def wait_stream(waiter, waitee) -> None:
         event = _fences[key] = torch.cuda.Event()
     event.record(waitee)
     waiter.wait_event(event)
+
+
+_UNCHANGED = contextlib.nullcontext()
+
+
+def allocating_on(stream):
+    """`with allocating_on(s):` allocates on stream s; s None means the current stream, which needs no
+    torch.cuda.stream context (entering one that changes nothing costs a few microseconds of Python per call)."""
+    return _UNCHANGED if stream is None else torch.cuda.stream(stream)
 
 
 class EventHandle:
@@ -93,8 +103,10 @@ class StreamScope:
         else:
             wait_stream(self.comm, self.compute)
 
-    def alloc_stream(self) -> torch.cuda.Stream:
-        return self.comm if self.allocate_on_comm else self.compute
+    def alloc_stream(self) -> Optional[torch.cuda.Stream]:
+        """The stream the call's outputs are allocated on: the comm stream, or None for the current one (what
+        allocating_on takes: no stream context is entered for it)."""
+        return self.comm if self.allocate_on_comm else None
 
     def finish(self, tensors) -> EventOverlap:
         if self.async_finish:

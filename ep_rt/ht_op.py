@@ -43,7 +43,7 @@ class HighThroughputOp(Protocol):
 
     def run_dispatch(self, call: DispatchCall, alloc_stream, comm_stream) -> DispatchResult:
         """Launch the dispatch (cached when call.handle is set: then only recv_x, recv_x_scales and tensors hold
-        something)."""
+        something). The outputs are allocated on alloc_stream; None: the current stream (events.allocating_on)."""
 
     def combine_handle(self, x, handle, topk_weights):
         """The handle as this op's combine takes it, once checked against this op's buffers (before the streams)."""

@@ -7,11 +7,13 @@ internal attributes: after a refactor of ep_rt/ops, expect to adapt this file.
 
     python tools/host_path_stub.py [--only ll|intranode|internode] [--json FILE] [--scale F]
     python tools/host_path_stub.py --trace-ll FILE
+    python tools/host_path_stub.py --trace-ht FILE
 
 --scale multiplies the iteration counts (a CPU test runs it with a small one). `trace_ll_sequence()` is the other use:
 it runs a fixed sequence of low-latency calls and returns every kernel launch (name, grid, block, stream, launch
 config, every parameter field) and every stream wait, with pointers named by the tensor they point at
-(tests/ops/test_ll_call_plan.py compares it with a committed trace).
+(tests/ops/test_ll_call_plan.py compares it with a committed trace); `trace_ht_sequence()` does the same for the
+high-throughput calls (tests/ops/test_ht_call_plan.py).
 """
 from __future__ import annotations
 
@@ -103,6 +105,7 @@ def _capturing():
 
 _real = {}
 _empty_cache: dict = {}
+_traced_empties: list = []
 
 
 def _empty(*a, **k):
@@ -111,7 +114,9 @@ def _empty(*a, **k):
     COUNT["torch.empty"] += 1
     k.pop("device", None)
     if S.fresh_empty:
-        return _real["empty"](*a, **k)
+        t = _real["empty"](*a, **k)
+        _traced_empties.append(t)  # kept until the trace ends: no later tensor takes its address
+        return t
     key = (a, tuple(sorted((n, str(v)) for n, v in k.items())))
     t = _empty_cache.get(key)
     if t is None:
@@ -569,6 +574,133 @@ def trace_ll_sequence():
         S.trace, S.fresh_empty, S.capturing = None, False, False
 
 
+# ---- the HT trace ----------------------------------------------------------------------------------------
+def _set_rows(buf, rows):
+    """What the fake notify "publishes": every rank receives `rows` rows (and forwards as many, internode)."""
+    c = buf._ht.counters if buf.is_internode else buf._nvl.counters
+    if buf.is_internode:
+        for w in (abi.EP_RT_IN_HOST_NUM_RECV, abi.EP_RT_IN_HOST_NUM_RDMA_RECV, abi.EP_RT_IN_HOST_MAX_RECV):
+            c[w] = rows
+        for i in range(8):
+            c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] = rows + i
+    else:
+        for w in (abi.EP_RT_HOST_NUM_RECV, abi.EP_RT_HOST_MAX_DISPATCH_ROWS, abi.EP_RT_HOST_MAX_COMBINE_ROWS):
+            c[w] = rows
+        for i in range(8):
+            c[abi.EP_RT_HOST_EXPERT_COUNTS + i] = rows + i
+
+
+def _number_unnamed(entries):
+    """Pointer fields no returned tensor names (the cached dispatch's scratch, say) numbered by first appearance, so
+    the trace is the same from run to run; the 64-bit unsigned fields of the parameter structs are the pointers."""
+    pointer_fields = {name for t in S.params_types.values() for name, ft in t._fields_ if ft is ctypes.c_uint64}
+    numbers: dict = {}
+    for e in entries:
+        for key, v in e.get("params", {}).items():
+            if key in pointer_fields and isinstance(v, int) and v >= 1 << 32:
+                e["params"][key] = "@%d" % numbers.setdefault(v, len(numbers))
+        if "record_stream" in e and isinstance(e["record_stream"][0], int):
+            e["record_stream"][0] = "@%d" % numbers.setdefault(e["record_stream"][0], len(numbers))
+    return entries
+
+
+def trace_ht_sequence():
+    """A fixed sequence of high-throughput calls on a fake intranode and a fake internode Buffer: layouts, dispatches
+    (BF16 / FP8 with float32 and int32 scales, shapes, top-k widths, expert counts, channel counts and alignments
+    changing, int32 top-k, num_worst_tokens, no top-k, config=None), cached dispatches (typed and plain-tuple
+    handles), combines (with and without top-k weights and biases), async_finish, previous_event and
+    allocate_on_comm_stream, and a shape seen before again: every kernel launch (every parameter field), every
+    stream wait and record_stream, pointers named by the tensor they point at."""
+    names = _Names()
+    S.trace, S.fresh_empty = [], True
+    try:
+        for kind, make in (("intranode", lambda: intranode_buffer(24)), ("internode", lambda: internode_buffer(24))):
+            S.trace.append({"buffer": kind})
+            buf = make()
+            g = torch.Generator().manual_seed(3)
+            internode_buf = buf.is_internode
+
+            def step(tag, result):
+                names.add(f"{kind}.{tag}", result)
+                S.trace.append({"returned": tag})
+                return result
+
+            def tensor(tag, t):
+                names.add(f"{kind}.{tag}", t)
+                return t
+
+            def routing(tag, N, E, K, dtype=torch.int64):
+                idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)]) if N else \
+                    torch.zeros(0, K, dtype=torch.int64)
+                if N > 1 and K > 1:
+                    idx[1, 0] = -1
+                return tensor(f"{tag}.idx", idx.to(dtype)), tensor(f"{tag}.w", torch.rand(N, K, generator=g))
+
+            def bf16(tag, N, H):
+                return tensor(f"{tag}.x", torch.randn(N, H, generator=g).to(torch.bfloat16))
+
+            def fp8(tag, N, H, scales_dtype=torch.float32):
+                data = torch.randn(N, H, generator=g).to(torch.float8_e4m3fn)
+                scales = (torch.rand(N, H // 128, generator=g) if scales_dtype is torch.float32 else
+                          torch.randint(0, 1 << 20, (N, max(1, H // 512)), generator=g, dtype=torch.int32))
+                return tensor(f"{tag}.x", data), tensor(f"{tag}.s", scales)
+
+            def counts(layout):
+                per_rank, per_node, per_expert, in_rank, _ = layout
+                kw = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+                if internode_buf:
+                    kw["num_tokens_per_rdma_rank"] = per_node
+                return kw
+
+            cfg4, cfg6 = ep_rt.Config(4, 6, 256, 6, 128), ep_rt.Config(6, 6, 256, 6, 128)
+            i1, w1 = routing("a", 6, 8, 4)
+            L1 = step("L1", buf.get_dispatch_layout(i1, 8))
+            x1 = bf16("a", 6, 256)
+            _set_rows(buf, 24)
+            D1 = step("D1", buf.dispatch(x1, topk_idx=i1, topk_weights=w1, config=cfg4, **counts(L1)))
+            y1 = tensor("y1", torch.randn(24, 256, generator=g).to(torch.bfloat16))
+            rw1 = tensor("rw1", torch.rand(24, 4, generator=g))
+            step("C1", buf.combine(y1, D1[4], topk_weights=rw1))
+            _set_rows(buf, 10)
+            D2 = step("D2", buf.dispatch(fp8("b", 6, 512), topk_idx=i1, topk_weights=w1, async_finish=True,
+                                         **counts(L1)))
+            step("K1", buf.dispatch(x1, handle=D2[4], config=cfg6))
+            step("K2", buf.dispatch(fp8("c", 6, 1024, torch.int32), handle=tuple(D2[4]), config=cfg6,
+                                    previous_event=buf.capture(), async_finish=True))
+            i3, w3 = routing("d", 6, 8, 4, torch.int32)
+            step("D3", buf.dispatch(x1, topk_idx=i3, topk_weights=w3, config=cfg6, num_worst_tokens=32,
+                                    expert_alignment=4, **counts(L1)))
+            _set_rows(buf, 7)
+            D4 = step("D4", buf.dispatch(bf16("e", 6, 128), config=cfg4, **counts(L1)))
+            bias = tensor("bias", torch.randn(6, 128, generator=g).to(torch.bfloat16))
+            y4 = tensor("y4", torch.randn(7, 128, generator=g).to(torch.bfloat16))
+            step("C2", buf.combine(y4, tuple(D4[4]), bias=(bias, bias), previous_event=buf.capture(),
+                                   async_finish=True, allocate_on_comm_stream=True))
+            i5, w5 = routing("f", 5, 16, 2)
+            L5 = step("L5", buf.get_dispatch_layout(i5, 16, previous_event=buf.capture(), async_finish=True,
+                                                    allocate_on_comm_stream=True))
+            _set_rows(buf, 13)
+            D5 = step("D5", buf.dispatch(bf16("f", 5, 384), topk_idx=i5, topk_weights=w5, config=cfg6,
+                                         expert_alignment=2, **counts(L5)))
+            y5 = tensor("y5", torch.randn(13, 384, generator=g).to(torch.bfloat16))
+            step("C3", buf.combine(y5, D5[4], bias=tensor("bias5", torch.randn(5, 384, generator=g).to(
+                torch.bfloat16))))
+            step("K3", buf.dispatch(fp8("g", 5, 384), handle=D5[4], config=cfg4))
+            _set_rows(buf, 24)
+            D6 = step("D6", buf.dispatch(x1, topk_idx=i1, topk_weights=w1, config=cfg4, **counts(L1)))  # D1 again
+            step("C4", buf.combine(y1, D6[4], topk_weights=rw1, async_finish=True))
+            i0, w0 = routing("z", 0, 8, 4)
+            L0 = step("L0", buf.get_dispatch_layout(i0, 8))
+            _set_rows(buf, 3)
+            D0 = step("D0", buf.dispatch(bf16("z", 0, 256), topk_idx=i0, topk_weights=w0, config=cfg4,
+                                         **counts(L0)))
+            step("C0", buf.combine(tensor("y0", torch.randn(3, 256, generator=g).to(torch.bfloat16)), D0[4]))
+        return _number_unnamed([names.name(e) for e in S.trace])
+    finally:
+        S.trace, S.fresh_empty, S.capturing = None, False, False
+        _traced_empties.clear()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--only", choices=("ll", "intranode", "internode"))
@@ -576,7 +708,17 @@ def main(argv=None):
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the iteration counts (default 1)")
     ap.add_argument("--trace-ll", metavar="FILE", help="write the LL call sequence's trace (trace_ll_sequence) to "
                     "FILE and time nothing")
+    ap.add_argument("--trace-ht", metavar="FILE", help="write the HT call sequence's trace (trace_ht_sequence) to "
+                    "FILE and time nothing")
     a = ap.parse_args(argv)
+    if a.trace_ht:
+        with stubbed():
+            trace = trace_ht_sequence()
+        with open(a.trace_ht, "w") as f:
+            json.dump(trace, f, indent=0, sort_keys=True)
+            f.write("\n")
+        print(f"{len(trace)} entries -> {a.trace_ht}")
+        return trace
     if a.trace_ll:
         with stubbed():
             trace = trace_ll_sequence()

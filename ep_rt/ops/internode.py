@@ -18,6 +18,7 @@ import torch
 
 from .. import validate
 from ..errors import BufferTooSmallError
+from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, InternodeHandle, as_handle, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, driver
@@ -37,6 +38,19 @@ _BLOCK, _BARRIER_BLOCK = 512, 256
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
 _EARLY = frozenset(("forward", "recv", "combine_forward", "combine_reduce"))
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
+_MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
+
+
+def _copy(dst, src) -> None:
+    ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
+
+
+class _Plan:
+    """One call shape's parameter struct, filled once (issue 23, docs/HOST_PATH.md): the op's fixed fields, the
+    layout of the symmetric and NVL areas for the shape's record size, and the shape's sizes and flags; with the
+    capacities the host checks. A call copies it into its first kernel's struct and patches its tensors' pointers and
+    token counts; the kernels after it get that struct (one memmove each), as they take the same fields."""
+    __slots__ = ("params", "cap", "record", "records_rows", "combine_cap", "combine_rows", "combine_record")
 
 
 class InternodeOp:
@@ -155,11 +169,54 @@ class InternodeOp:
         and signal words only, so the roles of a call overlap (sending, forwarding, copying out). Timed by the
         benchmark, every kernel starts after the one before it."""
         k = self.kernels[name]
-        k.set(**fields)
+        if fields:
+            k.set(**fields)
         if self.timer is None:
             k(grid, stream, early=name in _EARLY)
         else:
             self.timer.around(name, stream, lambda: k(grid, stream))
+
+    # Made on first use (an op built with object.__new__, as the CPU tests do, has it too).
+    _plans = None  # (kind, shape...) -> _Plan
+
+    def _plan_for(self, key) -> _Plan:
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = {}
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = self._build_plan(*key)
+        return plan
+
+    def _build_plan(self, kind, *shape) -> _Plan:
+        plan = _Plan()
+        if kind == "combine":
+            hidden, K, C = shape
+            record = lay_mod.combine_record_bytes(hidden, K)
+            p = abi.InternodeParams.from_buffer_copy(self.kernels["combine_publish"].params)  # its fixed fields
+            p.num_channels, p.hidden_bytes, p.num_topk = C, 2 * hidden, K
+        else:
+            hidden_bytes, hidden, S, K, E, C, alignment, worst = shape
+            record = lay_mod.dispatch_record_bytes(hidden_bytes, S, K)
+            p = abi.InternodeParams.from_buffer_copy(self.kernels["notify"].params)
+            p.num_channels, p.hidden_bytes, p.num_scales, p.num_topk = C, hidden_bytes, S, K
+            p.num_experts, p.expert_alignment, p.cached, p.fill_unused = E, alignment, int(kind == "cached"), int(worst)
+            p.recv_topk_idx_bits = 64
+            if kind == "cached":
+                p.topk_idx = p.topk_weights = p.num_tokens_per_expert = p.host_token = 0
+                p.recv_src_meta = p.send_nvl_head = p.recv_topk_idx = p.recv_topk_weights = 0
+                p.num_fwd_rows, p.topk_idx_bits = 0, 64
+            else:
+                plan.combine_record = lay_mod.combine_record_bytes(hidden, K)
+                plan.combine_cap = lay_mod.capacity(self.num_rdma_bytes, self.N, plan.combine_record)
+                plan.combine_rows = self._nvl_rows(hidden, K)
+        plan.cap = lay_mod.fill(p.lay, self.control, self.num_rdma_bytes, self.N, record)
+        plan.record, plan.records_rows = record, self.records_bytes // record
+        p.nvl_capacity_rows = plan.records_rows
+        plan.params = p
+        return plan
 
     def _wait_counters(self, token: int) -> None:
         # (the notify's waits for my node's words have twice the network deadline: see node_timeout_ns)
@@ -224,6 +281,7 @@ class InternodeOp:
     def dispatch(self, x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
                  expert_alignment: int, num_worst_tokens: int, num_channels: int, alloc_stream,
                  comm_stream) -> DispatchResult:
+        """alloc_stream None: allocate on the current stream (no stream context)."""
         R, N, G, C = self.num_ranks, self.N, self.G, num_channels
         T, hidden = x.shape
         hidden_bytes = hidden * x.element_size()
@@ -232,10 +290,10 @@ class InternodeOp:
         E = num_tokens_per_expert.numel()
         L = E // R
         dev = x.device
-        record = lay_mod.dispatch_record_bytes(hidden_bytes, S, K)
-        cap = self._layout(("notify", "send", "forward", "recv"), record)
-        host_token = 0 if num_worst_tokens > 0 else self._next_token()
-        with torch.cuda.stream(alloc_stream):
+        worst = num_worst_tokens > 0
+        plan = self._plan_for(("dispatch", hidden_bytes, hidden, S, K, E, C, expert_alignment, worst))
+        host_token = 0 if worst else self._next_token()
+        with allocating_on(alloc_stream):
             rdma_cpm = torch.empty(N, C, dtype=torch.int32, device=dev)
             gbl_cpm = torch.empty(R, C, dtype=torch.int32, device=dev)
             recv_rdma_cpm = torch.empty(N, C, dtype=torch.int32, device=dev)
@@ -244,64 +302,79 @@ class InternodeOp:
             recv_gbl_prefix = torch.empty(R, dtype=torch.int32, device=dev)
             send_rdma_head = torch.empty(T, N, dtype=torch.int32, device=dev)
         ptr = _ptr
-        common = dict(
-            x=ptr(x), x_scales=ptr(x_scales), topk_idx=ptr(topk_idx), topk_weights=ptr(topk_weights),
-            is_token_in_rank=ptr(is_token_in_rank), num_tokens_per_expert=ptr(num_tokens_per_expert),
-            rdma_cpm=ptr(rdma_cpm), gbl_cpm=ptr(gbl_cpm), recv_rdma_cpm=ptr(recv_rdma_cpm),
-            recv_rdma_prefix=ptr(recv_rdma_prefix), recv_gbl_cpm=ptr(recv_gbl_cpm), recv_gbl_prefix=ptr(recv_gbl_prefix),
-            send_rdma_head=ptr(send_rdma_head), host_token=host_token,
-            scale_token_stride=x_scales.stride(0) if S else 0, scale_hidden_stride=x_scales.stride(1) if S else 0,
-            num_tokens=T, num_channels=C, hidden_bytes=hidden_bytes, num_scales=S, num_topk=K, num_experts=E,
-            expert_alignment=expert_alignment, cached=0, fill_unused=int(num_worst_tokens > 0),
-            topk_idx_bits=validate.bits(topk_idx), recv_topk_idx_bits=64,
-            num_out_rows=num_worst_tokens, num_fwd_rows=num_worst_tokens)
-        self._launch("notify", C, comm_stream, **common)
+        p = self.kernels["notify"].params
+        _copy(p, plan.params)
+        p.x, p.x_scales, p.topk_idx, p.topk_weights = x.data_ptr(), ptr(x_scales), ptr(topk_idx), ptr(topk_weights)
+        p.is_token_in_rank, p.num_tokens_per_expert = is_token_in_rank.data_ptr(), num_tokens_per_expert.data_ptr()
+        p.rdma_cpm, p.gbl_cpm, p.recv_rdma_cpm = rdma_cpm.data_ptr(), gbl_cpm.data_ptr(), recv_rdma_cpm.data_ptr()
+        p.recv_rdma_prefix, p.recv_gbl_cpm = recv_rdma_prefix.data_ptr(), recv_gbl_cpm.data_ptr()
+        p.recv_gbl_prefix, p.send_rdma_head = recv_gbl_prefix.data_ptr(), send_rdma_head.data_ptr()
+        p.host_token = host_token
+        if S:
+            p.scale_token_stride, p.scale_hidden_stride = x_scales.stride(0), x_scales.stride(1)
+        else:
+            p.scale_token_stride = p.scale_hidden_stride = 0
+        p.num_tokens, p.topk_idx_bits = T, validate.bits(topk_idx)
+        p.num_out_rows = p.num_fwd_rows = num_worst_tokens
+        self._launch("notify", C, comm_stream)
+        # Before the host wait, the send / forward / receive kernels' fields that do not depend on the counts (all
+        # of notify's): after it only the outputs are allocated and their pointers written.
+        send = self.kernels["send"].params
+        _copy(send, p)
 
         facts = {}
-        if num_worst_tokens > 0:
+        if worst:
             num_rows = num_fwd = num_worst_tokens
-            per_expert = []
         else:
             self._wait_counters(host_token)
             c = self.counters
             num_rows, num_fwd = c[abi.EP_RT_IN_HOST_NUM_RECV], c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV]
             max_stream, max_recv = c[abi.EP_RT_IN_HOST_MAX_STREAM], c[abi.EP_RT_IN_HOST_MAX_RECV]
-            # With or without top-k, as DeepEP (its test_internode.py checks them in its first case).
-            per_expert = [c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] for i in range(L)]
             # The same maxima on every rank, so every rank raises alike and nothing waits for anyone.
-            if max_stream > cap:
-                raise self._too_small("dispatch", max_stream, cap, record, nvl=False)
-            if max_recv > self.records_bytes // record:
-                raise self._too_small("dispatch", max_recv, self.records_bytes // record, record, nvl=True)
-            combine_record = lay_mod.combine_record_bytes(hidden, K)
-            combine_cap = lay_mod.capacity(self.num_rdma_bytes, N, combine_record)
-            if max_stream > combine_cap:
-                raise self._too_small("dispatch (its combine)", max_stream, combine_cap, combine_record, nvl=False)
-            if max_recv > self._nvl_rows(hidden, K):
-                raise self._too_small("dispatch (its combine)", max_recv, self._nvl_rows(hidden, K),
-                                      combine_record, nvl=True)
+            if max_stream > plan.cap:
+                raise self._too_small("dispatch", max_stream, plan.cap, plan.record, nvl=False)
+            if max_recv > plan.records_rows:
+                raise self._too_small("dispatch", max_recv, plan.records_rows, plan.record, nvl=True)
+            if max_stream > plan.combine_cap:
+                raise self._too_small("dispatch (its combine)", max_stream, plan.combine_cap, plan.combine_record,
+                                      nvl=False)
+            if max_recv > plan.combine_rows:
+                raise self._too_small("dispatch (its combine)", max_recv, plan.combine_rows, plan.combine_record,
+                                      nvl=True)
             facts = dict(max_dispatch_rows=max_recv, max_combine_rows=max_recv, max_stream=max_stream)
 
-        with torch.cuda.stream(alloc_stream):
+        with allocating_on(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=dev) if S else None
             recv_topk_idx = torch.empty(num_rows, K, dtype=validate.topk_idx_t, device=dev) if K else None
             recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
             recv_src_meta = torch.empty(num_rows, _META_BYTES, dtype=torch.uint8, device=dev)
             send_nvl_head = torch.empty(num_fwd, G, dtype=torch.int32, device=dev)
-        outs = dict(recv_x=ptr(recv_x), recv_x_scales=ptr(recv_x_scales), recv_topk_idx=ptr(recv_topk_idx),
-                    recv_topk_weights=ptr(recv_topk_weights), recv_src_meta=ptr(recv_src_meta),
-                    send_nvl_head=ptr(send_nvl_head), num_out_rows=num_rows, num_fwd_rows=num_fwd,
-                    recv_topk_idx_bits=validate.bits(recv_topk_idx))
-        self._launch("send", C, comm_stream, **{**common, **outs})
-        self._launch("forward", N * C, comm_stream, **{**common, **outs})
-        self._launch("recv", C, comm_stream, **{**common, **outs})
+        send.recv_x, send.recv_x_scales = recv_x.data_ptr(), ptr(recv_x_scales)
+        send.recv_topk_idx, send.recv_topk_weights = ptr(recv_topk_idx), ptr(recv_topk_weights)
+        send.recv_src_meta, send.send_nvl_head = recv_src_meta.data_ptr(), send_nvl_head.data_ptr()
+        send.num_out_rows, send.num_fwd_rows = num_rows, num_fwd
+        send.recv_topk_idx_bits = validate.bits(recv_topk_idx)
+        self._launch_data_kernels(send, ("forward", "recv"), C, comm_stream)
+        # With or without top-k, as DeepEP (its test_internode.py checks them in its first case). Read after the
+        # launches: only notify writes the host counters, and this call's is done.
+        base = abi.EP_RT_IN_HOST_EXPERT_COUNTS
+        per_expert = [] if worst else self.counters[base:base + L]
         handle = InternodeHandle(is_token_in_rank, rdma_cpm, gbl_cpm, recv_rdma_cpm, recv_rdma_prefix, recv_gbl_cpm,
                                  recv_gbl_prefix, recv_src_meta, send_rdma_head, send_nvl_head)
         with_facts(handle, HandleFacts.of(handle, self.serial, **facts))
         tensors = [x, x_scales, topk_idx, topk_weights, num_tokens_per_expert, recv_x, recv_x_scales, recv_topk_idx,
                    recv_topk_weights, *handle]
         return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
+
+    def _launch_data_kernels(self, first, later, C: int, stream) -> None:
+        """The send kernel from `first` (its struct), then forward and receive with a copy of it: the three take the
+        same fields. The forward kernel runs N x C blocks."""
+        for name in later:
+            _copy(self.kernels[name].params, first)
+        self._launch("send", C, stream)
+        self._launch("forward", self.N * C, stream)
+        self._launch("recv", C, stream)
 
     def _next_token(self) -> int:
         self.host_token = self.host_token % 0x7FFFFFFF + 1
@@ -332,28 +405,28 @@ class InternodeOp:
         S = x_scales.size(1) if x_scales is not None else 0
         num_rows = handle.recv_src_meta.size(0)
         C = handle.rdma_channel_prefix_matrix.size(1)
-        record = lay_mod.dispatch_record_bytes(hidden_bytes, S, 0)
-        self.check_handle_capacity(handle, record, None)
-        self._layout(("send", "forward", "recv"), record)
-        with torch.cuda.stream(alloc_stream):
+        plan = self._plan_for(("cached", hidden_bytes, hidden, S, 0, self.num_ranks, C, 1, False))
+        self.check_handle_capacity(handle, plan.record, None)
+        with allocating_on(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=x.device) if S else None
         ptr = _ptr
-        fields = dict(
-            x=ptr(x), x_scales=ptr(x_scales), topk_idx=0, topk_weights=0, is_token_in_rank=ptr(handle.is_token_in_rank),
-            num_tokens_per_expert=0, rdma_cpm=ptr(handle.rdma_channel_prefix_matrix),
-            gbl_cpm=ptr(handle.gbl_channel_prefix_matrix), recv_rdma_cpm=ptr(handle.recv_rdma_channel_prefix_matrix),
-            recv_rdma_prefix=ptr(handle.recv_rdma_rank_prefix_sum),
-            recv_gbl_cpm=ptr(handle.recv_gbl_channel_prefix_matrix), recv_gbl_prefix=ptr(handle.recv_gbl_rank_prefix_sum),
-            send_rdma_head=ptr(handle.send_rdma_head), recv_src_meta=0, send_nvl_head=0, host_token=0,
-            recv_x=ptr(recv_x), recv_x_scales=ptr(recv_x_scales), recv_topk_idx=0, recv_topk_weights=0,
-            scale_token_stride=x_scales.stride(0) if S else 0, scale_hidden_stride=x_scales.stride(1) if S else 0,
-            num_tokens=T, num_channels=C, hidden_bytes=hidden_bytes, num_scales=S, num_topk=0,
-            num_experts=self.num_ranks, expert_alignment=1, num_out_rows=num_rows, num_fwd_rows=0, cached=1,
-            fill_unused=0, topk_idx_bits=64, recv_topk_idx_bits=64)
-        self._launch("send", C, comm_stream, **fields)
-        self._launch("forward", self.N * C, comm_stream, **fields)
-        self._launch("recv", C, comm_stream, **fields)
+        p = self.kernels["send"].params
+        _copy(p, plan.params)
+        p.x, p.x_scales, p.is_token_in_rank = x.data_ptr(), ptr(x_scales), handle.is_token_in_rank.data_ptr()
+        p.rdma_cpm, p.gbl_cpm = handle.rdma_channel_prefix_matrix.data_ptr(), handle.gbl_channel_prefix_matrix.data_ptr()
+        p.recv_rdma_cpm = handle.recv_rdma_channel_prefix_matrix.data_ptr()
+        p.recv_rdma_prefix = handle.recv_rdma_rank_prefix_sum.data_ptr()
+        p.recv_gbl_cpm = handle.recv_gbl_channel_prefix_matrix.data_ptr()
+        p.recv_gbl_prefix = handle.recv_gbl_rank_prefix_sum.data_ptr()
+        p.send_rdma_head = handle.send_rdma_head.data_ptr()
+        p.recv_x, p.recv_x_scales = recv_x.data_ptr(), ptr(recv_x_scales)
+        if S:
+            p.scale_token_stride, p.scale_hidden_stride = x_scales.stride(0), x_scales.stride(1)
+        else:
+            p.scale_token_stride = p.scale_hidden_stride = 0
+        p.num_tokens, p.num_out_rows = T, num_rows
+        self._launch_data_kernels(p, ("forward", "recv"), C, comm_stream)
         return recv_x, recv_x_scales, [x, x_scales, recv_x, recv_x_scales, *handle]
 
     # ---- combine --------------------------------------------------------------------------------
@@ -362,23 +435,27 @@ class InternodeOp:
         hidden = x.size(1)
         K = topk_weights.size(1) if topk_weights is not None else 0
         C = handle.rdma_channel_prefix_matrix.size(1)
-        record = lay_mod.combine_record_bytes(hidden, K)
-        self.check_handle_capacity(handle, record, (hidden, K))
-        self._layout(("combine_publish", "combine_forward", "combine_reduce"), record)  # NVL rows: the same size
-        with torch.cuda.stream(alloc_stream):
+        plan = self._plan_for(("combine", hidden, K, C))
+        self.check_handle_capacity(handle, plan.record, (hidden, K))
+        with allocating_on(alloc_stream):
             combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
             combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
         ptr = _ptr
-        fields = dict(
-            x=ptr(x), topk_weights=ptr(topk_weights), bias0=ptr(bias0), bias1=ptr(bias1),
-            rdma_cpm=ptr(handle.rdma_channel_prefix_matrix), recv_rdma_cpm=ptr(handle.recv_rdma_channel_prefix_matrix),
-            recv_rdma_prefix=ptr(handle.recv_rdma_rank_prefix_sum), recv_gbl_prefix=ptr(handle.recv_gbl_rank_prefix_sum),
-            send_rdma_head=ptr(handle.send_rdma_head), send_nvl_head=ptr(handle.send_nvl_head),
-            combined_x=ptr(combined_x), combined_topk_weights=ptr(combined_w), num_tokens=T, num_channels=C,
-            hidden_bytes=2 * hidden, num_topk=K, num_in_rows=x.size(0))
-        self._launch("combine_publish", C, comm_stream, **fields)
-        self._launch("combine_forward", C, comm_stream, **fields)
-        self._launch("combine_reduce", C, comm_stream, **fields)
+        p = self.kernels["combine_publish"].params
+        _copy(p, plan.params)
+        p.x, p.topk_weights, p.bias0, p.bias1 = x.data_ptr(), ptr(topk_weights), ptr(bias0), ptr(bias1)
+        p.rdma_cpm, p.recv_rdma_cpm = (handle.rdma_channel_prefix_matrix.data_ptr(),
+                                       handle.recv_rdma_channel_prefix_matrix.data_ptr())
+        p.recv_rdma_prefix = handle.recv_rdma_rank_prefix_sum.data_ptr()
+        p.recv_gbl_prefix = handle.recv_gbl_rank_prefix_sum.data_ptr()
+        p.send_rdma_head, p.send_nvl_head = handle.send_rdma_head.data_ptr(), handle.send_nvl_head.data_ptr()
+        p.combined_x, p.combined_topk_weights = combined_x.data_ptr(), ptr(combined_w)
+        p.num_tokens, p.num_in_rows = T, x.size(0)
+        for name in ("combine_forward", "combine_reduce"):  # the same fields
+            _copy(self.kernels[name].params, p)
+        self._launch("combine_publish", C, comm_stream)
+        self._launch("combine_forward", C, comm_stream)
+        self._launch("combine_reduce", C, comm_stream)
         return combined_x, combined_w, [x, topk_weights, bias0, bias1, combined_x, combined_w, *handle]
 
 

@@ -11,11 +11,13 @@ position among those sent to a rank (-1 if not sent) instead of DeepEP's ring-sl
 """
 from __future__ import annotations
 
+import ctypes
 
 import torch
 
 from .. import validate
 from ..errors import BufferTooSmallError
+from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, IntranodeHandle, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, modules
@@ -25,6 +27,29 @@ from ..transport.nvl import NvlBuffer
 
 _NOTIFY_BLOCK = 1024
 _DATA_BLOCK = 512
+_MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
+
+
+def _copy(dst, src) -> None:
+    """A call plan's struct into a launcher's (the launcher's fixed fields are in the plan too)."""
+    ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
+
+
+def _ptr(t) -> int:
+    return t.data_ptr() if t is not None else 0
+
+
+class _DispatchPlan:
+    """One dispatch shape's parameter structs, filled once (issue 23, docs/HOST_PATH.md): the notify and dispatch
+    kernels' fields that depend only on (hidden bytes, hidden, scales, top-k, experts, channels, alignment,
+    num_worst_tokens or not), with the NVL layout of the call and the row capacities of it and of its combine. A
+    call copies them into the launchers' structs and patches its tensors' pointers and token counts."""
+    __slots__ = ("notify", "dispatch", "capacity", "combine_capacity")
+
+
+class _CombinePlan:
+    """One combine shape's (hidden, top-k, channels) parameter struct, filled once."""
+    __slots__ = ("combine",)
 
 
 class IntranodeOp:
@@ -42,6 +67,55 @@ class IntranodeOp:
             nvl.fill_common(k.params)
         self.serial = next_serial()  # the owner its handles name
         self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
+
+    # Made on first use (an op built with object.__new__, as the CPU tests do, has them too).
+    _plans = None      # (kind, shape...) -> _DispatchPlan / _CombinePlan
+    _capacities = None  # check_handle_capacity's (hidden bytes, scales, combine hidden, top-k) -> rows
+
+    def _plan_for(self, key):
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = {}
+        plan = plans.get(key)
+        if plan is None:
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = (self._dispatch_plan if key[0] != "combine" else self._combine_plan)(*key)
+        return plan
+
+    def _dispatch_plan(self, kind, hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment,
+                       worst) -> _DispatchPlan:
+        """kind "dispatch" (after a notify) or "cached" (from a handle: K and num_experts 0, alignment 1)."""
+        nvl = self.nvl
+        plan = _DispatchPlan()
+        d = plan.dispatch = abi.DispatchParams.from_buffer_copy(self.dispatch_kernel.params)  # its fixed fields
+        dispatch_rows = nvl_layout.DispatchRows(hidden_bytes, S, K)
+        plan.capacity = dispatch_rows.fill(d.region, nvl.num_nvl_bytes)
+        d.num_channels, d.hidden_bytes, d.num_scales, d.num_topk = num_channels, hidden_bytes, S, K
+        d.num_local_experts = num_experts // nvl.num_ranks
+        d.fill_unused_rows, d.handshake = int(worst), int(kind == "cached")
+        d.recv_topk_idx_bits = validate.bits(None) if kind == "cached" or not K else \
+            torch.iinfo(validate.topk_idx_t).bits
+        if kind == "cached":
+            d.topk_idx = d.topk_weights = d.recv_topk_idx = d.recv_topk_weights = 0
+            d.topk_idx_bits = validate.bits(None)
+            plan.notify, plan.combine_capacity = None, None
+            return plan
+        combine_rows = nvl_layout.CombineRows(hidden, K)
+        plan.combine_capacity = combine_rows.fill(abi.CombineRegion(), nvl.num_nvl_bytes)
+        n = plan.notify = abi.NotifyParams.from_buffer_copy(self.notify.params)
+        n.host_counters = nvl.counters_dev_ptr
+        n.dispatch_row_bytes, n.combine_row_bytes = sum(dispatch_rows.widths()), sum(combine_rows.widths())
+        n.num_channels, n.num_experts, n.expert_alignment = num_channels, num_experts, expert_alignment
+        n.hidden_bytes, n.num_topk = hidden_bytes, K
+        return plan
+
+    def _combine_plan(self, kind, hidden, K, num_channels) -> _CombinePlan:
+        plan = _CombinePlan()
+        c = plan.combine = abi.CombineParams.from_buffer_copy(self.combine_kernel.params)
+        nvl_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
+        c.num_channels, c.hidden, c.num_topk = num_channels, hidden, K
+        return plan
 
     def raise_if_failed(self) -> None:
         self.nvl.raise_if_failed()
@@ -75,6 +149,7 @@ class IntranodeOp:
     def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
                  num_tokens_per_expert, expert_alignment: int, num_worst_tokens: int, num_channels: int,
                  alloc_stream, comm_stream) -> DispatchResult:
+        """alloc_stream None: allocate on the current stream (no stream context)."""
         nvl, R, me = self.nvl, self.nvl.num_ranks, self.nvl.rank
         N, hidden = x.shape
         hidden_bytes = hidden * x.element_size()
@@ -83,63 +158,74 @@ class IntranodeOp:
         num_experts = num_tokens_per_expert.numel() if num_tokens_per_expert is not None else 0
         L = num_experts // R
         dev = x.device
+        worst = num_worst_tokens > 0
+        plan = self._plan_for(("dispatch", hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment,
+                               worst))
         # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them).
-        host_token = 0 if num_worst_tokens > 0 else nvl.next_host_token()
+        host_token = 0 if worst else nvl.next_host_token()
 
-        dispatch_rows = nvl_layout.DispatchRows(hidden_bytes, S, K)
-        combine_rows = nvl_layout.CombineRows(hidden, K)
-        d = self.dispatch_kernel.params
-        capacity = dispatch_rows.fill(d.region, nvl.num_nvl_bytes)
-        combine_capacity = combine_rows.fill(abi.CombineRegion(), nvl.num_nvl_bytes)
-
-        with torch.cuda.stream(alloc_stream):
+        with allocating_on(alloc_stream):
             rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
             channel_prefix_matrix = torch.empty(R, num_channels, dtype=torch.int32, device=dev)
             recv_channel_prefix_matrix = torch.empty(R, num_channels, dtype=torch.int32, device=dev)
             send_pos = torch.empty(N, R, dtype=torch.int32, device=dev)
 
-        counters = nvl.counters
-        self.notify.set(num_tokens_per_rank=num_tokens_per_rank.data_ptr(),
-                        num_tokens_per_expert=num_tokens_per_expert.data_ptr() if num_experts else 0,
-                        is_token_in_rank=is_token_in_rank.data_ptr(), send_pos=send_pos.data_ptr(),
-                        channel_prefix_matrix=channel_prefix_matrix.data_ptr(),
-                        rank_prefix_matrix=rank_prefix_matrix.data_ptr(),
-                        recv_channel_prefix_matrix=recv_channel_prefix_matrix.data_ptr(),
-                        host_counters=nvl.counters_dev_ptr, host_token=host_token,
-                        dispatch_row_bytes=sum(dispatch_rows.widths()), combine_row_bytes=sum(combine_rows.widths()),
-                        num_tokens=N, num_channels=num_channels, num_experts=num_experts,
-                        expert_alignment=expert_alignment, hidden_bytes=hidden_bytes, num_topk=K)
+        n = self.notify.params
+        _copy(n, plan.notify)
+        n.num_tokens_per_rank = num_tokens_per_rank.data_ptr()
+        n.num_tokens_per_expert = num_tokens_per_expert.data_ptr() if num_experts else 0
+        n.is_token_in_rank, n.send_pos = is_token_in_rank.data_ptr(), send_pos.data_ptr()
+        n.channel_prefix_matrix = channel_prefix_matrix.data_ptr()
+        n.rank_prefix_matrix = rank_prefix_matrix.data_ptr()
+        n.recv_channel_prefix_matrix = recv_channel_prefix_matrix.data_ptr()
+        n.host_token, n.num_tokens = host_token, N
         self._run("notify", self.notify, R, comm_stream)
 
+        # Before the host wait, everything of the dispatch kernel that does not depend on the counts: after it only
+        # the outputs are allocated and their pointers written (the GPU is idle from the counts to the launch).
+        d = self.dispatch_kernel.params
+        _copy(d, plan.dispatch)
+        d.x, d.x_scales, d.topk_idx, d.topk_weights = x.data_ptr(), _ptr(x_scales), _ptr(topk_idx), _ptr(topk_weights)
+        d.send_pos, d.rank_prefix_matrix = send_pos.data_ptr(), rank_prefix_matrix.data_ptr()
+        d.recv_channel_prefix_matrix = recv_channel_prefix_matrix.data_ptr()
+        if S:
+            d.scale_token_stride, d.scale_hidden_stride = x_scales.stride(0), x_scales.stride(1)
+        else:
+            d.scale_token_stride = d.scale_hidden_stride = 0
+        d.num_tokens, d.topk_idx_bits = N, validate.bits(topk_idx)
+
         max_dispatch = max_combine = None  # over all ranks; known on the host unless num_worst_tokens
-        if num_worst_tokens > 0:
-            num_rows, per_expert = num_worst_tokens, []
+        counters = nvl.counters
+        if worst:
+            num_rows = num_worst_tokens
         else:
             nvl.wait_host_counters(host_token, "dispatch notify")
             num_rows = counters[abi.EP_RT_HOST_NUM_RECV]
             max_dispatch = counters[abi.EP_RT_HOST_MAX_DISPATCH_ROWS]
             max_combine = counters[abi.EP_RT_HOST_MAX_COMBINE_ROWS]
-            if max_dispatch > capacity or max_combine > combine_capacity:
+            if max_dispatch > plan.capacity or max_combine > plan.combine_capacity:
                 # Every rank sees the same maxima, so every rank raises here: nothing hangs.
                 need = nvl_layout.nvl_bytes_for(max(hidden_bytes, 2 * hidden), max(max_dispatch, max_combine))
                 raise BufferTooSmallError(
                     f"rank {me}: this dispatch needs room for {max_dispatch} received rows (and {max_combine} rows "
-                    f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {capacity} "
-                    f"({combine_capacity}); create the Buffer with num_nvl_bytes >= {need}")
-            # notify publishes them whenever num_tokens_per_expert is given (always: ht_args requires it).
-            per_expert = [counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] for i in range(L)]
+                    f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {plan.capacity} "
+                    f"({plan.combine_capacity}); create the Buffer with num_nvl_bytes >= {need}")
 
-        with torch.cuda.stream(alloc_stream):
+        with allocating_on(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=dev) if S else None
             recv_topk_idx = torch.empty(num_rows, K, dtype=validate.topk_idx_t, device=dev) if K else None
             recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
             recv_src_idx = torch.empty(num_rows, dtype=torch.int32, device=dev)
+        d.recv_x, d.recv_x_scales, d.recv_src_idx = recv_x.data_ptr(), _ptr(recv_x_scales), recv_src_idx.data_ptr()
+        d.recv_topk_idx, d.recv_topk_weights = _ptr(recv_topk_idx), _ptr(recv_topk_weights)
+        d.num_out_rows = num_rows
+        self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
 
-        self._launch_dispatch(x, x_scales, topk_idx, topk_weights, send_pos, rank_prefix_matrix,
-                              recv_channel_prefix_matrix, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
-                              recv_src_idx, num_channels, L, num_rows, fill_unused=num_worst_tokens > 0,
-                              handshake=False, stream=comm_stream)
+        # Read after the launch (only notify writes the host counters; this call's is done): the GPU is busy already.
+        # notify publishes them whenever num_tokens_per_expert is given (always: ht_args requires it).
+        base = abi.EP_RT_HOST_EXPERT_COUNTS
+        per_expert = [] if worst else counters[base:base + L]
         handle = IntranodeHandle(rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx,
                                  is_token_in_rank, send_pos)
         with_facts(handle, HandleFacts.of(handle, self.serial, max_dispatch_rows=max_dispatch,
@@ -173,57 +259,49 @@ class IntranodeOp:
 
     def cached_dispatch(self, x, x_scales, handle, alloc_stream, comm_stream):
         rank_prefix_matrix, _, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_pos = handle
-        hidden = x.size(1)
+        N, hidden = x.shape
+        hidden_bytes = hidden * x.element_size()
         S = x_scales.size(1) if x_scales is not None else 0
         num_rows = recv_src_idx.size(0)
-        nvl_layout.DispatchRows(hidden * x.element_size(), S, 0).fill(self.dispatch_kernel.params.region,
-                                                                          self.nvl.num_nvl_bytes)
-        with torch.cuda.stream(alloc_stream):
+        num_channels = recv_channel_prefix_matrix.size(1)
+        plan = self._plan_for(("cached", hidden_bytes, hidden, S, 0, 0, num_channels, 1, False))
+        with allocating_on(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
             recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=x.device) if S else None
+            # The kernel writes each row's source index; a cached call returns none, but the kernel needs the room.
             scratch_src_idx = torch.empty(num_rows, dtype=torch.int32, device=x.device)
-        self._launch_dispatch(x, x_scales, None, None, send_pos, rank_prefix_matrix, recv_channel_prefix_matrix,
-                              recv_x, recv_x_scales, None, None, scratch_src_idx, recv_channel_prefix_matrix.size(1), 0,
-                              num_rows, fill_unused=False, handshake=True, stream=comm_stream)
+        d = self.dispatch_kernel.params
+        _copy(d, plan.dispatch)
+        d.x, d.x_scales, d.send_pos = x.data_ptr(), _ptr(x_scales), send_pos.data_ptr()
+        d.rank_prefix_matrix = rank_prefix_matrix.data_ptr()
+        d.recv_channel_prefix_matrix = recv_channel_prefix_matrix.data_ptr()
+        d.recv_x, d.recv_x_scales, d.recv_src_idx = recv_x.data_ptr(), _ptr(recv_x_scales), scratch_src_idx.data_ptr()
+        if S:
+            d.scale_token_stride, d.scale_hidden_stride = x_scales.stride(0), x_scales.stride(1)
+        else:
+            d.scale_token_stride = d.scale_hidden_stride = 0
+        d.num_tokens, d.num_out_rows = N, num_rows
+        self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
         tensors = [x, x_scales, recv_x, recv_x_scales, scratch_src_idx, *handle]
         return recv_x, recv_x_scales, tensors
-
-    def _launch_dispatch(self, x, x_scales, topk_idx, topk_weights, send_pos, rank_prefix_matrix,
-                         recv_channel_prefix_matrix, recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights,
-                         recv_src_idx, num_channels, num_local_experts, num_rows, fill_unused, handshake, stream):
-        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
-        self.dispatch_kernel.set(
-            x=ptr(x), x_scales=ptr(x_scales), topk_idx=ptr(topk_idx), topk_weights=ptr(topk_weights),
-            send_pos=ptr(send_pos), rank_prefix_matrix=ptr(rank_prefix_matrix),
-            recv_channel_prefix_matrix=ptr(recv_channel_prefix_matrix), recv_x=ptr(recv_x),
-            recv_x_scales=ptr(recv_x_scales), recv_topk_idx=ptr(recv_topk_idx),
-            recv_topk_weights=ptr(recv_topk_weights), recv_src_idx=ptr(recv_src_idx),
-            scale_token_stride=x_scales.stride(0) if x_scales is not None else 0,
-            scale_hidden_stride=x_scales.stride(1) if x_scales is not None else 0,
-            num_tokens=x.size(0), num_channels=num_channels, hidden_bytes=x.size(1) * x.element_size(),
-            num_scales=x_scales.size(1) if x_scales is not None else 0,
-            num_topk=topk_idx.size(1) if topk_idx is not None else 0, num_local_experts=num_local_experts,
-            num_out_rows=num_rows, fill_unused_rows=int(fill_unused), handshake=int(handshake),
-            topk_idx_bits=validate.bits(topk_idx), recv_topk_idx_bits=validate.bits(recv_topk_idx))
-        self._run("dispatch", self.dispatch_kernel, num_channels, stream)
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, handle, topk_weights, bias0, bias1, alloc_stream, comm_stream):
         rank_prefix_matrix, _, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_pos = handle
         N, hidden = is_token_in_rank.size(0), x.size(1)
         K = topk_weights.size(1) if topk_weights is not None else 0
-        c = self.combine_kernel.params
-        nvl_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
-        with torch.cuda.stream(alloc_stream):
+        num_channels = recv_channel_prefix_matrix.size(1)
+        plan = self._plan_for(("combine", hidden, K, num_channels))
+        with allocating_on(alloc_stream):
             combined_x = torch.empty(N, hidden, dtype=torch.bfloat16, device=x.device)
             combined_w = torch.empty(N, K, dtype=torch.float32, device=x.device) if K else None
-        ptr = lambda t: t.data_ptr() if t is not None else 0  # noqa: E731
-        num_channels = recv_channel_prefix_matrix.size(1)
-        self.combine_kernel.set(
-            x=ptr(x), topk_weights=ptr(topk_weights), bias0=ptr(bias0), bias1=ptr(bias1), send_pos=ptr(send_pos),
-            rank_prefix_matrix=ptr(rank_prefix_matrix), recv_channel_prefix_matrix=ptr(recv_channel_prefix_matrix),
-            combined_x=ptr(combined_x), combined_topk_weights=ptr(combined_w), num_tokens=N,
-            num_channels=num_channels, hidden=hidden, num_topk=K, num_in_rows=x.size(0))
+        c = self.combine_kernel.params
+        _copy(c, plan.combine)
+        c.x, c.topk_weights, c.bias0, c.bias1 = x.data_ptr(), _ptr(topk_weights), _ptr(bias0), _ptr(bias1)
+        c.send_pos, c.rank_prefix_matrix = send_pos.data_ptr(), rank_prefix_matrix.data_ptr()
+        c.recv_channel_prefix_matrix = recv_channel_prefix_matrix.data_ptr()
+        c.combined_x, c.combined_topk_weights = combined_x.data_ptr(), _ptr(combined_w)
+        c.num_tokens, c.num_in_rows = N, x.size(0)
         self._run("combine", self.combine_kernel, num_channels, comm_stream)
         tensors = [x, topk_weights, bias0, bias1, combined_x, combined_w, *handle]
         return combined_x, combined_w, tensors

@@ -1,13 +1,17 @@
 """get_dispatch_layout on the GPU (kernels_src/layout.cu)."""
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
+from ..events import allocating_on
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
 
 _BLOCK = 256
 _MAX_SMEM = 200 * 1024
+_MAX_PLANS = 64  # call plans kept; past that they are dropped and rebuilt as calls need them
 
 
 class LayoutOp:
@@ -17,32 +21,51 @@ class LayoutOp:
         driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
         self.num_sms = num_sms
 
+    # Made on first use (an op built with object.__new__, as the CPU tests do, has it too).
+    _plans = None  # (tokens, top-k, experts, ranks, ranks per node, top-k bits) -> (params, blocks, smem, nodes)
+
+    def _plan(self, num_tokens: int, num_topk: int, num_experts: int, num_ranks: int, G: int, bits: int):
+        """The kernel's parameter struct for this shape (everything but the pointers), its grid and shared memory:
+        filled once per shape (issue 23, docs/HOST_PATH.md)."""
+        plans = self._plans
+        if plans is None:
+            plans = self._plans = {}
+        key = (num_tokens, num_topk, num_experts, num_ranks, G, bits)
+        plan = plans.get(key)
+        if plan is None:
+            num_nodes = num_ranks // G if num_ranks > G else 0
+            smem = (num_experts + num_ranks + num_nodes) * 4
+            if smem > _MAX_SMEM:
+                raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
+            blocks = min(max((num_tokens + 4 * _BLOCK - 1) // (4 * _BLOCK), 1), self.num_sms)
+            p = abi.LayoutParams.from_buffer_copy(self.kernel.params)
+            p.num_tokens, p.num_topk, p.num_experts, p.num_ranks = num_tokens, num_topk, num_experts, num_ranks
+            p.tokens_per_block, p.topk_idx_bits, p.num_ranks_per_node = (num_tokens + blocks - 1) // blocks, bits, G
+            if len(plans) >= _MAX_PLANS:
+                plans.clear()
+            plan = plans[key] = (p, blocks, smem, num_nodes)
+        return plan
+
     def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream,
                  num_ranks_per_node: int = 8):
         """num_tokens_per_rdma_rank (per node) is returned when the ranks span several nodes of
-        num_ranks_per_node ranks (DeepEP: more than 8 ranks), else None."""
+        num_ranks_per_node ranks (DeepEP: more than 8 ranks), else None. alloc_stream None: the current stream."""
         num_tokens, num_topk = topk_idx.shape
-        G = num_ranks_per_node
-        num_nodes = num_ranks // G if num_ranks > G else 0
-        smem = (num_experts + num_ranks + num_nodes) * 4
-        if smem > _MAX_SMEM:
-            raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
-        with torch.cuda.stream(alloc_stream):
+        params, blocks, smem, num_nodes = self._plan(num_tokens, num_topk, num_experts, num_ranks,
+                                                     num_ranks_per_node, topk_idx.element_size() * 8)
+        with allocating_on(alloc_stream):
             counts = torch.empty(num_ranks + num_nodes + num_experts, dtype=torch.int32, device=topk_idx.device)
             is_token_in_rank = torch.empty(num_tokens, num_ranks, dtype=torch.bool, device=topk_idx.device)
         per_rank = counts[:num_ranks]
         per_node = counts[num_ranks:num_ranks + num_nodes] if num_nodes else None
         per_expert = counts[num_ranks + num_nodes:]
-        with torch.cuda.stream(comm_stream):
+        with torch.cuda.stream(comm_stream):  # the kernel adds into the counts on the comm stream
             counts.zero_()
         if num_tokens > 0:
-            blocks = min(max((num_tokens + 4 * _BLOCK - 1) // (4 * _BLOCK), 1), self.num_sms)
-            per_block = (num_tokens + blocks - 1) // blocks
-            self.kernel.set(topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=per_rank.data_ptr(),
-                            num_tokens_per_rdma_rank=per_node.data_ptr() if per_node is not None else 0,
-                            num_tokens_per_expert=per_expert.data_ptr(),
-                            is_token_in_rank=is_token_in_rank.data_ptr(), num_tokens=num_tokens, num_topk=num_topk,
-                            num_experts=num_experts, num_ranks=num_ranks, tokens_per_block=per_block,
-                            topk_idx_bits=topk_idx.element_size() * 8, num_ranks_per_node=G)
+            p = self.kernel.params
+            ctypes.memmove(ctypes.addressof(p), ctypes.addressof(params), ctypes.sizeof(params))
+            p.topk_idx, p.num_tokens_per_rank = topk_idx.data_ptr(), per_rank.data_ptr()
+            p.num_tokens_per_rdma_rank = per_node.data_ptr() if per_node is not None else 0
+            p.num_tokens_per_expert, p.is_token_in_rank = per_expert.data_ptr(), is_token_in_rank.data_ptr()
             self.kernel(blocks, comm_stream, smem=smem)
         return per_rank, per_node, per_expert, is_token_in_rank, counts
