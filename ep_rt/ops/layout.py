@@ -6,14 +6,13 @@ import torch
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
 
-_BLOCK = 256
 _MAX_SMEM = 200 * 1024
 
 
 class LayoutOp:
     def __init__(self, device_index: int, num_sms: int):
         module = modules.load_family(device_index, "layout")
-        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", abi.LayoutParams, block=_BLOCK)
+        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", abi.LayoutParams)
         driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
         self.num_sms = num_sms
 
@@ -36,7 +35,8 @@ class LayoutOp:
         with torch.cuda.stream(comm_stream):
             counts.zero_()
         if num_tokens > 0:
-            blocks = min(max((num_tokens + 4 * _BLOCK - 1) // (4 * _BLOCK), 1), self.num_sms)
+            four_per_thread = 4 * self.kernel.block  # tokens a block takes before the grid grows
+            blocks = min(max((num_tokens + four_per_thread - 1) // four_per_thread, 1), self.num_sms)
             per_block = (num_tokens + blocks - 1) // blocks
             self.kernel.set(topk_idx=topk_idx.data_ptr(), num_tokens_per_rank=per_rank.data_ptr(),
                             num_tokens_per_rdma_rank=per_node.data_ptr() if per_node is not None else 0,
