@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 
 GOLDEN = Path(__file__).parent / "data" / "host_trace_golden.json"
+MANIFEST = Path(__file__).resolve().parent.parent / "cubins" / "manifest.json"
 CPU = torch.device("cpu")
 ADDRESS_MIN = 1 << 40  # below: sizes, counts, timeouts in ns (at most ~1e12 here); above: an address
 
@@ -84,6 +85,17 @@ class FakeStream:
 
     def synchronize(self):
         self.trace.add("Stream.synchronize", self)
+
+
+def shipped_blocks(family: str) -> dict:
+    """{kernel: block size} of a family as the shipped manifest records it (from the compiled cubins): the fake
+    cubins' entries carry these, so the trace's launches take their blocks from where the real ones do."""
+    blocks: dict = {}
+    for entry in json.loads(MANIFEST.read_text())["cubins"]:
+        if entry["family"] == family:
+            for name, block in entry.get("blocks", {}).items():
+                assert blocks.setdefault(name, block) == block, f"{entry['path']}: {name} has another block size"
+    return blocks
 
 
 class FakeModule:
@@ -200,7 +212,7 @@ def stubs(trace: Trace, topology, rank: int, size: int):
     def entry(family, nvshmem_linked):
         return {"family": family, "path": f"fake/{family}.cubin", "variant": "default",
                 "needs_nvshmem": nvshmem_linked, "nvshmem": "3.4.5" if nvshmem_linked else None,
-                "flavour": "cu13", "kernels": []}
+                "flavour": "cu13", "kernels": [], "blocks": shipped_blocks(family)}
 
     def load_family(device_index, family, aggressive=None):
         trace.add("modules.load_family", device_index, family)

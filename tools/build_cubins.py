@@ -245,6 +245,86 @@ def elf_sections(cubin):
     return out
 
 
+# .nv.info.<kernel>: records of (format u8, attribute u8, u16), the u16 being an SVAL's payload size (its bytes
+# follow) and the value itself for the other formats. __launch_bounds__(N) compiles to .maxntid N,1,1 in PTX and to
+# EIATTR_MAX_THREADS (x, y, z) here; .reqntid to EIATTR_REQNTID, which is exact and so preferred.
+EIFMT_SVAL, EIATTR_MAX_THREADS, EIATTR_REQNTID = 0x04, 0x05, 0x10
+
+
+def nv_info_attributes(section):
+    """{attribute: payload bytes (SVAL) or u16 value} of one .nv.info section; BuildError when it is malformed."""
+    attributes, pos = {}, 0
+    while pos < len(section):
+        if pos + 4 > len(section):
+            raise BuildError(f"truncated .nv.info record at byte {pos}")
+        fmt, attribute, value = struct.unpack_from("<BBH", section, pos)
+        pos += 4
+        if fmt == EIFMT_SVAL:
+            if pos + value > len(section):
+                raise BuildError(f".nv.info attribute 0x{attribute:x} runs past its section")
+            attributes[attribute], pos = section[pos:pos + value], pos + value
+        elif fmt in (1, 2, 3):
+            attributes[attribute] = value
+        else:
+            raise BuildError(f"unknown .nv.info record format 0x{fmt:x} at byte {pos - 4}")
+    return attributes
+
+
+def kernel_blocks(cubin):
+    """{kernel: threads per block it is compiled for} of the kernels of a cubin that carry one in their ELF
+    .nv.info.<kernel> section (those with a __launch_bounds__; the runtime refuses to launch the others: it takes
+    every block size from here). BuildError for a 2D/3D block or a malformed section."""
+    sections = elf_sections(cubin)
+    blocks = {}
+    for name in kernel_symbols(cubin):
+        attributes = nv_info_attributes(sections.get(f".nv.info.{name}", b""))
+        dims = attributes.get(EIATTR_REQNTID, attributes.get(EIATTR_MAX_THREADS))
+        if dims is None:
+            continue
+        if not isinstance(dims, bytes) or len(dims) != 12:
+            raise BuildError(f"kernel {name}: its block size attribute is not three 32-bit numbers")
+        x, y, z = struct.unpack("<III", dims)
+        if (y, z) != (1, 1):
+            raise BuildError(f"kernel {name} is compiled for a {x}x{y}x{z} block: ep_rt launches 1D blocks only")
+        blocks[name] = x
+    return blocks
+
+
+LAUNCH_BOUNDS = re.compile(r"__launch_bounds__\s*\(([^()]*)\)\s*(?:void\s+)?(\w+)\s*\(")
+
+
+def source_launch_bounds(path):
+    """{kernel: the max threads per block of its __launch_bounds__} of a .cu file (integer literals only)."""
+    bounds = {}
+    for args, name in LAUNCH_BOUNDS.findall(strip_comments(path.read_text(encoding="utf-8"))):
+        first = args.split(",")[0].strip()
+        if not first.isdigit():
+            raise BuildError(f"{path.name}: kernel {name}: __launch_bounds__({args.strip()}) does not start with "
+                             f"an integer literal (the manifest's block sizes are checked against it)")
+        bounds[name] = int(first)
+    return bounds
+
+
+def block_problems(family, kernels, blocks):
+    """Where a cubin's kernel block sizes (`blocks`, of its `kernels`) disagree with its family source's
+    __launch_bounds__: another number, or one side without any."""
+    bounds = source_launch_bounds(family.source)
+    problems = []
+    for name in kernels:
+        if name not in blocks and name not in bounds:
+            continue  # no block size on either side: the runtime refuses to launch it (runtime/manifest.py)
+        if name not in blocks:
+            problems.append(f"kernel {name}: {family.source.name} gives it __launch_bounds__({bounds[name]}), the "
+                            f"cubin carries no block size")
+        elif name not in bounds:
+            problems.append(f"kernel {name}: the cubin is compiled for {blocks[name]} threads per block, "
+                            f"{family.source.name} has no __launch_bounds__ for it")
+        elif bounds[name] != blocks[name]:
+            problems.append(f"kernel {name}: the cubin is compiled for {blocks[name]} threads per block, "
+                            f"{family.source.name} says __launch_bounds__({bounds[name]})")
+    return problems
+
+
 # nvcc's module id of relocatable code (in internal-linkage names, so in some section names too)
 MODULE_ID = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
 
@@ -345,6 +425,7 @@ def manifest_entry(target, src, cubin, compiler):
         "nvshmem": toolchains.nvshmem_version(target.flavour, family),
         "flags": recorded_flags(target, src.name),
         "kernels": kernel_symbols(cubin),
+        "blocks": kernel_blocks(cubin),   # the runtime launches each kernel with this block (runtime/launch.py)
         "needs_nvshmem": family.needs_nvshmem,
         "ran_on_hardware": False,  # set from the marks (apply_marks)
     }
@@ -428,6 +509,9 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=Non
     def build_one(target):
         cubin = chains[target.flavour].compile(target.family, target.variant, target.arch, src)
         entry = manifest_entry(target, src, cubin, chains[target.flavour].compiler(target.family))
+        mismatch = block_problems(target.family, entry["kernels"], entry["blocks"])
+        if mismatch:
+            raise BuildError(f"{entry['path']}: " + "; ".join(mismatch))
         write_atomic(out / entry["path"], cubin)
         print(f"built {entry['path']}: {len(cubin)} bytes, {len(entry['kernels'])} kernels", flush=True)
         return entry
@@ -477,6 +561,22 @@ def check_entry(src, out, expected, entry):
         problems.append(f"{entry['path']}: cubin file missing: {REBUILD_HINT}")
     elif manifest_lib.file_sha256(cubin) != entry["sha256"]:
         problems.append(f"{entry['path']}: cubin sha256 differs from the manifest: {REBUILD_HINT}")
+    else:
+        problems += check_blocks(target, entry, cubin.read_bytes())
+    return problems
+
+
+def check_blocks(target, entry, cubin):
+    """The entry's kernel block sizes against the cubin's (.nv.info) and the source's __launch_bounds__."""
+    try:
+        blocks = kernel_blocks(cubin)
+        problems = [f"{entry['path']}: {p}: {REBUILD_HINT}"
+                    for p in block_problems(target.family, kernel_symbols(cubin), blocks)]
+    except BuildError as e:
+        return [f"{entry['path']}: {e}"]
+    if entry.get("blocks") != blocks:
+        problems.append(f"{entry['path']}: the manifest's block sizes {entry.get('blocks')} differ from the cubin's "
+                        f"{blocks}: {REBUILD_HINT}")
     return problems
 
 

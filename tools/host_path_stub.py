@@ -35,7 +35,7 @@ import ep_rt  # noqa: E402
 from ep_rt import buffer as buffer_mod  # noqa: E402
 from ep_rt.handles import next_serial  # noqa: E402
 from ep_rt.ops import internode, intranode, layout, low_latency  # noqa: E402
-from ep_rt.runtime import abi, driver, launch  # noqa: E402
+from ep_rt.runtime import abi, driver, launch, modules  # noqa: E402
 from ep_rt.transport import internode_layout as lay_mod  # noqa: E402
 from ep_rt.transport import ll_layout, nvl  # noqa: E402
 from ep_rt.transport.error_record import ErrorRecords  # noqa: E402
@@ -202,6 +202,10 @@ def stubbed():
 
 
 class _FakeModule:
+    # every kernel's block size as the shipped manifest records it (the Launchers take theirs from the entry)
+    entry = {"path": "fake.cubin",
+             "blocks": {k: b for e in modules.manifest()["cubins"] for k, b in e.get("blocks", {}).items()}}
+
     def function(self, name):
         return name
 
@@ -209,9 +213,9 @@ class _FakeModule:
 MOD = _FakeModule()
 
 
-def launcher(name, params, block):
+def launcher(name, params):
     S.params_types[name] = params
-    return launch.Launcher(MOD, name, params, block=block)
+    return launch.Launcher(MOD, name, params)
 
 
 # ---- fake Buffers --------------------------------------------------------------------------------------
@@ -259,13 +263,13 @@ def intranode_buffer(num_recv):
         nv.counters[w] = num_recv
     ht = intranode.IntranodeOp.__new__(intranode.IntranodeOp)
     ht.nvl = nv
-    ht.notify = launcher("ep_rt_intranode_notify", abi.NotifyParams, 1024)
-    ht.dispatch_kernel = launcher("ep_rt_intranode_dispatch", abi.DispatchParams, 512)
-    ht.combine_kernel = launcher("ep_rt_intranode_combine", abi.CombineParams, 512)
+    ht.notify = launcher("ep_rt_intranode_notify", abi.NotifyParams)
+    ht.dispatch_kernel = launcher("ep_rt_intranode_dispatch", abi.DispatchParams)
+    ht.combine_kernel = launcher("ep_rt_intranode_combine", abi.CombineParams)
     ht.serial = next_serial()
     ht.timer = None
     lay = layout.LayoutOp.__new__(layout.LayoutOp)
-    lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams, 256)
+    lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams)
     lay.num_sms = 132
     return _buffer(errors, R, nv=nv, ht=ht, lay=lay)
 
@@ -302,9 +306,7 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
     for w in (abi.EP_RT_IN_HOST_NUM_RECV, abi.EP_RT_IN_HOST_NUM_RDMA_RECV, abi.EP_RT_IN_HOST_MAX_RECV):
         io.counters[w] = num_recv
     io.counters[abi.EP_RT_IN_HOST_MAX_STREAM] = 4096
-    blocks = {"barrier": 256}
-    io.kernels = {n: launcher(f"ep_rt_internode_{n}", abi.InternodeParams, blocks.get(n, 512))
-                  for n in internode._KERNELS}
+    io.kernels = {n: launcher(f"ep_rt_internode_{n}", abi.InternodeParams) for n in internode._KERNELS}
     for k in io.kernels.values():
         p = k.params
         p.sym_base = io.sym_base
@@ -313,7 +315,7 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
     io.serial = next_serial()
     io.timer = None
     lay = layout.LayoutOp.__new__(layout.LayoutOp)
-    lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams, 256)
+    lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams)
     lay.num_sms = 132
     buf = _buffer(errors, ranks, nv=nv, ht=io, lay=lay)
     buf.topology = io.topology
@@ -344,9 +346,9 @@ def ll_buffer(ranks=R, nvlink_peers=None, shrink=False):
     op.pending_recv = [False, False]
     op.workspace = torch.zeros(abi.EP_RT_LL_WS_COUNTERS + abi.EP_RT_LL_MAX_SIGNALS, dtype=torch.int32)
     op.mask = torch.zeros(ranks, dtype=torch.int32) if shrink else None
-    op.kernels = {n: launcher(f"ep_rt_ll_{n}", abi.LowLatencyParams, 512 if n == "dispatch_send" else 256)
+    op.kernels = {n: launcher(f"ep_rt_ll_{n}", abi.LowLatencyParams)
                   for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
-    op._barrier = launcher("ep_rt_ll_barrier", abi.LowLatencyParams, 256)
+    op._barrier = launcher("ep_rt_ll_barrier", abi.LowLatencyParams)
     op.barrier_seq = 0
     op.dispatch_recv_grid = 264
     op.combine_send_grid = 264

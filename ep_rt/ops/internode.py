@@ -34,7 +34,6 @@ from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
 
 SLOT = "internode"
-_BLOCK, _BARRIER_BLOCK = 512, 256
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
 _EARLY = frozenset(("forward", "recv", "combine_forward", "combine_reduce"))
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
@@ -110,9 +109,7 @@ class InternodeOp:
         self.counters = (ctypes.c_int32 * abi.EP_RT_IN_HOST_WORDS).from_address(self.host_ptr)
         ctypes.memset(self.host_ptr, 0, abi.EP_RT_IN_HOST_WORDS * 4)
         self.host_token = 0
-        blocks = {"barrier": _BARRIER_BLOCK}  # their __launch_bounds__
-        self.kernels = {name: Launcher(module, f"ep_rt_internode_{name}", abi.InternodeParams,
-                                       block=blocks.get(name, _BLOCK)) for name in _KERNELS}
+        self.kernels = {name: Launcher(module, f"ep_rt_internode_{name}", abi.InternodeParams) for name in _KERNELS}
         nvl_area = [ptr + nvl_layout.CONTROL_BYTES for ptr in nvl.peer_ptrs]  # the NVL buffer's data region
         for k in self.kernels.values():
             p = k.params

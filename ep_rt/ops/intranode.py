@@ -25,8 +25,6 @@ from ..runtime.launch import Launcher
 from ..transport import nvl_layout
 from ..transport.nvl import NvlBuffer
 
-_NOTIFY_BLOCK = 1024
-_DATA_BLOCK = 512
 _MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
 
 
@@ -60,9 +58,9 @@ class IntranodeOp:
     def __init__(self, nvl: NvlBuffer):
         self.nvl = nvl
         module = modules.load_family(nvl.device_index, "intranode")
-        self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams, block=_NOTIFY_BLOCK)
-        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, block=_DATA_BLOCK)
-        self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams, block=_DATA_BLOCK)
+        self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
+        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams)
+        self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams)
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):
             nvl.fill_common(k.params)
         self.serial = next_serial()  # the owner its handles name

@@ -9,7 +9,6 @@ from ..events import allocating_on
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
 
-_BLOCK = 256
 _MAX_SMEM = 200 * 1024
 _MAX_PLANS = 64  # call plans kept; past that they are dropped and rebuilt as calls need them
 
@@ -17,7 +16,7 @@ _MAX_PLANS = 64  # call plans kept; past that they are dropped and rebuilt as ca
 class LayoutOp:
     def __init__(self, device_index: int, num_sms: int):
         module = modules.load_family(device_index, "layout")
-        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", abi.LayoutParams, block=_BLOCK)
+        self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", abi.LayoutParams)
         driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
         self.num_sms = num_sms
 
@@ -37,7 +36,8 @@ class LayoutOp:
             smem = (num_experts + num_ranks + num_nodes) * 4
             if smem > _MAX_SMEM:
                 raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
-            blocks = min(max((num_tokens + 4 * _BLOCK - 1) // (4 * _BLOCK), 1), self.num_sms)
+            four_per_thread = 4 * self.kernel.block  # tokens a block takes before the grid grows
+            blocks = min(max((num_tokens + four_per_thread - 1) // four_per_thread, 1), self.num_sms)
             p = abi.LayoutParams.from_buffer_copy(self.kernel.params)
             p.num_tokens, p.num_topk, p.num_experts, p.num_ranks = num_tokens, num_topk, num_experts, num_ranks
             p.tokens_per_block, p.topk_idx_bits, p.num_ranks_per_node = (num_tokens + blocks - 1) // blocks, bits, G

@@ -23,7 +23,6 @@ from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
 
 _MAX_EXPERTS = abi.EP_RT_LL_MAX_SIGNALS
-_SEND_BLOCK, _RECV_BLOCK = 512, 256
 _FP8 = torch.float8_e4m3fn
 SLOT = "low_latency"  # this op's slot in the ErrorRecords
 MIN_CC = (9, 0)  # kernels_src/low_latency.cu's min_arch
@@ -137,10 +136,9 @@ class LowLatencyOp:
         self.pending_recv = [False, False]
         self.workspace = torch.zeros(abi.EP_RT_LL_WS_COUNTERS + _MAX_EXPERTS, dtype=torch.int32, device=self.device)
         self.mask = torch.zeros(self.num_ranks, dtype=torch.int32, device=self.device) if enable_shrink else None
-        self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams,
-                                       block=_SEND_BLOCK if name == "dispatch_send" else _RECV_BLOCK)
+        self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams)
                         for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
-        self._barrier = Launcher(module, "ep_rt_ll_barrier", abi.LowLatencyParams, block=_RECV_BLOCK)
+        self._barrier = Launcher(module, "ep_rt_ll_barrier", abi.LowLatencyParams)
         self.barrier_seq = 0
         self.timeout_s = timeout_s
         self.serial = next_serial()  # the owner its handles name
@@ -370,8 +368,8 @@ class LowLatencyOp:
         p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
         p.zero_copy = int(zero_copy)
         send(self.combine_send_grid, stream_for_send)  # even shares of the rows
-        # Receive work items are (token, chunk of _RECV_BLOCK int4 of the row): two blocks per SM at most.
-        items = N * -(-hidden // (8 * _RECV_BLOCK))
+        # Receive work items are (token, chunk of one block's threads' int4 of the row): two blocks per SM at most.
+        items = N * -(-hidden // (8 * self.kernels["combine_recv"].block))
         return out, self._receive_launcher("combine", send, self.kernels["combine_recv"],
                                            max(1, min(items, 2 * self.num_sms)), b)
 

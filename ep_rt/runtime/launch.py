@@ -4,14 +4,15 @@ Each kernel takes one parameter struct (kernels_src/include/ep_rt/params.h, mirr
 A Launcher owns one instance of it and the `void*[1]` array pointing at it, so a launch only updates
 the fields that change and passes one integer address to cuLaunchKernel (the driver copies the
 struct at launch time, so it can be reused at once). Launch attributes (cooperative, cluster) go
-through cuLaunchKernelEx with a config built once.
+through cuLaunchKernelEx with a config built once. The block size is the one the kernel is compiled for, from its
+cubin's manifest entry (modules.kernel_block): no caller names it.
 """
 from __future__ import annotations
 
 import ctypes
 
 from . import abi, driver
-from .modules import LoadedModule
+from .modules import LoadedModule, kernel_block
 
 _streams: dict[int, object] = {}
 _launches = 0  # kernels this process launched through a Launcher (the bad-input catalogue reads it)
@@ -39,11 +40,11 @@ def driver_stream(torch_stream) -> object:
 
 
 class Launcher:
-    def __init__(self, module: LoadedModule, name: str, params_type: type, block: int, smem: int = 0,
+    def __init__(self, module: LoadedModule, name: str, params_type: type, smem: int = 0,
                  cooperative: bool = False, cluster: int = 1):
         self.name = name
+        self.block = kernel_block(module.entry, name)  # threads per block (grid arithmetic reads it here too)
         self.function = module.function(name)
-        self.block = block
         self.smem = smem
         self.params = params_type()
         self._args = (ctypes.c_void_p * 1)(ctypes.addressof(self.params))

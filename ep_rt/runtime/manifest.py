@@ -5,7 +5,9 @@ runtime (which finds cubins through it). Standard library only, so the build too
 this file without the rest of ep_rt and without torch.
 
 Schema 2: every entry has a `flavour` (cu12: NVRTC/nvJitLink 12.9 build, cu13: nvcc 13 build) and the
-`min_driver` (cuDriverGetVersion) it needs; paths are <flavour>/<arch>/<variant>/<family>.cubin.
+`min_driver` (cuDriverGetVersion) it needs; paths are <flavour>/<arch>/<variant>/<family>.cubin. `blocks` maps each
+kernel to the threads per block it is compiled for (its __launch_bounds__, read from the cubin's .nv.info): the one
+source of block sizes, the runtime launches with it.
 """
 import hashlib
 import json
@@ -74,6 +76,17 @@ def find_cubin_entries(manifest, family, arch=None, variant=None, flavour=None):
          and (variant is None or e["variant"] == variant)
          and (flavour is None or e["flavour"] == flavour)),
         key=lambda e: e["path"])
+
+
+def kernel_block(entry, name):
+    """The threads per block kernel `name` of a manifest entry is compiled for; ManifestError when the entry has none
+    (a manifest from before block sizes were recorded, or a kernel the build did not see)."""
+    block = entry.get("blocks", {}).get(name)
+    if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
+        raise ManifestError(
+            f"the cubin manifest entry {entry.get('path')!r} has no block size for kernel {name!r} (its 'blocks' "
+            f"field: {entry.get('blocks')!r}): rebuild the manifest with python tools/build_cubins.py")
+    return block
 
 
 def _relative(root, path):

@@ -18,6 +18,7 @@ from .. import env
 from ..errors import CubinNotFoundError
 from . import choice, driver
 from .manifest import ManifestError, load_manifest
+from .manifest import kernel_block as _kernel_block
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # ep_rt/
 
@@ -49,6 +50,15 @@ def _read_manifest(path: str) -> dict:
 
 def manifest() -> dict:
     return _read_manifest(str(cubin_root() / "manifest.json"))
+
+
+def kernel_block(entry: dict, name: str) -> int:
+    """The block size (threads) of kernel `name` as the manifest entry of its cubin records it (build_cubins.py reads
+    it from the compiled kernel's __launch_bounds__): every Launcher takes its block from here."""
+    try:
+        return _kernel_block(entry, name)
+    except ManifestError as e:
+        raise CubinNotFoundError(str(e)) from None
 
 
 def choose_entry(manifest: dict, family: str, device_index: int, aggressive: bool,

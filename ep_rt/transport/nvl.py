@@ -26,7 +26,6 @@ from .device_view import device_tensor
 from .host_wait import wait_for_token
 from .topology import Topology
 
-_BARRIER_BLOCK = 32
 SLOT = "nvl"  # this buffer's slot in the ErrorRecords
 
 
@@ -82,7 +81,7 @@ class NvlBuffer:
                 self._opened.append(self.peer_ptrs[local])
 
         module = modules.load_family(device_index, "intranode")
-        self._barrier = Launcher(module, "ep_rt_intranode_barrier", abi.BarrierParams, block=_BARRIER_BLOCK)
+        self._barrier = Launcher(module, "ep_rt_intranode_barrier", abi.BarrierParams)
         self.fill_common(self._barrier.params)
 
     # ---- per-call helpers -----------------------------------------------------------------------

@@ -51,7 +51,7 @@ def net_probe(rank, num_ranks):
     rdma.zero_()
     torch.cuda.synchronize()
     dist.barrier()  # every destination is zero before anybody puts
-    probe = Launcher(op.module, "ep_rt_ll_net_probe", abi.LowLatencyParams, block=256)
+    probe = Launcher(op.module, "ep_rt_ll_net_probe", abi.LowLatencyParams)
     probe.set(sym_base=op.sym, send_off=SEND_OFF, recv_off=RECV_OFF, rank=rank, num_ranks=num_ranks)
     if op.net_stats is not None:
         op.net_stats.reset()

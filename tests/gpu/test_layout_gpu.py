@@ -55,7 +55,7 @@ def test_launch_with_attributes_matches_plain_launch():
     idx = torch.topk(torch.rand(2048, 64, generator=gen), 6, dim=1).indices.cuda()
     want = reference.dispatch_layout(idx, 64, 4)
     op.kernel = Launcher(cubins.load_family(dev, "layout"), "ep_rt_get_dispatch_layout", params.LayoutParams,
-                         block=256, cooperative=True)
+                         cooperative=True)
     stream = torch.cuda.current_stream()
     per_rank, _, per_expert, in_rank, _ = op(idx, 64, 4, stream, stream)
     torch.cuda.synchronize()

@@ -16,10 +16,11 @@ CPU = torch.device("cpu")
 
 
 class FakeLauncher:
-    """A Launcher's interface: its params struct, set(), and a launch that runs `on_launch` instead of a kernel."""
+    """A Launcher's interface: its params struct, set(), and a launch that runs `on_launch` instead of a kernel.
+    Its block size is any (these tests read parameter fields, not grids)."""
 
-    def __init__(self, params_type, on_launch=None):
-        self.params = params_type()
+    def __init__(self, params_type, on_launch=None, block=256):
+        self.params, self.block = params_type(), block
         self.launches = []
         self.on_launch = on_launch
 

@@ -18,6 +18,8 @@ class _Params(ctypes.Structure):
 
 
 class _Module:
+    entry = {"path": "fake.cubin", "blocks": {"k": 128, "c": 128}}
+
     def function(self, name):
         return f"function {name}"
 
@@ -37,8 +39,8 @@ def fake_driver(monkeypatch):
 
 
 def test_every_kind_of_launch_counts_once(fake_driver):
-    plain = launch.Launcher(_Module(), "k", _Params, block=128)
-    coop = launch.Launcher(_Module(), "c", _Params, block=128, cooperative=True)
+    plain = launch.Launcher(_Module(), "k", _Params)
+    coop = launch.Launcher(_Module(), "c", _Params, cooperative=True)
     start = launch.launch_count()
     plain(4, _Stream())
     coop(2, _Stream())
@@ -54,7 +56,7 @@ def test_a_refused_launch_does_not_count(fake_driver, monkeypatch):
     def refuse(*a):
         raise RuntimeError("cuLaunchKernel(k): CUDA_ERROR_INVALID_VALUE")
     monkeypatch.setattr(launch.driver, "launch", refuse)
-    k = launch.Launcher(_Module(), "k", _Params, block=128)
+    k = launch.Launcher(_Module(), "k", _Params)
     start = launch.launch_count()
     with pytest.raises(RuntimeError):
         k(1, _Stream())

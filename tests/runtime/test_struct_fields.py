@@ -15,6 +15,8 @@ MIRRORS = {name: cls for name, cls in vars(abi).items()
 
 
 class _Module:
+    entry = {"path": "fake.cubin", "blocks": {"k": 128}}
+
     def function(self, name):
         return f"function {name}"
 
@@ -59,7 +61,7 @@ def test_nested_structs_and_records_from_memory_refuse_too():
 
 
 def test_launcher_set_names_the_struct_and_the_nearest_fields():
-    k = launch.Launcher(_Module(), "k", abi.DispatchParams, block=128)
+    k = launch.Launcher(_Module(), "k", abi.DispatchParams)
     assert k.set(rank=3, num_ranks=8) is k and (k.params.rank, k.params.num_ranks) == (3, 8)
     with pytest.raises(AttributeError) as info:
         k.set(rank=1, num_rank=4)
@@ -162,7 +164,7 @@ from ep_rt.runtime.launch import Launcher
 
 class Op:
     def __init__(self, module):
-        self.k = Launcher(module, "k", abi.LowLatencyParams, block=128)
+        self.k = Launcher(module, "k", abi.LowLatencyParams)
 
     def call(self, x):
         p = self.k.params

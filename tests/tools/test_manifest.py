@@ -62,7 +62,7 @@ ALPHA_CU = """\
 #endif
 __device__ __noinline__ int twice(int x) { return 2 * x; }
 extern "C" __global__ void alpha_copy(const int *in, int *out) { out[threadIdx.x] = twice(TEST_LOAD(in + threadIdx.x)); }
-extern "C" __global__ void alpha_outer(Outer p) { ((int *)p.ptrs[0])[threadIdx.x] = p.n + p.m + (int)p.inner.a; }
+extern "C" __global__ void __launch_bounds__(64, 2) alpha_outer(Outer p) { ((int *)p.ptrs[0])[threadIdx.x] = p.n + p.m + (int)p.inner.a; }
 """
 
 BETA_CU = """\
@@ -220,6 +220,8 @@ def test_manifest_entries(built):
         assert entry["sources"] == sorted([f"kernels_src/{entry['family']}.cu", "kernels_src/include/ep_rt/params.h",
                                            "kernels_src/include/ep_rt/ptx.cuh"])
         assert entry["flags"] == expected_flags(flavour, arch, entry["variant"])
+        # the block size of the one kernel with __launch_bounds__, as compiled (the others have none to record)
+        assert entry["blocks"] == ({"alpha_outer": 64} if entry["family"] == "alpha" else {}), entry["path"]
         # NVRTC 12 writes the ELF ABI that r525+ drivers load (sm_100 has only the newer one); nvcc 13 cannot.
         assert (cubin[7], cubin[8]) == ((0x33, 7) if flavour == "cu12" and arch != "sm_100" else (0x41, 8)), entry
     for flavour in BUILT:
@@ -307,6 +309,11 @@ MUTATIONS = {
                                  PARAMS_H.replace("int32_t n, m;", "int32_t n, count;")),
                              ["params.h struct Outer fields differ from the manifest (added ['count'], removed ['m'])"]),
     "manifest deleted": (lambda r: (r / "cubins/manifest.json").unlink(), ["no cubin manifest at"]),
+    "launch bounds changed": (lambda r: (r / "kernels_src/alpha.cu").write_text(
+                                  ALPHA_CU.replace("__launch_bounds__(64, 2)", "__launch_bounds__(128, 2)")),
+                              ["cu13/sm_90/safe/alpha.cubin: stale",
+                               "cu13/sm_90/safe/alpha.cubin: kernel alpha_outer: the cubin is compiled for 64 threads "
+                               "per block, alpha.cu says __launch_bounds__(128)"]),
 }
 
 
