@@ -78,8 +78,9 @@ def one_at_a_time(kind: str | None, hook: bool = False):
             args.append(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
         names = dict(defaults, _method=method, _kind=kind, _hook=hook, _lock_of=_lock_of, _overlap=_overlap,
                      _interrupted=interrupted, _guarded_hook=_guarded_hook)
-        exec(compile(_TEMPLATE.format(name=method.__name__, hook_name=method.__name__ + "'s receive hook", params=", ".join(params), args=", ".join(args)),
-                     f"<ep_rt.call_guard {method.__name__}>", "exec"), names)
+        source = _TEMPLATE.format(name=method.__name__, hook_name=method.__name__ + "'s receive hook",
+                                  params=", ".join(params), args=", ".join(args))
+        exec(compile(source, f"<ep_rt.call_guard {method.__name__}>", "exec"), names)
         guarded = names[method.__name__]
         _GUARDS.add(guarded.__code__)
         return functools.wraps(method)(guarded)
@@ -158,4 +159,5 @@ def interrupted(buf, kind: str | None, what: str, exc: BaseException) -> None:
         f"rank {buf.rank}: interrupted ({type(exc).__name__}) during Buffer.{what}: this rank left the call while "
         f"its peers may still be in it, so this Buffer's {slot} calls are unusable now. destroy() frees the Buffer "
         f"without waiting for those peers; then create a new Buffer (every rank)."))
-    exc.add_note(f"ep_rt: {err}")
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        exc.add_note(f"ep_rt: {err}")
