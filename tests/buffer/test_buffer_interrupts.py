@@ -16,6 +16,7 @@ from ep_rt.transport.error_record import ErrorRecords
 from ep_rt.transport.host_wait import wait_for_token
 
 from .. import host_trace
+from .test_buffer_threads import _in_host_wait
 
 
 def _events_after(trace, start: int, kind: str):
@@ -28,6 +29,19 @@ def _launched(trace, start: int) -> list:
 
 def _interrupt_after(seconds: float) -> threading.Timer:
     t = threading.Timer(seconds, _thread.interrupt_main)
+    t.start()
+    return t
+
+
+def _interrupt_in_host_wait() -> threading.Thread:
+    """Interrupt the main thread once it is inside the host wait (however slow the machine is to get there)."""
+    main = threading.main_thread()
+
+    def run():
+        _in_host_wait(main)
+        _thread.interrupt_main()
+
+    t = threading.Thread(target=run, daemon=True)
     t.start()
     return t
 
@@ -78,7 +92,7 @@ def test_an_interrupt_in_a_dispatchs_host_wait_leaves_a_failed_buffer_that_destr
     with host_trace.driven("intranode", gate) as (trace, make):
         buf = make()
         x, idx, w, common = host_trace.ht_inputs(buf)
-        timer = _interrupt_after(0.3)
+        timer = _interrupt_in_host_wait()
         with pytest.raises(KeyboardInterrupt) as e:
             buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
         timer.join()
