@@ -9,7 +9,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import buffer_plan, config as config_mod, config_file, env, validate
+from . import buffer_plan, call_guard, config as config_mod, config_file, env, validate
 from .config import Config
 from .deep_ep_runtime import DeepEPRuntime
 from .errors import EpRtError
@@ -226,6 +226,7 @@ class Buffer:
                             self._errors, self.enable_shrink)
 
     # ---- lifetime -------------------------------------------------------------------------------
+    @call_guard.one_at_a_time(None)
     def destroy(self) -> None:
         """Free every buffer of this Buffer, collectively; only for Buffers made with explicitly_destroy=True (as
         DeepEP). Every rank must call it. Idempotent: a second call does nothing.
@@ -343,6 +344,7 @@ class Buffer:
             raise EpRtError("set_kernel_timer: this Buffer has no high-throughput mode")
         self._ht.timer = timer
 
+    @call_guard.one_at_a_time(call_guard.NVL)
     def nvl_barrier(self, stream: torch.cuda.Stream, synchronize: bool = True) -> None:
         """Benchmark hook, not DeepEP API: the device barrier of this node's ranks over the NVL buffer, with the
         Buffer's timeout; every rank of the node must call it.
@@ -355,6 +357,7 @@ class Buffer:
             raise EpRtError("nvl_barrier: this Buffer has no NVL buffer")
         self._nvl.barrier(stream, synchronize)
 
+    @call_guard.one_at_a_time(call_guard.HT)
     def internode_barrier(self, stream: torch.cuda.Stream) -> None:
         """Benchmark hook, not DeepEP API: every rank of the group meets in the internode kernels' barrier (the
         network deadline, EP_RT_NET_TIMEOUT_S) and the host waits for it; raises CommTimeoutError naming a missing
@@ -506,6 +509,7 @@ class Buffer:
         return view
 
     # ---- layout ---------------------------------------------------------------------------------
+    @call_guard.one_at_a_time(None)
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
                             previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
                             allocate_on_comm_stream: bool = False):
@@ -541,6 +545,7 @@ class Buffer:
         return per_rank, per_node, per_expert, in_rank, event
 
     # ---- dispatch -------------------------------------------------------------------------------
+    @call_guard.one_at_a_time(call_guard.HT)
     def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], handle: Optional[Tuple] = None,
                  num_tokens_per_rank: Optional[torch.Tensor] = None,
                  num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
@@ -611,6 +616,7 @@ class Buffer:
         return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
 
     # ---- combine --------------------------------------------------------------------------------
+    @call_guard.one_at_a_time(call_guard.HT)
     def combine(self, x: torch.Tensor, handle: Tuple, topk_weights: Optional[torch.Tensor] = None,
                 bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
                 config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
@@ -648,6 +654,7 @@ class Buffer:
         return combined_x, combined_w, event
 
     # ---- low latency --------------------------------------------------------------------------
+    @call_guard.one_at_a_time(call_guard.LL)
     def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
         """Zero the low-latency buffers' signal areas on every rank (collective).
 
@@ -660,6 +667,7 @@ class Buffer:
         (DeepEP needs it there), only to return to a known state; the shape is checked against the buffer."""
         self._ll_live().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
+    @call_guard.one_at_a_time(call_guard.LL, hook=True)
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
                              dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
@@ -715,6 +723,7 @@ class Buffer:
         with_facts(handle, HandleFacts.of(handle, ll.serial))
         return ((recv_x, scales) if use_fp8 else recv_x), count, handle, event, hook
 
+    @call_guard.one_at_a_time(call_guard.LL, hook=True)
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: tuple,
                             use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
                             return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
@@ -782,6 +791,7 @@ class Buffer:
         self._ll_on_comm_stream = True
         return result, scope.finish(touched(result)), None
 
+    @call_guard.one_at_a_time(None)
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:
         """The send buffer the next low-latency call reads, for a zero_copy combine: write the experts' outputs
         into it, then call low_latency_combine(..., zero_copy=True).
@@ -802,6 +812,7 @@ class Buffer:
             raise EpRtError("mask buffers need Buffer(..., enable_shrink=True)")
         return ll.mask
 
+    @call_guard.one_at_a_time(None)
     def low_latency_update_mask_buffer(self, rank_to_mask: int, mask: bool = False) -> None:
         """Shrink mode (enable_shrink=True): mark a rank as masked, or unmask it. The low-latency calls skip masked
         ranks (they neither send to nor wait for them).
@@ -816,6 +827,7 @@ class Buffer:
             raise ValueError(f"rank_to_mask must be in [0, {self.group_size}), got {rank_to_mask}")
         m[rank_to_mask] = 1 if mask else 0
 
+    @call_guard.one_at_a_time(None)
     def low_latency_query_mask_buffer(self, mask_status: torch.Tensor) -> None:
         """Shrink mode: copy which ranks are masked into `mask_status`.
 
@@ -825,11 +837,13 @@ class Buffer:
         validate.tensor("mask_status", mask_status, dtype=torch.int32, ndim=1, device=self.device, rows=self.group_size)
         mask_status.copy_(m)
 
+    @call_guard.one_at_a_time(None)
     def low_latency_clean_mask_buffer(self) -> None:
         """Shrink mode: unmask every rank (this rank's view; each rank keeps its own)."""
         self._shrink_mask().zero_()
 
     # ---- DeepEP's internode entry points (its dispatch / combine route to them across nodes) ----------
+    @call_guard.one_at_a_time(call_guard.HT)
     def internode_dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
                            handle: Optional[Tuple] = None, num_tokens_per_rank: Optional[torch.Tensor] = None,
                            num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
@@ -849,6 +863,7 @@ class Buffer:
                              num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
                              previous_event, async_finish, allocate_on_comm_stream)
 
+    @call_guard.one_at_a_time(call_guard.HT)
     def internode_combine(self, x: torch.Tensor, handle: Union[tuple, list],
                           topk_weights: Optional[torch.Tensor] = None,
                           bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,

@@ -17,6 +17,7 @@ import contextlib
 import ctypes
 import json
 import sys
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -120,8 +121,10 @@ ROWS = 24
 
 
 @contextlib.contextmanager
-def stubs(trace: Trace, topology, rank: int, size: int):
-    """Everything the Buffer's host code calls that needs a GPU, NVSHMEM or peers, recorded into `trace`."""
+def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
+    """Everything the Buffer's host code calls that needs a GPU, NVSHMEM or peers, recorded into `trace`. gate: a
+    threading.Event; the notify kernels then publish the host counters only once it is set (a late peer: the host
+    waits meanwhile). It is set when the stubs end, so no publication outlives the memory it writes."""
     from ep_rt import buffer as buffer_mod
     from ep_rt.runtime import abi, driver, launch, modules
     from ep_rt.transport import nvshmem, topology as topology_mod
@@ -171,10 +174,17 @@ def stubs(trace: Trace, topology, rank: int, size: int):
                 c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] = 3
             c[abi.EP_RT_IN_HOST_TOKEN] = p.host_token
 
+    publishers = []
+
     def do_launch(kind, config, function, grid, block, smem, stream, address, name):
         p = params_of(name, address)
         trace.add(kind, name, grid, block, smem, stream, config, p)
-        publish(name, p)
+        if gate is None or gate.is_set():
+            publish(name, p)
+        else:
+            copy = type(p).from_buffer_copy(p)  # (the launcher reuses its struct)
+            publishers.append(threading.Thread(target=lambda: gate.wait() and publish(name, copy), daemon=True))
+            publishers[-1].start()
 
     def make_launch_config(cooperative, cluster, programmatic=False):
         trace.add("driver.make_launch_config", cooperative, cluster, programmatic)
@@ -306,7 +316,13 @@ def stubs(trace: Trace, topology, rank: int, size: int):
         mp.setenv("EP_RT_TIMEOUT_S", "100")
         for knob in ("EP_RT_NET_TIMEOUT_S", "EP_RT_RANKS_PER_NODE", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CONFIG_FILE"):
             mp.delenv(knob, raising=False)
-        yield
+        try:
+            yield
+        finally:
+            if gate is not None:
+                gate.set()
+                for t in publishers:
+                    t.join()
 
 
 # ---- the scenarios: a Buffer built, its hot calls, its teardown -------------------------------------------------
@@ -449,24 +465,56 @@ def _ll_calls(trace, buf):
         buf.low_latency_clean_mask_buffer()
 
 
-def run_scenario(name: str, inspect=None) -> list:
-    """The trace of scenario `name`; inspect(buffer), if given, runs right after construction (stubs still on)."""
-    from ep_rt import Buffer
+def scenario(name: str):
+    """(topology, rank, ranks, Buffer keyword arguments) of scenario `name`."""
     from ep_rt.transport.topology import Topology
 
     nodes, G, rank, kwargs = SCENARIOS[name]
     R = nodes * G
     topo = Topology.from_table(rank, [f"h{r // G}" for r in range(R)], [f"b{r}" for r in range(R)])
+    return topo, rank, R, {"explicitly_destroy": True, **kwargs}
+
+
+def build(kwargs):
+    """A Buffer made under the stubs (a fake group), its device set to the CPU's."""
+    from ep_rt import Buffer
+
+    buf = Buffer(object(), **kwargs)
+    # The stand-in device tensors are CPU tensors; the argument checks compare devices.
+    buf.device = CPU
+    for part in (getattr(buf, "_ll", None), getattr(buf, "_ht", None)):
+        if part is not None and hasattr(part, "device"):
+            part.device = CPU
+    return buf
+
+
+@contextlib.contextmanager
+def driven(name: str, gate=None):
+    """The stubs of scenario `name`, on while the caller drives Buffers in them: yields (trace, make), make() building
+    a Buffer of the scenario (as often as the caller likes)."""
+    topo, rank, R, kwargs = scenario(name)
     trace = Trace()
-    kwargs = {"explicitly_destroy": True, **kwargs}
+    with stubs(trace, topo, rank, R, gate):
+        yield trace, lambda: build(kwargs)
+
+
+def ht_inputs(buf):
+    """(x, topk_idx, topk_weights, the layout arguments of dispatch) for scenario Buffers (the layout call runs)."""
+    idx, x, w, _ = _inputs(buf.group_size)
+    per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
+    common = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+    if per_node is not None:
+        common["num_tokens_per_rdma_rank"] = per_node
+    return x, idx, w, common
+
+
+def run_scenario(name: str, inspect=None) -> list:
+    """The trace of scenario `name`; inspect(buffer), if given, runs right after construction (stubs still on)."""
+    topo, rank, R, kwargs = scenario(name)
+    trace = Trace()
     with stubs(trace, topo, rank, R):
         trace.add("call", "Buffer()")
-        buf = Buffer(object(), **kwargs)
-        # The stand-in device tensors are CPU tensors; the argument checks compare devices.
-        buf.device = CPU
-        for part in (getattr(buf, "_ll", None), getattr(buf, "_ht", None)):
-            if part is not None and hasattr(part, "device"):
-                part.device = CPU
+        buf = build(kwargs)
         if inspect is not None:
             inspect(buf)
         trace.add("state", buf.is_internode, buf.low_latency_mode, buf.runtime.get_num_rdma_ranks(),

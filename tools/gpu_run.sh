@@ -17,7 +17,7 @@
 #   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
 #          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
-#          soak_ht, cu12, retest (RETEST="pytest ids"), doctor, cli, bench_cli, megatron (wheels in
+#          soak_ht, cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, megatron (wheels in
 #          MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS),
 #          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
@@ -193,6 +193,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # NVSHMEM worlds); the killed-node and shrink-mode faults again.
     net_counts) run net_counts 300 python3 -m pytest -q -rs -m net_counts tests/gpu/test_chaos_transport_gpu.py ;;
     setup) run setup 300 python3 -m pytest -q -rs tests/gpu/test_setup_gpu.py ;;
+    server) run server 540 python3 -m pytest -q -rs -m server tests/gpu/test_server_gpu.py ;;  # threads, interrupts
     # The cu12 flavour's NVSHMEM-linked cubins with the cu12 NVSHMEM host library carried to the machine (the folder
     # CU12_NVSHMEM, default .cu12nvshmem: libnvshmem_host.so.3.xz, nvshmem_bootstrap_uid.so.3, the wheel's
     # .dist-info; HARDWARE_REACH.md section 6): unpacked into /tmp/ep_rt_cu12_site, then the LL and internode GPU

@@ -17,21 +17,30 @@ def wait_for_token(counters, index: int, token: int, timeout_s: float, errors: E
     """Wait until counters[index] == token: spin for SPIN_S, then yield the GIL between looks. The kernel's own
     error (which names the missing peer) is raised as soon as it is recorded; past 1.5 x timeout_s + 2 s (later than
     the kernels' deadline, so theirs comes first) the slot is failed with a host timeout. `who` names the rank in
-    the message."""
-    start = time.monotonic()
-    deadline = start + 1.5 * timeout_s + 2.0
-    spin_until = start + SPIN_S
-    spins = 0
-    while counters[index] != token:
-        spins += 1
-        if spins % 32 == 0:
-            now = time.monotonic()
-            if now > spin_until:
-                time.sleep(0)  # releases the GIL, yields the CPU
-            if spins % 256 == 0:
-                errors.raise_if_failed(slot)
-                if now > deadline:
-                    raise errors.fail(slot, EpRtError(
-                        f"{who}: host timed out after {timeout_s:.1f} s in {phase}: the GPU never published the "
-                        f"receive counts. A peer rank did not make the same call, or the GPU is stuck behind earlier "
-                        f"work. The Buffer is unusable now; destroy it."))
+    the message. An interrupt (KeyboardInterrupt, SystemExit) during the wait fails the slot ("interrupted
+    during <phase>") and propagates."""
+    try:
+        start = time.monotonic()
+        deadline = start + 1.5 * timeout_s + 2.0
+        spin_until = start + SPIN_S
+        spins = 0
+        while counters[index] != token:
+            spins += 1
+            if spins % 32 == 0:
+                now = time.monotonic()
+                if now > spin_until:
+                    time.sleep(0)  # releases the GIL, yields the CPU
+                if spins % 256 == 0:
+                    errors.raise_if_failed(slot)
+                    if now > deadline:
+                        raise errors.fail(slot, EpRtError(
+                            f"{who}: host timed out after {timeout_s:.1f} s in {phase}: the GPU never published "
+                            f"the receive counts. A peer rank did not make the same call, or the GPU is stuck behind "
+                            f"earlier work. The Buffer is unusable now; destroy it."))
+    except BaseException as e:
+        if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: this rank leaves, its peers go on
+            errors.fail(slot, EpRtError(
+                f"{who}: interrupted ({type(e).__name__}) during {phase}, in the host's wait for the receive counts: "
+                f"this rank left the call while its peers may still be in it. The Buffer is unusable now; destroy() "
+                f"frees it without waiting for those peers; then create a new Buffer (every rank)."))
+        raise

@@ -43,8 +43,10 @@ def test_wheel_is_pure_python_and_carries_every_cubin(wheel):
 
 # Measured with pip wheel --no-deps: 335,280 B with the sm_90 cu13 set alone; 1,141,325 B with both flavours for
 # sm_80/90/100 (18 cubins, 4.7 MB, 1.0 MB compressed); 1,603,526 B with the LL family's chaos variant (sm_90, both
-# flavours: 345,279 B of it). The bound catches a stray folder or an uncompressed blow-up.
-MAX_WHEEL_BYTES = 4_500_000  # 34 cubins; the NVSHMEM-linked ones (LL, internode) are ~1 MB each before zip
+# flavours: 345,279 B of it); 4,495,489 B at commit 47fd4f9, 4,500,465 B once call_guard.py and README's "Running
+# inside a server" (the README is the wheel's METADATA) came. The bound catches a stray folder or an uncompressed
+# blow-up, not a few kB of code and docs.
+MAX_WHEEL_BYTES = 4_600_000  # 34 cubins; the NVSHMEM-linked ones (LL, internode) are ~1 MB each before zip
 
 
 def test_wheel_carries_both_flavours_and_stays_small(wheel):

@@ -1,0 +1,206 @@
+"""Per-rank bodies of tests/gpu/test_server_gpu.py (issue 25 items 3 and 4: threads and interrupts in a serving
+process). Module level so spawned ranks can import them. Every rank makes the same Buffer calls in the same order;
+the last rank is the late peer that keeps the others in the dispatch's host wait."""
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+from ep_rt import Buffer
+from ep_rt.errors import EpRtError
+from ep_rt.testing import selfcheck_ht
+
+SHAPE = dict(tokens=128, hidden=512, topk=4, experts=16)
+LATE_S = 2.0  # how late the last rank comes to the watched dispatch
+
+
+def _buffer(timeout_s: float):
+    return Buffer(dist.group.WORLD, 32 << 20, explicitly_destroy=True, timeout_s=timeout_s)
+
+
+def _inputs(buf, seed: int):
+    g = torch.Generator(device=buf.device).manual_seed(seed + buf.rank)
+    s = SHAPE
+    x = torch.randn(s["tokens"], s["hidden"], generator=g, device=buf.device).to(torch.bfloat16)
+    idx = torch.topk(torch.rand(s["tokens"], s["experts"], generator=g, device=buf.device), s["topk"]).indices
+    w = torch.rand(s["tokens"], s["topk"], generator=g, device=buf.device)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, s["experts"])
+    return x, idx, w, dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert)
+
+
+def _round(buf, seed: int):
+    """Layout, dispatch, combine, synchronised; the error the kernels recorded is raised."""
+    x, idx, w, common = _inputs(buf, seed)
+    recv_x, _, recv_w, counts, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+    buf.combine(recv_x, handle, topk_weights=recv_w)
+    torch.cuda.synchronize()
+    buf.raise_if_failed()
+    return counts
+
+
+def _checked_round(timeout_s: float, seed: int) -> dict:
+    """A fresh Buffer's full round against the reference, then its destroy."""
+    buf = _buffer(timeout_s)
+    chk = selfcheck_ht.run_case(buf, selfcheck_ht.Case("fresh Buffer", num_tokens=128), seed)
+    buf.destroy()
+    return {"checks": chk.checks, "failures": chk.failures[:5]}
+
+
+def _in_host_wait(thread: threading.Thread, timeout_s: float = 20.0) -> float:
+    """Seconds until `thread` is inside the host's wait for the notify kernel's token."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        frame = sys._current_frames().get(thread.ident)
+        while frame is not None:
+            if frame.f_code.co_name == "wait_for_token":
+                return time.monotonic() - t0
+            frame = frame.f_back
+        time.sleep(0.005)
+    raise AssertionError("the dispatch never reached the host wait")
+
+
+def _busy_counter():
+    box = {"n": 0, "run": True, "ticks": []}
+
+    def busy():
+        while box["run"]:
+            box["n"] += 1
+            if box["n"] % 4096 == 0:
+                box["ticks"].append(time.monotonic())
+
+    return box, threading.Thread(target=busy, name="busy", daemon=True)
+
+
+def thread_progress_while_waiting(rank: int, num_ranks: int, timeout_s: float, seed: int) -> dict:
+    """Rank 0 dispatches while the last rank is LATE_S late; a busy Python thread beside rank 0's host wait must
+    keep about the rate it has while the main thread sleeps (a wait holding the GIL would halve it)."""
+    buf = _buffer(timeout_s)
+    _round(buf, seed)  # warm-up: cubins loaded, first launches done
+    out = {}
+    if rank == 0:
+        box, t = _busy_counter()
+        t.start()
+        n0 = box["n"]
+        time.sleep(1.0)
+        out["alone_rate"] = (box["n"] - n0) / 1.0
+    dist.barrier()
+    x, idx, w, common = _inputs(buf, seed + 1)
+    if rank == num_ranks - 1:
+        time.sleep(LATE_S)
+    n0, t0 = (box["n"], time.monotonic()) if rank == 0 else (0, time.monotonic())
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+    out["dispatch_s"] = time.monotonic() - t0
+    if rank == 0:
+        out["waiting_rate"] = (box["n"] - n0) / out["dispatch_s"]
+        ticks = [u for u in box["ticks"] if t0 <= u]
+        out["max_gap_s"] = max((b - a for a, b in zip(ticks, ticks[1:])), default=out["dispatch_s"])
+        box["run"] = False
+        t.join()
+    buf.combine(recv_x, handle, topk_weights=recv_w)
+    torch.cuda.synchronize()
+    buf.raise_if_failed()
+    buf.destroy()
+    return out
+
+
+def two_threads_one_buffer(rank: int, num_ranks: int, timeout_s: float, seed: int) -> dict:
+    """On rank 0 a 'scheduler' thread dispatches (the last rank is late, so it waits in the host wait) while the
+    main thread calls the same Buffer: refused with EpRtError naming both threads, nothing launched. The scheduler's
+    call then completes, the main thread's calls go through (the threads took turns), and a checked round works."""
+    buf = _buffer(timeout_s)
+    _round(buf, seed)
+    dist.barrier()
+    out = {}
+    x, idx, w, common = _inputs(buf, seed + 1)
+    if rank == 0:
+        box = {}
+
+        def scheduler():
+            try:
+                box["result"] = buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+            except BaseException as e:  # noqa: BLE001 (reported)
+                box["error"] = f"{type(e).__name__}: {e}"
+
+        t = threading.Thread(target=scheduler, name="scheduler")
+        t.start()
+        _in_host_wait(t)
+        try:
+            buf.get_dispatch_layout(idx, SHAPE["experts"])
+            out["refused"] = None
+        except EpRtError as e:
+            out["refused"] = str(e)
+        t.join(3 * timeout_s + 10)
+        out["scheduler_error"] = box.get("error")
+        recv_x, _, recv_w, _, handle, _ = box["result"]
+    else:
+        if rank == num_ranks - 1:
+            time.sleep(LATE_S)
+        recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+    buf.combine(recv_x, handle, topk_weights=recv_w)  # rank 0: from the main thread, after the scheduler's call
+    torch.cuda.synchronize()
+    buf.raise_if_failed()
+    out["after"] = _round(buf, seed + 2) is not None
+    buf.destroy()
+    dist.barrier()
+    out["fresh"] = _checked_round(timeout_s, seed + 3)
+    return out
+
+
+def sigint_during_host_wait(rank: int, num_ranks: int, timeout_s: float, seed: int) -> dict:
+    """Rank 0 gets SIGINT (a real signal, from a timer thread of its own) while its dispatch waits in the host wait
+    for the late last rank. Rank 0: KeyboardInterrupt; later calls raise 'interrupted'. The peers: their dispatch
+    raises within the timeout (rank 0 never launches its dispatch kernel). Every rank: destroy() returns within the
+    timeout, and after a barrier a fresh Buffer runs a checked round."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (a spawned child may inherit SIG_IGN)
+    buf = _buffer(timeout_s)
+    _round(buf, seed)
+    dist.barrier()
+    out = {}
+    t0 = time.monotonic()
+    if rank == 0:
+        main = threading.main_thread()
+
+        def interrupt():
+            _in_host_wait(main)
+            out["signal_after_s"] = time.monotonic() - t0
+            signal.pthread_kill(main.ident, signal.SIGINT)
+
+        timer = threading.Thread(target=interrupt, daemon=True)
+        timer.start()
+        try:
+            _round(buf, seed + 1)
+            out["interrupted"] = False
+        except KeyboardInterrupt as e:
+            out["interrupted"] = True
+            out["notes"] = list(getattr(e, "__notes__", []))
+        out["call_s"] = time.monotonic() - t0
+        timer.join()
+        try:
+            _round(buf, seed + 2)
+            out["later"] = None
+        except EpRtError as e:
+            out["later"] = str(e)
+    else:
+        if rank == num_ranks - 1:
+            time.sleep(LATE_S)
+        try:
+            _round(buf, seed + 1)
+            out["error"] = None
+        except EpRtError as e:
+            out["error"] = f"{type(e).__name__}: {e}"
+        out["call_s"] = time.monotonic() - t0
+    t1 = time.monotonic()
+    try:
+        buf.destroy()
+        out["destroy_error"] = None
+    except EpRtError as e:
+        out["destroy_error"] = f"{type(e).__name__}: {e}"
+    out["destroy_s"] = time.monotonic() - t1
+    dist.barrier()
+    out["fresh"] = _checked_round(timeout_s, seed + 3)
+    return out

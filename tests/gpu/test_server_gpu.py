@@ -1,0 +1,63 @@
+"""Issue 25 items 3 and 4 on a GPU (step `server` of tools/gpu_run.sh; ranks share one GPU, gloo): a Python thread
+keeps running while a dispatch waits for a late peer; a second thread calling a Buffer that one thread is inside is
+refused; SIGINT during a dispatch's host wait leaves every rank raising within the timeout, destroy() completing and
+a fresh Buffer working. The CPU side of the same rules: tests/buffer/test_buffer_threads.py,
+test_buffer_interrupts.py, tests/transport/test_host_wait.py."""
+import os
+
+import pytest
+
+from ep_rt.testing.spawn import run_ranks
+
+from . import server_workers
+from .conftest import gpus
+
+TIMEOUT = 8.0  # a kernel's wait for a peer: longer than the late rank's delay (server_workers.LATE_S)
+RANKS = [2, 3]
+
+
+def _seed():
+    return int.from_bytes(os.urandom(4), "little")
+
+
+@pytest.mark.server
+@gpus(1)
+@pytest.mark.parametrize("num_ranks", RANKS)
+def test_a_thread_keeps_running_while_a_dispatch_waits_for_a_late_peer(num_ranks):
+    res = run_ranks(server_workers.thread_progress_while_waiting, num_ranks, args=(TIMEOUT, _seed()),
+                    timeout_s=300)[0]
+    assert res["dispatch_s"] > 0.5 * server_workers.LATE_S, res  # the dispatch did wait for the late rank
+    assert res["waiting_rate"] > 0.7 * res["alone_rate"], res  # a wait holding the GIL gives about 0.5
+    assert res["max_gap_s"] < 0.2, res
+
+
+@pytest.mark.server
+@gpus(1)
+@pytest.mark.parametrize("num_ranks", RANKS)
+def test_two_threads_on_one_buffer_the_second_is_refused(num_ranks):
+    results = run_ranks(server_workers.two_threads_one_buffer, num_ranks, args=(TIMEOUT, _seed()), timeout_s=300)
+    first = results[0]
+    msg = first["refused"]
+    assert msg is not None, "the main thread's call was not refused while the scheduler thread was inside dispatch"
+    assert "thread 'MainThread'" in msg and "thread 'scheduler'" in msg and "inside Buffer.dispatch" in msg, msg
+    assert first["scheduler_error"] is None, first
+    for res in results:
+        assert res["after"] and res["fresh"]["checks"] > 0 and not res["fresh"]["failures"], res
+
+
+@pytest.mark.server
+@gpus(1)
+@pytest.mark.parametrize("num_ranks", RANKS)
+def test_sigint_during_a_dispatchs_host_wait(num_ranks):
+    results = run_ranks(server_workers.sigint_during_host_wait, num_ranks, args=(TIMEOUT, _seed()), timeout_s=400)
+    victim, peers = results[0], results[1:]
+    assert victim["interrupted"], victim
+    assert victim["call_s"] < victim["signal_after_s"] + 2.0, victim  # the interrupt ended the wait at once
+    assert any("interrupted (KeyboardInterrupt) during dispatch notify" in n for n in victim["notes"]), victim
+    assert "interrupted (KeyboardInterrupt) during dispatch notify" in (victim["later"] or ""), victim
+    for res in peers:  # rank 0 never launched its dispatch kernel: theirs time out
+        assert res["error"] and "CommTimeoutError" in res["error"], res
+        assert res["call_s"] < server_workers.LATE_S + 3 * TIMEOUT + 10, res
+    for res in results:
+        assert res["destroy_s"] < 3 * TIMEOUT + 10, res
+        assert res["fresh"]["checks"] > 0 and not res["fresh"]["failures"], res
