@@ -116,6 +116,8 @@ class Buffer:
         self.device_index = torch.cuda.current_device()
         self.device = torch.device("cuda", self.device_index)
         driver.ensure_context(self.device_index)
+        self._context_device = self.device_index  # other threads make it current at their first call
+        call_guard.mark_context_bound(self.device_index)
         if low_latency_mode:  # before anything is allocated: an sm_80 GPU has no LL kernels
             from .ops.low_latency import LowLatencyOp
 

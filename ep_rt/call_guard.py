@@ -13,7 +13,8 @@ can leave this rank's kernels launched up to some point while its peers wait for
 op is marked failed ("interrupted during ..."), so later calls raise that error and destroy() frees that part
 without a collective that could wait for peers that never come. The interrupt itself propagates, with a note.
 
-The wrapper reads three Buffer names (_errors, rank, is_internode) and keeps its lock as Buffer._call_lock."""
+The wrapper reads four Buffer names (_errors, rank, is_internode, _context_device) and keeps its lock as
+Buffer._call_lock."""
 from __future__ import annotations
 
 import functools
@@ -23,6 +24,7 @@ import threading
 from _thread import get_ident
 
 from .errors import EpRtError
+from .runtime import driver
 
 # The kind of a call: which ErrorRecords slot an interrupt inside it fails. HT: the high-throughput op's ("nvl"
 # intranode, "internode" across nodes); None: a call that runs nothing collective (an interrupt leaves no peer
@@ -44,6 +46,7 @@ def {name}({params}):
     if not lock.acquire(False):
         raise _overlap(self, {name!r})
     try:
+        _bind(self)
         result = _method({args})
     except BaseException as e:
         if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: not the caller's bad input
@@ -77,7 +80,7 @@ def one_at_a_time(kind: str | None, hook: bool = False):
                 params.append(f"{p.name}=_default_{p.name}")
             args.append(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
         names = dict(defaults, _method=method, _kind=kind, _hook=hook, _lock_of=_lock_of, _overlap=_overlap,
-                     _interrupted=interrupted, _guarded_hook=_guarded_hook)
+                     _interrupted=interrupted, _guarded_hook=_guarded_hook, _bind=bind_context)
         source = _TEMPLATE.format(name=method.__name__, hook_name=method.__name__ + "'s receive hook",
                                   params=", ".join(params), args=", ".join(args))
         exec(compile(source, f"<ep_rt.call_guard {method.__name__}>", "exec"), names)
@@ -94,6 +97,7 @@ def _guarded_hook(buf, run, kind: str | None, what: str):
         if not lock.acquire(False):
             raise _overlap(self, what)
         try:
+            bind_context(self)
             return run()
         except BaseException as e:
             if not isinstance(e, Exception):
@@ -105,6 +109,33 @@ def _guarded_hook(buf, run, kind: str | None, what: str):
 
 
 _GUARDS.update(c for c in _guarded_hook.__code__.co_consts if inspect.iscode(c))  # the hook's code
+
+
+# The devices whose primary context is current on this thread, as far as ep_rt made it so. A thread that has not
+# used CUDA yet (a hook called from a new thread, a second thread taking turns) has no current context, and the
+# driver API launches would fail with CUDA_ERROR_INVALID_CONTEXT; torch binds its context lazily, and a call may
+# launch before any torch CUDA operation of that thread. Per thread (threading.local dies with its thread; thread ids
+# are reused).
+_bound = threading.local()
+
+
+def mark_context_bound(device_index: int) -> None:
+    """This thread has the device's primary context current (Buffer's constructor made it so)."""
+    devices = getattr(_bound, "devices", None)
+    if devices is None:
+        devices = _bound.devices = set()
+    devices.add(device_index)
+
+
+def bind_context(buf) -> None:
+    """Make the Buffer's device context current on this thread, once per thread and device."""
+    dev = getattr(buf, "_context_device", None)
+    if dev is None:  # (a Buffer built without __init__, as the host-path tools and stand-ins do)
+        return
+    devices = getattr(_bound, "devices", None)
+    if devices is None or dev not in devices:
+        driver.ensure_context(dev)
+        mark_context_bound(dev)
 
 
 def _lock_of(buf):

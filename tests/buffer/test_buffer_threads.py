@@ -163,3 +163,31 @@ def test_the_wrapper_keeps_the_methods_signature_and_refuses_what_it_cannot_forw
 
     assert Plain().call(1, c=5) == (1, 2, 5)
     assert Plain().call(a=1, b=4) == (1, 4, 3)
+
+
+def test_a_new_thread_binds_the_device_context_once_before_it_launches():
+    """A thread that has not used CUDA has no current context, and the driver-API launches would fail: the first
+    call or hook of a Buffer on a new thread makes the device's primary context current (once per thread), the
+    constructing thread never again."""
+    with host_trace.driven("intranode + low latency") as (trace, make):
+        buf = make()
+        x, idx, w, common = host_trace.ht_inputs(buf)
+        binds = lambda: sum(1 for e in trace.events if e[0] == "driver.ensure_context")  # noqa: E731
+        after_init = binds()
+        _, _, handle, _, hook = buf.low_latency_dispatch(x, idx, 8, host_trace.E, return_recv_hook=True)
+        assert binds() == after_init  # the constructing thread is bound already
+        order = []
+
+        def on_new_thread():
+            hook()
+            order.append(binds())
+            _, _, _, _, hook2 = buf.low_latency_dispatch(x, idx, 8, host_trace.E, return_recv_hook=True)
+            hook2()
+            order.append(binds())
+
+        t = threading.Thread(target=on_new_thread, name="hook-caller")
+        t.start()
+        t.join()
+        assert order == [after_init + 1, after_init + 1], order  # bound once, at its first call, before launching
+        buf.destroy()
+    assert not buf._errors.failed
