@@ -252,7 +252,7 @@ def _cpu_seconds(python) -> float:
 
 
 def test_the_hook_costs_under_a_millisecond_per_interpreter_start(env_with_ep_rt):
-    """`python -c pass` with and without the .pth, EP_RT_DEEP_EP_ALIAS unset, interleaved; medians of 31 each.
+    """`python -c pass` with and without the .pth, EP_RT_DEEP_EP_ALIAS unset, interleaved; lower quartiles of 31 each.
     The hook before (it imported this module at every start) measured +27..31 ms CPU here."""
     import statistics
 
@@ -268,8 +268,10 @@ def test_the_hook_costs_under_a_millisecond_per_interpreter_start(env_with_ep_rt
             with_hook.append(_cpu_seconds(python))
     finally:
         alias.remove(site_dir)
-    a, b = statistics.median(without), statistics.median(with_hook)
-    assert b - a < 1e-3, f"median CPU time per start: {a * 1e3:.2f} ms without the hook, {b * 1e3:.2f} ms with it"
+    # Lower quartiles: a loaded machine (CI's 2 cores, other jobs) adds spikes to single starts, and once moved a
+    # median by more than the bound; a hook that costs on every start shifts every quantile.
+    a, b = statistics.quantiles(without, n=4)[0], statistics.quantiles(with_hook, n=4)[0]
+    assert b - a < 1e-3, f"lower-quartile CPU time per start: {a * 1e3:.2f} ms without the hook, {b * 1e3:.2f} ms with it"
 
 
 def test_pip_uninstall_removes_the_hook(wheel, tmp_path):
