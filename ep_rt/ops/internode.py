@@ -22,6 +22,7 @@ from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, InternodeHandle, as_handle, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, driver
+from ..runtime.call_plans import plan_for
 from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
 from ..transport import net_stats
@@ -37,7 +38,6 @@ SLOT = "internode"
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
 _EARLY = frozenset(("forward", "recv", "combine_forward", "combine_reduce"))
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
-_MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
 
 
 def _copy(dst, src) -> None:
@@ -174,18 +174,10 @@ class InternodeOp:
             self.timer.around(name, stream, lambda: k(grid, stream))
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has it too).
-    _plans = None  # (kind, shape...) -> _Plan
+    call_plans = None  # (kind, shape...) -> _Plan
 
     def _plan_for(self, key) -> _Plan:
-        plans = self._plans
-        if plans is None:
-            plans = self._plans = {}
-        plan = plans.get(key)
-        if plan is None:
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plan = plans[key] = self._build_plan(*key)
-        return plan
+        return plan_for(self, key, self._build_plan)
 
     def _build_plan(self, kind, *shape) -> _Plan:
         plan = _Plan()

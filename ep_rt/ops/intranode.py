@@ -21,11 +21,11 @@ from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, IntranodeHandle, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, modules
+from ..runtime.call_plans import plan_for
 from ..runtime.launch import Launcher
 from ..transport import nvl_layout
 from ..transport.nvl import NvlBuffer
 
-_MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
 
 
 def _copy(dst, src) -> None:
@@ -67,19 +67,11 @@ class IntranodeOp:
         self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has them too).
-    _plans = None      # (kind, shape...) -> _DispatchPlan / _CombinePlan
+    call_plans = None      # (kind, shape...) -> _DispatchPlan / _CombinePlan
     _capacities = None  # check_handle_capacity's (hidden bytes, scales, combine hidden, top-k) -> rows
 
     def _plan_for(self, key):
-        plans = self._plans
-        if plans is None:
-            plans = self._plans = {}
-        plan = plans.get(key)
-        if plan is None:
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plan = plans[key] = (self._dispatch_plan if key[0] != "combine" else self._combine_plan)(*key)
-        return plan
+        return plan_for(self, key, self._dispatch_plan if key[0] != "combine" else self._combine_plan)
 
     def _dispatch_plan(self, kind, hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment,
                        worst) -> _DispatchPlan:

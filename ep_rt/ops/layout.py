@@ -7,10 +7,10 @@ import torch
 
 from ..events import allocating_on
 from ..runtime import abi, driver, modules
+from ..runtime.call_plans import plan_for
 from ..runtime.launch import Launcher
 
 _MAX_SMEM = 200 * 1024
-_MAX_PLANS = 64  # call plans kept; past that they are dropped and rebuilt as calls need them
 
 
 class LayoutOp:
@@ -21,30 +21,24 @@ class LayoutOp:
         self.num_sms = num_sms
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has it too).
-    _plans = None  # (tokens, top-k, experts, ranks, ranks per node, top-k bits) -> (params, blocks, smem, nodes)
+    call_plans = None  # (tokens, top-k, experts, ranks, ranks per node, top-k bits) -> (params, blocks, smem, nodes)
 
     def _plan(self, num_tokens: int, num_topk: int, num_experts: int, num_ranks: int, G: int, bits: int):
         """The kernel's parameter struct for this shape (everything but the pointers), its grid and shared memory:
         filled once per shape (issue 23, docs/HOST_PATH.md)."""
-        plans = self._plans
-        if plans is None:
-            plans = self._plans = {}
-        key = (num_tokens, num_topk, num_experts, num_ranks, G, bits)
-        plan = plans.get(key)
-        if plan is None:
-            num_nodes = num_ranks // G if num_ranks > G else 0
-            smem = (num_experts + num_ranks + num_nodes) * 4
-            if smem > _MAX_SMEM:
-                raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
-            four_per_thread = 4 * self.kernel.block  # tokens a block takes before the grid grows
-            blocks = min(max((num_tokens + four_per_thread - 1) // four_per_thread, 1), self.num_sms)
-            p = abi.LayoutParams.from_buffer_copy(self.kernel.params)
-            p.num_tokens, p.num_topk, p.num_experts, p.num_ranks = num_tokens, num_topk, num_experts, num_ranks
-            p.tokens_per_block, p.topk_idx_bits, p.num_ranks_per_node = (num_tokens + blocks - 1) // blocks, bits, G
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            plan = plans[key] = (p, blocks, smem, num_nodes)
-        return plan
+        return plan_for(self, (num_tokens, num_topk, num_experts, num_ranks, G, bits), self._build_plan)
+
+    def _build_plan(self, num_tokens: int, num_topk: int, num_experts: int, num_ranks: int, G: int, bits: int):
+        num_nodes = num_ranks // G if num_ranks > G else 0
+        smem = (num_experts + num_ranks + num_nodes) * 4
+        if smem > _MAX_SMEM:
+            raise ValueError(f"{num_experts} experts need {smem} bytes of shared memory; at most {_MAX_SMEM}")
+        four_per_thread = 4 * self.kernel.block  # tokens a block takes before the grid grows
+        blocks = min(max((num_tokens + four_per_thread - 1) // four_per_thread, 1), self.num_sms)
+        p = abi.LayoutParams.from_buffer_copy(self.kernel.params)
+        p.num_tokens, p.num_topk, p.num_experts, p.num_ranks = num_tokens, num_topk, num_experts, num_ranks
+        p.tokens_per_block, p.topk_idx_bits, p.num_ranks_per_node = (num_tokens + blocks - 1) // blocks, bits, G
+        return p, blocks, smem, num_nodes
 
     def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream,
                  num_ranks_per_node: int = 8):

@@ -15,6 +15,7 @@ from .. import validate
 from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
+from ..runtime.call_plans import plan_for
 from ..runtime.launch import Launcher
 from ..transport import ll_layout, net_stats
 from ..transport.device_view import device_tensor
@@ -26,7 +27,6 @@ _MAX_EXPERTS = abi.EP_RT_LL_MAX_SIGNALS
 _FP8 = torch.float8_e4m3fn
 SLOT = "low_latency"  # this op's slot in the ErrorRecords
 MIN_CC = (9, 0)  # kernels_src/low_latency.cu's min_arch
-_MAX_PLANS = 64  # call plans kept per op; past that they are dropped and rebuilt as calls need them
 
 
 class _Plan:
@@ -78,7 +78,7 @@ class LowLatencyOp:
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has them too).
     _fit = None        # (T, hidden, num_experts) shapes check_shape accepted
-    _plans = None      # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
+    call_plans = None      # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
     _unfrozen = None   # kind -> the _ReceiveLaunch still reading its receive launcher's struct
 
     @staticmethod
@@ -172,28 +172,22 @@ class LowLatencyOp:
         return b
 
     def _plan(self, kind: str, T: int, hidden: int, num_experts: int, message_format: int, b: int) -> _Plan:
-        plans = self._plans
-        if plans is None:
-            plans = self._plans = {}
-        key = (kind, T, hidden, num_experts, message_format, b)
-        plan = plans.get(key)
-        if plan is None:
-            if len(plans) >= _MAX_PLANS:
-                plans.clear()
-            p = abi.LowLatencyParams()
-            if kind == "dispatch":
-                use_fp8 = message_format == 1
-                self._common(p, T, hidden, num_experts, ll_layout.dispatch_slot_bytes(hidden, use_fp8),
-                             combine=False, message_format=message_format, b=b)
-                p.topk_weights, p.use_fp8, p.zero_copy, p.use_logfmt = 0, int(use_fp8), 0, 0
-            else:
-                use_logfmt = message_format == 3
-                self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt),
-                             combine=True, message_format=message_format, b=b)
-                p.recv_x_scales, p.recv_count, p.cumulative_stats = 0, 0, 0
-                p.use_fp8, p.round_scale, p.use_ue8m0, p.use_logfmt = 0, 0, 0, int(use_logfmt)
-            plan = plans[key] = _Plan(p)
-        return plan
+        return plan_for(self, (kind, T, hidden, num_experts, message_format, b), self._build_plan)
+
+    def _build_plan(self, kind: str, T: int, hidden: int, num_experts: int, message_format: int, b: int) -> _Plan:
+        p = abi.LowLatencyParams()
+        if kind == "dispatch":
+            use_fp8 = message_format == 1
+            self._common(p, T, hidden, num_experts, ll_layout.dispatch_slot_bytes(hidden, use_fp8),
+                         combine=False, message_format=message_format, b=b)
+            p.topk_weights, p.use_fp8, p.zero_copy, p.use_logfmt = 0, int(use_fp8), 0, 0
+        else:
+            use_logfmt = message_format == 3
+            self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt),
+                         combine=True, message_format=message_format, b=b)
+            p.recv_x_scales, p.recv_count, p.cumulative_stats = 0, 0, 0
+            p.use_fp8, p.round_scale, p.use_ue8m0, p.use_logfmt = 0, 0, 0, int(use_logfmt)
+        return _Plan(p)
 
     def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool,
                 message_format: int, b: int = 0) -> None:

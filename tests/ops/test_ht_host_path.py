@@ -178,13 +178,13 @@ def test_plans_are_reused_and_bounded(stubbed, kind):
     kw = routing(buf, idx, w)
     for _ in range(3):
         buf.dispatch(x, **kw, config=CFG)
-    assert len(buf._ht._plans) == 1
+    assert len(buf._ht.call_plans) == 1
     for n in range(1, 70):
         buf.dispatch(x, **kw, config=ep_rt.Config(1 + n % 64, 6, 256, 6, 128), expert_alignment=1 + n // 64)
-    assert len(buf._ht._plans) <= 64
+    assert len(buf._ht.call_plans) <= 64
     for n in range(70):
         buf.get_dispatch_layout(idx[:n], E)
-    assert len(buf._layout._plans) <= 64
+    assert len(buf._layout.call_plans) <= 64
 
 
 @pytest.mark.parametrize("kind", ["intranode", "internode"])
@@ -209,8 +209,8 @@ def test_after_the_host_wait_only_the_outputs_are_allocated_before_the_launch(st
     monkeypatch.setattr(nvl_layout.DispatchRows, "fill", lambda *a: log.append("fill") or fill(*a))
     set_fields = stub.launch.Launcher.set
     monkeypatch.setattr(stub.launch.Launcher, "set", lambda self, **f: log.append("set") or set_fields(self, **f))
-    monkeypatch.setattr(op.__class__, "_plans", None)  # the first call builds its plan: before the wait
-    op._plans = None
+    monkeypatch.setattr(op.__class__, "call_plans", None)  # the first call builds its plan: before the wait
+    op.call_plans = None
     buf.dispatch(x, **kw, config=CFG)
     after = log[log.index("wait") + 1:log.index(first_data_kernel)]
     assert after and set(after) == {"empty"}, log

@@ -51,10 +51,10 @@ def test_plans_are_reused_and_bounded(ll):
     x, idx = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
     for _ in range(4):
         ll.low_latency_dispatch(x, idx, 8, 8)
-    assert len(op._plans) == 2  # one per buffer
+    assert len(op.call_plans) == 2  # one per buffer
     for T in range(4, 4 + 80):
         ll.low_latency_dispatch(x, idx, T, 8)
-    assert len(op._plans) <= 64
+    assert len(op.call_plans) <= 64
 
 
 @pytest.mark.parametrize("T,E,error", [(True, 8, TypeError), (8.0, 8, TypeError), (8, 8.0, TypeError),
