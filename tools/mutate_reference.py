@@ -34,8 +34,9 @@ ROOT = Path(__file__).resolve().parents[1]
 REF = "ep_rt/reference"
 DEFAULT_TESTS = ("tests/reference/test_reference.py", "tests/reference/test_reference_ll.py",
                  "tests/reference/test_reference_internode.py")
-COPIED = ("ep_rt", "_ep_rt_deep_ep.py", "pyproject.toml", "tests/__init__.py")  # plus the test files and their
-# folders' __init__.py (the tests are a package: their relative imports need every level)
+COPIED = ("ep_rt", "_ep_rt_deep_ep.py", "pyproject.toml", "tests/__init__.py")  # plus the test files, their
+# folders' __init__.py (the tests are a package: their relative imports need every level) and the helper modules
+# beside them
 TIMEOUT_S = 600
 
 
@@ -271,7 +272,10 @@ def make_scratch(tests) -> Path:
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     files = [t.split("::")[0] for t in tests]  # (a test may be a pytest node id)
     inits = [str(d / "__init__.py") for f in files for d in Path(f).parents if (ROOT / d / "__init__.py").is_file()]
-    for rel in COPIED + tuple(inits) + tuple(files):
+    # the helper modules beside the test files (e.g. tests/reference/exact.py), which they import
+    helpers = sorted({str(h.relative_to(ROOT)) for f in files for h in (ROOT / f).parent.glob("*.py")
+                      if not h.name.startswith("test_")})
+    for rel in COPIED + tuple(inits) + tuple(helpers) + tuple(files):
         src, dst = ROOT / rel, scratch / rel
         if dst.exists():
             continue

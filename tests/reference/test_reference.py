@@ -4,24 +4,9 @@ import torch
 
 from ep_rt import reference as ref
 
+from .exact import T, assert_eq
+
 i32, i64, f32, bf16, fp8 = torch.int32, torch.int64, torch.float32, torch.bfloat16, torch.float8_e4m3fn
-
-
-def T(data, dtype):
-    return torch.tensor(data, dtype=dtype)
-
-
-def _bits(t):
-    """Floating tensors as their bit patterns (so -0.0 != 0.0 and NaN == NaN, as the GPU checker compares)."""
-    if not t.is_floating_point():
-        return t
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
-def assert_eq(a, b):
-    assert a.dtype == b.dtype, (a.dtype, b.dtype)
-    assert a.shape == b.shape, (a.shape, b.shape)
-    assert torch.equal(_bits(a), _bits(b)), f"\n{a}\n!=\n{b}"
 
 
 # ----------------------------------------------------------------------------------------
