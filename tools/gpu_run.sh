@@ -92,6 +92,9 @@ run() {
   wait "$pid"
   rc=$?
   kill -9 -- "-$pid" 2>/dev/null && echo "(killed what was left of step $name's processes)" >> "$log"
+  # A failed step: what still holds the GPU (a rank that outlived its step would slow or break the next one).
+  [ "$rc" = 0 ] || { echo "(GPU processes after the step:)"; nvidia-smi --query-compute-apps=pid,process_name,used_memory \
+    --format=csv 2>&1 | head -40; } >> "$log"
   secs=$(($(date +%s) - start))
   case $rc in
     0) verdict="ok" ;;

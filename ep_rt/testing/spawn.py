@@ -6,7 +6,9 @@ passing fails the whole run with the ranks' messages.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
+import signal
 import socket
 import time
 import traceback
@@ -21,8 +23,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# A rank still running at the deadline is sent this signal first: it writes every thread's Python stack to stderr
+# (faulthandler, safe inside a blocked C call), so a hang says where it hung.
+STACK_SIGNAL = signal.SIGUSR1
+
+
 def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
     os.environ.update(env)
+    faulthandler.register(STACK_SIGNAL, all_threads=True)
     try:
         torch.cuda.set_device(rank % num_gpus)
         torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -76,7 +84,7 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
             if len(results) + len(gone()) >= num_ranks:
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"ranks did not finish within {timeout_s:.0f} s (done: {sorted(results)})")
+                raise TimeoutError(_hang_report(procs.processes, timeout_s, results, gone()))
             if all(not p.is_alive() for p in procs.processes):
                 drain()
                 break
@@ -93,3 +101,17 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
     if missing:
         raise RuntimeError(f"ranks {missing} exited without a result")
     return [results.get(r) for r in range(num_ranks)]
+
+
+def _hang_report(processes, timeout_s: float, results: dict, gone: set) -> str:
+    """The deadline passed: which ranks finished, which exited, which still run (their stacks go to stderr)."""
+    alive = [r for r, p in enumerate(processes) if p.is_alive()]
+    for r in alive:
+        try:
+            os.kill(processes[r].pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            pass
+    time.sleep(1.0)  # time to write the stacks before the caller terminates them
+    exited = {r: p.exitcode for r, p in enumerate(processes) if not p.is_alive() and r not in results}
+    return (f"ranks did not finish within {timeout_s:.0f} s: results from {sorted(results)}, exited without one "
+            f"{exited} (allowed: {sorted(gone)}), still running {alive} (their Python stacks are on stderr above)")

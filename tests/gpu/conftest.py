@@ -31,8 +31,16 @@ def report_line(report) -> str | None:
     if report.when == "call" or (report.failed and report.when != "call"):
         verdict = "FAILED" if report.failed else ("SKIPPED" if report.skipped else "PASSED")
         line = f"[ep_rt] {verdict} {report.nodeid} ({report.when}, {report.duration:.1f} s)"
-        return line + ("\n" + report.longreprtext if report.failed else "")
+        if not report.failed:
+            return line
+        # The rank processes' output (a hang's stack dumps among it: ep_rt.testing.spawn) is captured with the test's.
+        captured = "".join(f"\n----- {name} (last {TAIL_LINES} lines) -----\n" + "\n".join(text.splitlines()[-TAIL_LINES:])
+                           for name, text in report.sections if "stderr" in name or "stdout" in name)
+        return line + "\n" + report.longreprtext + captured
     return None
+
+
+TAIL_LINES = 300
 
 
 def pytest_runtest_logreport(report):

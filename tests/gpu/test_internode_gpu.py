@@ -47,7 +47,7 @@ def test_internode_aggressive_variant():
 @gpus(1)
 def test_internode_missing_peer_raises_naming_rank_and_node():
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "3", "EP_RT_NET_TIMEOUT_S": "6"}
-    results = run_ranks(workers.internode_missing_peer, 4, args=(2,), env=env, timeout_s=300)
+    results = run_ranks(workers.internode_missing_peer, 4, args=(2,), env=env, timeout_s=150)
     for rank, res in enumerate(results[:-1]):
         assert res["error"] is not None, f"rank {rank} did not raise"
         assert "timed out in internode dispatch notify" in res["error"], res
@@ -64,7 +64,7 @@ def test_internode_killed_node(mid_call):
 
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "3", "EP_RT_NET_TIMEOUT_S": "6"}
     seed = int(torch.randint(0, 1 << 30, ()).item())
-    results = run_ranks(faults.killed_node, 4, args=(2, mid_call, seed), env=env, timeout_s=300, may_exit=(2, 3))
+    results = run_ranks(faults.killed_node, 4, args=(2, mid_call, seed), env=env, timeout_s=150, may_exit=(2, 3))
     assert results[2] is None and results[3] is None, results[2:]
     for rank, res in enumerate(results[:2]):
         call, bound = res["call"], 3 * res["net_timeout_s"] + 20
@@ -185,7 +185,7 @@ def test_internode_nodes_of_eight_ranks_sixteen_on_one_gpu():
 @gpus(1)
 def test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable():
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30"}
-    results = run_ranks(workers.internode_too_small, 4, args=(2,), env=env, timeout_s=300)
+    results = run_ranks(workers.internode_too_small, 4, args=(2,), env=env, timeout_s=150)
     for rank, res in enumerate(results):
         assert res["rdma"] is not None and "num_rdma_bytes >=" in res["rdma"], (rank, res)
         checks, failures = res["after"]

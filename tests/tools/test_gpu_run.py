@@ -118,7 +118,10 @@ def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
     a step killed at its time limit never reaches pytest's summary (attempt 20261202T012159Z kept only '.F.')."""
     shutil.copy(ROOT / "tests" / "gpu" / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_x.py").write_text(
-        "import os, signal\n\ndef test_fails():\n    assert 1 + 1 == 3, 'the reason it failed'\n\n"
+        "import os, signal, subprocess, sys\n\n"
+        "def test_fails():\n"
+        "    subprocess.run([sys.executable, '-c', 'import sys; sys.stderr.write(\"a rank said this\\\\n\")'])\n"
+        "    assert 1 + 1 == 3, 'the reason it failed'\n\n"
         "def test_passes():\n    pass\n\n"
         "def test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)  # as a step's time limit kills pytest\n")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
@@ -128,3 +131,4 @@ def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
     assert "short test summary" not in out, out  # it really was killed before the summary
     assert "[ep_rt] FAILED test_x.py::test_fails (call" in out and "the reason it failed" in out, out
     assert "[ep_rt] PASSED test_x.py::test_passes (call" in out, out
+    assert "a rank said this" in out.split("[ep_rt] FAILED")[1], out  # a child process's stderr, with the failure

@@ -1,0 +1,43 @@
+"""ep_rt.testing.spawn's report when ranks run past the deadline: who finished, who exited, who still runs, and
+the stacks of those still running (a hang must say where it hung: attempt 20261202T012159Z said nothing)."""
+import multiprocessing as mp
+import os
+import sys
+import time
+
+from ep_rt.testing import spawn
+
+
+def _blocked_rank(path):
+    sys.stderr = open(path, "w", buffering=1)  # (faulthandler writes to this file's descriptor)
+    import faulthandler
+
+    faulthandler.register(spawn.STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    while True:
+        _waiting_for_a_peer_that_is_gone()
+
+
+def _waiting_for_a_peer_that_is_gone():
+    time.sleep(0.05)
+
+
+def _exits_at_once():
+    os._exit(3)
+
+
+def test_the_hang_report_names_each_rank_and_dumps_the_stacks_of_those_still_running(tmp_path):
+    ctx = mp.get_context("spawn")
+    stacks = tmp_path / "rank1.err"
+    procs = [ctx.Process(target=_exits_at_once), ctx.Process(target=_blocked_rank, args=(str(stacks),))]
+    for p in procs:
+        p.start()
+    try:
+        procs[0].join(30)
+        time.sleep(2.0)  # rank 1 has registered its handler
+        text = spawn._hang_report(procs, 150, results={}, gone=set())
+    finally:
+        procs[1].terminate()
+        procs[1].join(10)
+    assert "within 150 s" in text and "exited without one {0: 3}" in text and "still running [1]" in text, text
+    dump = stacks.read_text()
+    assert "_waiting_for_a_peer_that_is_gone" in dump and "_blocked_rank" in dump, dump
