@@ -92,6 +92,11 @@ run() {
   wait "$pid"
   rc=$?
   kill -9 -- "-$pid" 2>/dev/null && echo "(killed what was left of step $name's processes)" >> "$log"
+  # ...and wait until they are gone: their GPU contexts are torn down as they exit, and a step that starts NVSHMEM
+  # meanwhile can fail to map its peers' memory (attempt 20261202T035128Z).
+  local waited=0
+  while pgrep -g "$pid" > /dev/null 2>&1 && [ $waited -lt 60 ]; do sleep 1; waited=$((waited + 1)); done
+  [ $waited -gt 0 ] && echo "(waited ${waited} s for step $name's processes to exit)" >> "$log"
   # A failed step: what still holds the GPU (a rank that outlived its step would slow or break the next one).
   [ "$rc" = 0 ] || { echo "(GPU processes after the step:)"; nvidia-smi --query-compute-apps=pid,process_name,used_memory \
     --format=csv 2>&1 | head -40; } >> "$log"
@@ -175,15 +180,17 @@ step() {  # one named step; returns 3 for a name it does not know
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
              tests/gpu/test_internode_gpu.py ;;
     # Each internode GPU test (but the 16-process one) its own pytest, its own log and limit (LIMIT_EACH, default
-    # 360 s: past the 300 s after which the tests' rank harness gives up and says why): one that hangs costs only
-    # its own limit, and every verdict and traceback is kept; cu12_internode_each: the same under the cu12 flavour
-    # with the carried cu12 host library.
+    # 240 s; the rank harness gives up 30 s before it, SPAWN_DEADLINE_S, and reports the ranks' stacks): one that
+    # hangs costs only its own limit, and every verdict and traceback is kept; cu12_internode_each: the same under
+    # the cu12 flavour with the carried cu12 host library.
     internode_each) [ "$DRY" = 1 ] && return 0
              k=0; for t in $(internode_ids); do k=$((k + 1))
-               run internode_each$k "${LIMIT_EACH:-360}" python3 -m pytest -q -rs "$t"; done ;;
+               run internode_each$k "${LIMIT_EACH:-240}" env SPAWN_DEADLINE_S=$((${LIMIT_EACH:-240} - 30)) \
+                 python3 -m pytest -q -rs "$t"; done ;;
     cu12_internode_each) [ "$DRY" = 1 ] && return 0
              run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
-             k=0; for t in $(internode_ids); do k=$((k + 1)); run cu12_internode_each$k "${LIMIT_EACH:-360}" env \
+             k=0; for t in $(internode_ids); do k=$((k + 1)); run cu12_internode_each$k "${LIMIT_EACH:-240}" env \
+               SPAWN_DEADLINE_S=$((${LIMIT_EACH:-240} - 30)) \
                PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
                python3 -m pytest -q -rs "$t"; done ;;

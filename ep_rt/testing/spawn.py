@@ -61,6 +61,10 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
     procs = mp.start_processes(_entry, args=(fn, num_ranks, num_gpus, free_port(), backend, dict(env or {}), queue,
                                              tuple(args)),
                                nprocs=num_ranks, join=False, start_method="spawn")
+    # A runner with a time limit per test (tools/gpu_run.sh) caps the deadline below it, so a hang is reported with
+    # the ranks' stacks before the runner kills pytest.
+    cap = os.environ.get("SPAWN_DEADLINE_S")
+    timeout_s = min(timeout_s, float(cap)) if cap else timeout_s
     deadline = time.monotonic() + timeout_s
     results, errors = {}, {}
 
@@ -92,15 +96,29 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
         if not errors:
             procs.join(timeout=5 if may_exit else max(deadline - time.monotonic(), 1))
     finally:
-        for p in procs.processes:
-            if p.is_alive():
-                p.terminate()
+        _end(procs.processes)
     if errors:
         raise RuntimeError("\n".join(f"--- rank {r} ---\n{msg}" for r, msg in sorted(errors.items())))
     missing = [r for r in range(num_ranks) if r not in results and r not in may_exit]
     if missing:
         raise RuntimeError(f"ranks {missing} exited without a result")
     return [results.get(r) for r in range(num_ranks)]
+
+
+def _end(processes, grace_s: float = 10.0) -> None:
+    """Terminate the ranks still running and wait until every one has exited: a rank's GPU context is torn down as
+    it exits, and the next test's NVSHMEM start on the same GPU failed ("mapping of buffer object failed", attempt
+    20261202T035128Z) while the ranks of the test before were still going."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in processes:
+        p.join(max(deadline - time.monotonic(), 0.1))
+    for p in processes:
+        if p.is_alive():  # ignored SIGTERM (blocked in a C call)
+            p.kill()
+            p.join(grace_s)
 
 
 def _hang_report(processes, timeout_s: float, results: dict, gone: set) -> str:

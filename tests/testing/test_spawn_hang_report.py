@@ -41,3 +41,25 @@ def test_the_hang_report_names_each_rank_and_dumps_the_stacks_of_those_still_run
     assert "within 150 s" in text and "exited without one {0: 3}" in text and "still running [1]" in text, text
     dump = stacks.read_text()
     assert "_waiting_for_a_peer_that_is_gone" in dump and "_blocked_rank" in dump, dump
+
+
+def _ignores_sigterm():
+    import signal
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.05)
+
+
+def test_ending_the_ranks_waits_until_every_one_has_exited_even_one_that_ignores_sigterm():
+    """The next test's NVSHMEM start failed while the ranks of the test before were still exiting: run_ranks ends
+    its ranks and returns only once all are gone."""
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_ignores_sigterm), ctx.Process(target=_waiting_for_a_peer_that_is_gone)]
+    for p in procs:
+        p.start()
+    time.sleep(2.0)
+    spawn._end(procs, grace_s=2.0)
+    assert [p.is_alive() for p in procs] == [False, False]
+    assert procs[0].exitcode == -9  # (it needed the SIGKILL)
+
