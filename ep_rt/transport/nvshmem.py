@@ -151,7 +151,14 @@ def init(group, world: nvshmem_world.NvshmemWorld, identity: tuple, topology) ->
         raise EpRtError(f"nvshmemx_set_attr_uniqueid_args failed ({ret})")
     for offset, value in _ATTR_VERSION_FIELDS:
         ctypes.c_int.from_buffer(attr, offset).value = value
-    ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
+    turns = nvshmem_world.start_turns(world.kind, topology)
+    if turns == 1:
+        ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
+    else:  # one rail after the other (emulated nodes; see start_turns); every rank takes every turn's barrier
+        for turn in range(turns):
+            if turn == topology.local_rank:
+                ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
+            dist.barrier(group=group)
     if ret != 0:
         raise EpRtError(f"NVSHMEM initialisation failed ({ret}); see NVSHMEM's messages above")
     _state.update(users=1, world=world, identity=identity)

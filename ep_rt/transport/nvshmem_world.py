@@ -83,6 +83,19 @@ def root_ranks(world_kind: str, topology) -> range:
     return range(1) if world_kind == FULL else range(topology.node_size)
 
 
+def start_turns(world_kind: str, topology) -> int:
+    """In how many turns the worlds of a Buffer start NVSHMEM: 1 (all at once), or one turn per rail when two PEs of
+    one rail world share a GPU (emulated nodes: several ranks on one GPU). NVSHMEM 3.4.5 then takes its path for
+    several PEs per GPU, whose host shared memory is named by the PE only (init.cu, "mps_shm_<PE>": unlinked and
+    re-created by each world's PE 0), so rail worlds starting at once on one host swap files, and a PE opens
+    another's empty event handle ("mapping of buffer object failed", attempts 20261202T035128Z and T040509Z). On
+    real nodes a rail has one PE per host, and this is 1."""
+    if world_kind != RAIL:
+        return 1
+    places = [(topology.hosts[r], topology.bus_ids[r], r % topology.node_size) for r in range(topology.num_ranks)]
+    return topology.node_size if len(set(places)) < len(places) else 1
+
+
 def reuse(live: NvshmemWorld, live_identity: tuple, wanted: NvshmemWorld, identity: tuple, topology) -> NvshmemWorld:
     """NVSHMEM is initialised once per process. The world a new Buffer uses when one is already live: the same one
     (same kind over the same global ranks and node size), or, for a high-throughput-only Buffer, a live full world

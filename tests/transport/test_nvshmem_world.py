@@ -145,6 +145,38 @@ def test_a_root_contributes_its_id_or_its_failure(monkeypatch, fresh_state):
     assert g.gathers == [("error", "nvshmemx_get_uniqueid failed (7) on rank 1")]  # the peers learn it too
 
 
+def emulated(rank, nodes, G):  # every rank on one GPU of one host, nodes from EP_RT_RANKS_PER_NODE
+    R = nodes * G
+    return Topology.from_table(rank, ["host"] * R, ["bus0"] * R, ranks_per_node=G)
+
+
+def test_rail_worlds_start_one_after_the_other_only_where_a_rail_shares_a_gpu():
+    """NVSHMEM's several-PEs-per-GPU start names its host shared memory by PE alone: rail worlds that start at once
+    on one GPU swap files (nvshmem_world.start_turns)."""
+    assert nw.start_turns(nw.RAIL, topo(3, 2, 8)) == 1  # real nodes: a rail has one PE per host
+    assert nw.start_turns(nw.FULL, emulated(3, 2, 2)) == 1  # one world: nothing to collide with
+    assert nw.start_turns(nw.RAIL, emulated(3, 2, 2)) == 2  # 2 x 2 on one GPU: one turn per rail
+    assert nw.start_turns(nw.RAIL, emulated(3, 4, 1)) == 1  # 4 x 1: one rail, one world
+    assert nw.start_turns(nw.RAIL, emulated(3, 2, 8)) == 8
+    R = 4  # two GPUs of one host, each with a node of 2 ranks: no two PEs of one rail share a GPU
+    two_gpus = Topology.from_table(0, ["host"] * R, ["bus0", "bus0", "bus1", "bus1"], ranks_per_node=2)
+    assert nw.start_turns(nw.RAIL, two_gpus) == 1
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2, 3])
+def test_init_in_turns_starts_nvshmem_in_its_rails_turn_and_takes_every_barrier(monkeypatch, fresh_state, rank):
+    t = emulated(rank, 2, 2)
+    order = []
+    FakeGroup(rank, 4, calls=[[uid(b"rail0"), uid(b"rail1"), None, None]]).install(monkeypatch)
+    monkeypatch.setattr(nvshmem.dist, "barrier", lambda group=None: order.append("barrier"))
+    lib = FakeLib()
+    lib.nvshmemx_hostlib_init_attr = lambda flags, attr: order.append("init") or 0
+    monkeypatch.setattr(nvshmem, "_lib", lambda: lib)
+    nvshmem.init(None, nw.rail_world(t), (tuple(range(4)), 2), t)
+    want = ["init", "barrier", "barrier"] if t.local_rank == 0 else ["barrier", "init", "barrier"]
+    assert order == want
+
+
 def test_second_init_joins_or_refuses(monkeypatch, fresh_state):
     t = topo(9, 2, 8)
     ident = (tuple(range(16)), 8)
