@@ -15,6 +15,7 @@ This module lives outside the ep_rt package and uses the standard library only: 
 the variable is set, and importing ep_rt (hence torch) there would slow down every Python start. ep_rt itself is
 imported only when deep_ep is.
 """
+
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -64,7 +65,9 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname not in TARGETS:
             return None
-        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(TARGETS[fullname]), is_package=fullname == "deep_ep")
+        return importlib.machinery.ModuleSpec(
+            fullname, _AliasLoader(TARGETS[fullname]), is_package=fullname == "deep_ep"
+        )
 
 
 def is_alias(module) -> bool:
@@ -84,8 +87,10 @@ def real_deep_ep():
 
 
 def _refusal(where: str) -> str:
-    return (f"a real DeepEP is installed ({where}); ep_rt will not shadow it. Import ep_rt directly (import ep_rt "
-            f"as deep_ep), or uninstall deep_ep to let the alias give ep_rt to code that says `import deep_ep`.")
+    return (
+        f"a real DeepEP is installed ({where}); ep_rt will not shadow it. Import ep_rt directly (import ep_rt "
+        f"as deep_ep), or uninstall deep_ep to let the alias give ep_rt to code that says `import deep_ep`."
+    )
 
 
 def install():
@@ -127,5 +132,7 @@ PTH_NAME = "ep_rt_deep_ep_alias.pth"
 # One line, run by site at every interpreter start. Without the variable it reads os.environ and stops: `os` is
 # already imported by then, so it imports nothing (this module included; its imports cost ~20 ms). With the
 # variable it imports this module only if it is still installed.
-PTH_LINE = (f'import os; os.environ.get("{ENV}") and __import__("importlib.util").util.find_spec("_ep_rt_deep_ep") '
-            f'and __import__("_ep_rt_deep_ep").boot()\n')
+PTH_LINE = (
+    f'import os; os.environ.get("{ENV}") and __import__("importlib.util").util.find_spec("_ep_rt_deep_ep") '
+    f'and __import__("_ep_rt_deep_ep").boot()\n'
+)

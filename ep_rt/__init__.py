@@ -3,6 +3,7 @@
 CUDA kernels ship as ahead-of-time cubins; this package is pure Python. Importing it loads no CUDA
 driver and touches no GPU, so everything (including the reference implementation) imports on CPU.
 """
+
 from .buffer import Buffer
 from .config import Config
 from .events import EventHandle, EventOverlap

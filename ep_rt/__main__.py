@@ -1,4 +1,5 @@
 """python -m ep_rt: see ep_rt.cli."""
+
 import sys
 
 from .cli import main

@@ -1,6 +1,7 @@
 """ep_rt.Buffer: DeepEP V1's Buffer API. It composes transports (Topology, error records, the NVL buffer of a
 node, the NVSHMEM session and a symmetric buffer) into ops (layout, intranode, low-latency) and tears the
 transports down in reverse order of construction."""
+
 from __future__ import annotations
 
 import warnings
@@ -29,13 +30,14 @@ from .utils import check_nvlink_connections
 # What deep_ep/buffer.py's namespace offers the code that imports from it (`from deep_ep.buffer import Buffer`).
 __all__ = ["Buffer", "Config", "EventHandle", "EventOverlap", "check_nvlink_connections"]
 
+
 class _Setup:
     """What Buffer._prepare decided (the same on every rank once agreement.exchange returned)."""
 
     def __init__(self, plan: buffer_plan.BufferPlan):
         self.plan = plan
         self.entries: dict = {}  # kernel family -> manifest entry of its NVSHMEM-linked cubin
-        self.nvshmem = None      # transport.nvshmem.Preparation, when the Buffer uses NVSHMEM
+        self.nvshmem = None  # transport.nvshmem.Preparation, when the Buffer uses NVSHMEM
 
 
 class Buffer:
@@ -62,10 +64,21 @@ class Buffer:
 
     num_sms: int = 20
 
-    def __init__(self, group, num_nvl_bytes: int = 0, num_rdma_bytes: int = 0, low_latency_mode: bool = False,
-                 num_qps_per_rank: int = 24, allow_nvlink_for_low_latency_mode: bool = True,
-                 allow_mnnvl: bool = False, use_fabric: bool = False, explicitly_destroy: bool = False,
-                 enable_shrink: bool = False, comm=None, timeout_s: Optional[float] = None):
+    def __init__(
+        self,
+        group,
+        num_nvl_bytes: int = 0,
+        num_rdma_bytes: int = 0,
+        low_latency_mode: bool = False,
+        num_qps_per_rank: int = 24,
+        allow_nvlink_for_low_latency_mode: bool = True,
+        allow_mnnvl: bool = False,
+        use_fabric: bool = False,
+        explicitly_destroy: bool = False,
+        enable_shrink: bool = False,
+        comm=None,
+        timeout_s: Optional[float] = None,
+    ):
         """Create the buffers and connect the ranks of `group` (collective: every rank of the group calls it with the
         same sizes and modes, which are compared first and refused on every rank if they differ).
 
@@ -129,10 +142,15 @@ class Buffer:
         # Before the first collective allocation: every rank's local preparation (the plan included), and the inputs
         # that decide sizes, layouts, modes and the NVSHMEM world, compared over the group (raises on every rank if
         # they differ or any rank failed; transport.agreement).
-        args = dict(num_nvl_bytes=num_nvl_bytes, num_rdma_bytes=num_rdma_bytes, low_latency_mode=low_latency_mode,
-                    num_qps_per_rank=num_qps_per_rank,
-                    allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode, allow_mnnvl=allow_mnnvl,
-                    enable_shrink=enable_shrink)
+        args = dict(
+            num_nvl_bytes=num_nvl_bytes,
+            num_rdma_bytes=num_rdma_bytes,
+            low_latency_mode=low_latency_mode,
+            num_qps_per_rank=num_qps_per_rank,
+            allow_nvlink_for_low_latency_mode=allow_nvlink_for_low_latency_mode,
+            allow_mnnvl=allow_mnnvl,
+            enable_shrink=enable_shrink,
+        )
         shared = agreement.buffer_values(args, topo)
         shared["EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)"] = str(validate.topk_idx_t)
         setup = agreement.exchange(group, shared, lambda: self._prepare(group, topo, timeout, **args))
@@ -142,8 +160,17 @@ class Buffer:
         self._session = None
         if plan.nvl_buffer:  # the NVL buffer of my node (also the device barrier)
             topo.require_nvlink(group)
-            self._nvl = self._own(NvlBuffer(group, topo, num_nvl_bytes, self.device_index, plan.timeout_s,
-                                            self._errors, teardown_stream=self.comm_stream))
+            self._nvl = self._own(
+                NvlBuffer(
+                    group,
+                    topo,
+                    num_nvl_bytes,
+                    self.device_index,
+                    plan.timeout_s,
+                    self._errors,
+                    teardown_stream=self.comm_stream,
+                )
+            )
             self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
             self._nvl.barrier(self.comm_stream)
         if plan.ht is not None:
@@ -155,16 +182,37 @@ class Buffer:
         self._parts.append(part)
         return part
 
-    def _prepare(self, group, topo, timeout, num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank,
-                 allow_nvlink_for_low_latency_mode, allow_mnnvl, enable_shrink):
+    def _prepare(
+        self,
+        group,
+        topo,
+        timeout,
+        num_nvl_bytes,
+        num_rdma_bytes,
+        low_latency_mode,
+        num_qps_per_rank,
+        allow_nvlink_for_low_latency_mode,
+        allow_mnnvl,
+        enable_shrink,
+    ):
         """This rank's part of the setup that can fail on its own (run inside agreement.exchange, so a failure is
         raised on every rank): the plan (buffer_plan), its cubins, and the NVSHMEM environment and world it would
         use. Returns (values every rank must share, the setup)."""
         from .ops.internode import InternodeOp
 
-        plan = buffer_plan.plan(topo.num_ranks, topo.num_nodes, topo.describe(), num_nvl_bytes, num_rdma_bytes,
-                                low_latency_mode, allow_nvlink_for_low_latency_mode, self.explicitly_destroy,
-                                enable_shrink, timeout, getattr(InternodeOp, "supports_rail_world", False))
+        plan = buffer_plan.plan(
+            topo.num_ranks,
+            topo.num_nodes,
+            topo.describe(),
+            num_nvl_bytes,
+            num_rdma_bytes,
+            low_latency_mode,
+            allow_nvlink_for_low_latency_mode,
+            self.explicitly_destroy,
+            enable_shrink,
+            timeout,
+            getattr(InternodeOp, "supports_rail_world", False),
+        )
         setup = _Setup(plan)
         if not plan.cubins:
             return {}, setup
@@ -175,8 +223,15 @@ class Buffer:
             setup.entries[family] = _CUBINS[family](self.device_index, flavour)
         worlds = {buffer_plan.FULL: nvshmem_world.full_world, buffer_plan.RAIL: nvshmem_world.rail_world}
         first = setup.entries[plan.first_session_family]  # the first to open the session
-        setup.nvshmem = nvshmem.prepare(group, topo, worlds[plan.nvshmem_world](topo), first["nvshmem"],
-                                        num_qps_per_rank, plan.nvshmem_allow_nvlink, allow_mnnvl)
+        setup.nvshmem = nvshmem.prepare(
+            group,
+            topo,
+            worlds[plan.nvshmem_world](topo),
+            first["nvshmem"],
+            num_qps_per_rank,
+            plan.nvshmem_allow_nvlink,
+            allow_mnnvl,
+        )
         for entry in setup.entries.values():
             nvshmem.check_compatible(entry["nvshmem"], setup.nvshmem.plan.ibgda_peers)
         return setup.nvshmem.shared_values(), setup
@@ -206,12 +261,30 @@ class Buffer:
 
         net_timeout = env.net_timeout_s(setup.plan.timeout_s)  # plan.internode_deadline: the network's
         session, module = self._nvshmem(topo, setup, buffer_plan.INTERNODE)
-        sym = self._own(SymmetricBuffer(session, InternodeOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks,
-                                                                             topo.num_nodes),
-                                        topo.num_ranks, self.device, error_slot=buffer_plan.INTERNODE))
-        op = self._own(InternodeOp(topo, sym, self._nvl, module, self.num_rdma_bytes, self.device_index, net_timeout,
-                                   self._errors, pe_base=sym.pe_base, pe_stride=sym.pe_stride,
-                                   qp_rule_num_qps=self.num_qps_per_rank if session.plan.ibgda_peers else None))
+        sym = self._own(
+            SymmetricBuffer(
+                session,
+                InternodeOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks, topo.num_nodes),
+                topo.num_ranks,
+                self.device,
+                error_slot=buffer_plan.INTERNODE,
+            )
+        )
+        op = self._own(
+            InternodeOp(
+                topo,
+                sym,
+                self._nvl,
+                module,
+                self.num_rdma_bytes,
+                self.device_index,
+                net_timeout,
+                self._errors,
+                pe_base=sym.pe_base,
+                pe_stride=sym.pe_stride,
+                qp_rule_num_qps=self.num_qps_per_rank if session.plan.ibgda_peers else None,
+            )
+        )
         # Every rank's buffers are zeroed and registered before any kernel runs; ranks reach this after NVSHMEM's
         # start, which may take them different times (not a fault: a longer deadline than the network's).
         op.barrier(self.comm_stream, timeout_s=max(net_timeout, 120.0))
@@ -222,10 +295,25 @@ class Buffer:
         from .transport.symmetric import SymmetricBuffer
 
         session, module = self._nvshmem(topo, setup, buffer_plan.LOW_LATENCY)
-        sym = self._own(SymmetricBuffer(session, LowLatencyOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks),
-                                        topo.num_ranks, self.device, error_slot=buffer_plan.LOW_LATENCY))
-        return LowLatencyOp(topo, sym, module, self.num_rdma_bytes, self.device_index, setup.plan.timeout_s,
-                            self._errors, self.enable_shrink)
+        sym = self._own(
+            SymmetricBuffer(
+                session,
+                LowLatencyOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks),
+                topo.num_ranks,
+                self.device,
+                error_slot=buffer_plan.LOW_LATENCY,
+            )
+        )
+        return LowLatencyOp(
+            topo,
+            sym,
+            module,
+            self.num_rdma_bytes,
+            self.device_index,
+            setup.plan.timeout_s,
+            self._errors,
+            self.enable_shrink,
+        )
 
     # ---- lifetime -------------------------------------------------------------------------------
     @call_guard.one_at_a_time(None)
@@ -237,8 +325,10 @@ class Buffer:
         is freed without collectives, so destroy() returns on the ranks that are left. Any later call raises
         EpRtError ("destroyed")."""
         if not self.explicitly_destroy:
-            raise EpRtError("destroy() is for Buffers created with explicitly_destroy=True; others are "
-                            "released when garbage-collected")
+            raise EpRtError(
+                "destroy() is for Buffers created with explicitly_destroy=True; others are "
+                "released when garbage-collected"
+            )
         self._release(collective=True)
 
     def _release(self, collective: bool) -> None:
@@ -247,8 +337,9 @@ class Buffer:
         if self.destroyed:
             return
         self.destroyed = True
-        nvshmem_users = [op for op in (self._ll, self._ht if self._plan.ht == buffer_plan.INTERNODE else None)
-                         if op is not None]
+        nvshmem_users = [
+            op for op in (self._ll, self._ht if self._plan.ht == buffer_plan.INTERNODE else None) if op is not None
+        ]
         self._ll = self._ht = self._layout = self._nvl = None
         errors = []
         try:  # our own kernels first (every wait they make has a deadline, so this returns)
@@ -259,12 +350,14 @@ class Buffer:
         # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen every
         # peer arrive (mask-aware for LL), and never in shrink mode: a rank's masks are its own view (a peer may have
         # masked us while we masked nobody), and every rank must make the same choice.
-        nvshmem_collective = collective and self._nvshmem_users_met(nvshmem_users, errors) and \
-            not self._plan.nvshmem_teardown_local
+        nvshmem_collective = (
+            collective and self._nvshmem_users_met(nvshmem_users, errors) and not self._plan.nvshmem_teardown_local
+        )
         parts, self._parts = self._parts, []
         for part in reversed(parts):
             part_collective = buffer_plan.part_destroy_collective(
-                part.error_slot, collective, nvshmem_collective, lambda slot: self._errors.check(slot) is not None)
+                part.error_slot, collective, nvshmem_collective, lambda slot: self._errors.check(slot) is not None
+            )
             try:
                 part.destroy(part_collective)
             except Exception as e:  # keep freeing the rest; report the first failure
@@ -299,8 +392,10 @@ class Buffer:
         if self.destroyed:
             raise EpRtError("this Buffer has been destroyed")
         if self._ht is None:
-            raise EpRtError(f"this Buffer has no high-throughput mode ({self.topology.describe()}, low_latency_mode "
-                            f"without an NVL buffer): create it with num_nvl_bytes > 0 for high-throughput calls")
+            raise EpRtError(
+                f"this Buffer has no high-throughput mode ({self.topology.describe()}, low_latency_mode "
+                f"without an NVL buffer): create it with num_nvl_bytes > 0 for high-throughput calls"
+            )
         self._nvl.raise_if_failed()
         self._ht.raise_if_failed()
         return self._nvl
@@ -403,8 +498,9 @@ class Buffer:
         return EventOverlap(EventHandle())
 
     @staticmethod
-    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
-                                       num_experts: int) -> int:
+    def get_low_latency_rdma_size_hint(
+        num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int
+    ) -> int:
         """The smallest RDMA buffer (num_rdma_bytes) for low-latency calls of this shape, sized for BF16 combines.
 
         Arguments:
@@ -440,8 +536,11 @@ class Buffer:
         elsewhere (ep_rt.config_tables), with Buffer.num_sms. Any rank count is accepted (DeepEP asserts on rank
         counts outside its table). Of a Config, ep_rt's intranode kernels use num_sms only."""
         tuned = config_file.lookup("dispatch", num_ranks)
-        return tuned if tuned is not None else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms,
-                                                                        num_ranks_per_node)
+        return (
+            tuned
+            if tuned is not None
+            else config_mod.table_config("dispatch", num_ranks, Buffer.num_sms, num_ranks_per_node)
+        )
 
     @staticmethod
     def get_combine_config(num_ranks: int, *, num_ranks_per_node: Optional[int] = None) -> Config:
@@ -457,8 +556,11 @@ class Buffer:
         ep_rt: combine runs on the channels of the dispatch that made its handle, so this Config's num_sms does not
         change what a combine does (combine(config=None) looks nothing up)."""
         tuned = config_file.lookup("combine", num_ranks)
-        return tuned if tuned is not None else config_mod.table_config("combine", num_ranks, Buffer.num_sms,
-                                                                        num_ranks_per_node)
+        return (
+            tuned
+            if tuned is not None
+            else config_mod.table_config("combine", num_ranks, Buffer.num_sms, num_ranks_per_node)
+        )
 
     def get_comm_stream(self) -> torch.cuda.Stream:
         """The communication stream: the high-throughput and layout calls, and the low-latency calls without a
@@ -468,8 +570,9 @@ class Buffer:
             stream: a torch.cuda.Stream of this Buffer's device (high priority)."""
         return self.comm_stream
 
-    def get_local_buffer_tensor(self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0,
-                                use_rdma_buffer: bool = False) -> torch.Tensor:
+    def get_local_buffer_tensor(
+        self, dtype: torch.dtype, size: Optional[torch.Size] = None, offset: int = 0, use_rdma_buffer: bool = False
+    ) -> torch.Tensor:
         """A view of this rank's own communication buffer as a tensor (no copy).
 
         Arguments:
@@ -493,8 +596,10 @@ class Buffer:
                 raise EpRtError("this Buffer has been destroyed")
             owner = self._ll if self._ll is not None else (self._ht if self.is_internode else None)
             if owner is None:
-                raise ValueError("use_rdma_buffer=True needs a Buffer with num_rdma_bytes > 0 (low_latency_mode=True, "
-                                 "or ranks on several nodes)")
+                raise ValueError(
+                    "use_rdma_buffer=True needs a Buffer with num_rdma_bytes > 0 (low_latency_mode=True, "
+                    "or ranks on several nodes)"
+                )
             raw = owner.rdma_tensor()
         else:
             raw = self._live().data_tensor()
@@ -502,19 +607,24 @@ class Buffer:
             raise ValueError(f"offset {offset} is outside the {raw.numel()}-byte buffer")
         elem = torch.empty((), dtype=dtype).element_size()
         usable = (raw.numel() - offset) // elem * elem
-        view = raw[offset:offset + usable].view(dtype)
+        view = raw[offset : offset + usable].view(dtype)
         if size is not None:
             size = torch.Size(size)
             if size.numel() > view.numel():
                 raise ValueError(f"size {tuple(size)} needs {size.numel()} elements; the buffer has {view.numel()}")
-            view = view[:size.numel()].view(size)
+            view = view[: size.numel()].view(size)
         return view
 
     # ---- layout ---------------------------------------------------------------------------------
     @call_guard.one_at_a_time(None)
-    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int,
-                            previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
-                            allocate_on_comm_stream: bool = False):
+    def get_dispatch_layout(
+        self,
+        topk_idx: torch.Tensor,
+        num_experts: int,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
         """Count, from the top-k routing, what a dispatch sends: tokens per rank, per node and per expert, and which
         ranks each token goes to.
 
@@ -542,20 +652,30 @@ class Buffer:
         topo = getattr(self, "topology", None)
         G = topo.node_size if topo is not None and topo.num_nodes > 1 else 8
         per_rank, per_node, per_expert, in_rank, counts = self._layout(
-            topk_idx, num_experts, self.group_size, scope.alloc_stream(), self.comm_stream, G)
+            topk_idx, num_experts, self.group_size, scope.alloc_stream(), self.comm_stream, G
+        )
         event = scope.finish([topk_idx, counts, in_rank])
         return per_rank, per_node, per_expert, in_rank, event
 
     # ---- dispatch -------------------------------------------------------------------------------
     @call_guard.one_at_a_time(call_guard.HT)
-    def dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]], handle: Optional[Tuple] = None,
-                 num_tokens_per_rank: Optional[torch.Tensor] = None,
-                 num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
-                 is_token_in_rank: Optional[torch.Tensor] = None, num_tokens_per_expert: Optional[torch.Tensor] = None,
-                 topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
-                 expert_alignment: int = 1, num_worst_tokens: int = 0, config: Optional[Config] = None,
-                 previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
-                 allocate_on_comm_stream: bool = False):
+    def dispatch(
+        self,
+        x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        handle: Optional[Tuple] = None,
+        num_tokens_per_rank: Optional[torch.Tensor] = None,
+        num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
+        is_token_in_rank: Optional[torch.Tensor] = None,
+        num_tokens_per_expert: Optional[torch.Tensor] = None,
+        topk_idx: Optional[torch.Tensor] = None,
+        topk_weights: Optional[torch.Tensor] = None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
         """Send each token to the ranks that hold its selected experts, within a node or across nodes (the internode
         kernels when the ranks span several nodes). Intranode, all ranks must reach each other over NVLink; across
         nodes, the ranks of a node over NVLink and each rank its peers of the same local index over the network.
@@ -601,15 +721,39 @@ class Buffer:
         self._live()
         if handle is None and num_worst_tokens == 0 and torch.cuda.is_current_stream_capturing():
             # Without num_worst_tokens the host must read the receive count to size the outputs: a sync.
-            raise RuntimeError("dispatch inside CUDA-graph capture needs num_worst_tokens > 0 (the output size "
-                               "must not depend on the routing), or a handle (cached dispatch)")
+            raise RuntimeError(
+                "dispatch inside CUDA-graph capture needs num_worst_tokens > 0 (the output size "
+                "must not depend on the routing), or a handle (cached dispatch)"
+            )
         if config is None:  # this Buffer's own node size, not an assumed one
             config = self.get_dispatch_config(self.group_size, num_ranks_per_node=self.topology.node_size)
-        args = ht_args.check(self, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert,
-                             topk_idx, topk_weights, expert_alignment, num_worst_tokens, config)
-        call = DispatchCall(args.x, args.x_scales, handle, topk_idx, topk_weights, num_tokens_per_rank,
-                            num_tokens_per_rdma_rank, is_token_in_rank, num_tokens_per_expert, expert_alignment,
-                            num_worst_tokens, config.num_sms)
+        args = ht_args.check(
+            self,
+            x,
+            handle,
+            num_tokens_per_rank,
+            is_token_in_rank,
+            num_tokens_per_expert,
+            topk_idx,
+            topk_weights,
+            expert_alignment,
+            num_worst_tokens,
+            config,
+        )
+        call = DispatchCall(
+            args.x,
+            args.x_scales,
+            handle,
+            topk_idx,
+            topk_weights,
+            num_tokens_per_rank,
+            num_tokens_per_rdma_rank,
+            is_token_in_rank,
+            num_tokens_per_expert,
+            expert_alignment,
+            num_worst_tokens,
+            config.num_sms,
+        )
         self._ht.check_dispatch(call)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         r = self._ht.run_dispatch(call, scope.alloc_stream(), self.comm_stream)
@@ -619,10 +763,17 @@ class Buffer:
 
     # ---- combine --------------------------------------------------------------------------------
     @call_guard.one_at_a_time(call_guard.HT)
-    def combine(self, x: torch.Tensor, handle: Tuple, topk_weights: Optional[torch.Tensor] = None,
-                bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
-                config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
-                async_finish: bool = False, allocate_on_comm_stream: bool = False):
+    def combine(
+        self,
+        x: torch.Tensor,
+        handle: Tuple,
+        topk_weights: Optional[torch.Tensor] = None,
+        bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
         """Return each token's expert outputs to the rank it came from and sum them: the reverse of the dispatch that
         made `handle`, without top-k weighting (as DeepEP).
 
@@ -650,8 +801,9 @@ class Buffer:
         bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
         handle = self._ht.combine_handle(x, handle, topk_weights)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
-        combined_x, combined_w, tensors = self._ht.combine(x, handle, topk_weights, bias0, bias1,
-                                                           scope.alloc_stream(), self.comm_stream)
+        combined_x, combined_w, tensors = self._ht.combine(
+            x, handle, topk_weights, bias0, bias1, scope.alloc_stream(), self.comm_stream
+        )
         event = scope.finish(tensors)
         return combined_x, combined_w, event
 
@@ -670,11 +822,20 @@ class Buffer:
         self._ll_live().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
 
     @call_guard.one_at_a_time(call_guard.LL, hook=True)
-    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
-                             num_experts: int, cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
-                             dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None, use_fp8: bool = True,
-                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
-                             return_recv_hook: bool = False):
+    def low_latency_dispatch(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        num_max_dispatch_tokens_per_rank: int,
+        num_experts: int,
+        cumulative_local_expert_recv_stats: Optional[torch.Tensor] = None,
+        dispatch_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+        use_fp8: bool = True,
+        round_scale: bool = False,
+        use_ue8m0: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+    ):
         """Send each token to the ranks of its selected experts, for decoding-size batches; the received tokens are
         laid out per local expert in fixed-size blocks, so no host sync is needed (CUDA-graph friendly). Two buffers
         alternate, so the call after the next one overwrites a call's outputs (hold at most two, as with DeepEP).
@@ -713,23 +874,46 @@ class Buffer:
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot be used together")
         if ll.nvlink_peers < self.group_size and self.nvshmem_qp_depth < (T + 1) * 2:  # RDMA queue pairs only
-            raise ValueError(f"NVSHMEM_QP_DEPTH={self.nvshmem_qp_depth} must be >= (num_max_dispatch_tokens_per_rank"
-                             f" + 1) * 2 = {(T + 1) * 2}")
-        args = (x, topk_idx, T, num_experts, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats,
-                use_fp8, round_scale, use_ue8m0)
+            raise ValueError(
+                f"NVSHMEM_QP_DEPTH={self.nvshmem_qp_depth} must be >= (num_max_dispatch_tokens_per_rank"
+                f" + 1) * 2 = {(T + 1) * 2}"
+            )
+        args = (
+            x,
+            topk_idx,
+            T,
+            num_experts,
+            cumulative_local_expert_recv_stats,
+            dispatch_wait_recv_cost_stats,
+            use_fp8,
+            round_scale,
+            use_ue8m0,
+        )
         outputs, event, hook = self._ll_run(
-            lambda stream: ll.dispatch(*args, stream), async_finish, return_recv_hook,
-            lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out])
+            lambda stream: ll.dispatch(*args, stream),
+            async_finish,
+            return_recv_hook,
+            lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out],
+        )
         recv_x, scales, count, src_info, layout_range = outputs
         handle = LowLatencyHandle(src_info, layout_range, T, x.size(1), num_experts)
         with_facts(handle, HandleFacts.of(handle, ll.serial))
         return ((recv_x, scales) if use_fp8 else recv_x), count, handle, event, hook
 
     @call_guard.one_at_a_time(call_guard.LL, hook=True)
-    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: tuple,
-                            use_logfmt: bool = False, zero_copy: bool = False, async_finish: bool = False,
-                            return_recv_hook: bool = False, out: Optional[torch.Tensor] = None,
-                            combine_wait_recv_cost_stats: Optional[torch.Tensor] = None):
+    def low_latency_combine(
+        self,
+        x: torch.Tensor,
+        topk_idx: torch.Tensor,
+        topk_weights: torch.Tensor,
+        handle: tuple,
+        use_logfmt: bool = False,
+        zero_copy: bool = False,
+        async_finish: bool = False,
+        return_recv_hook: bool = False,
+        out: Optional[torch.Tensor] = None,
+        combine_wait_recv_cost_stats: Optional[torch.Tensor] = None,
+    ):
         """Return the experts' outputs of a low-latency dispatch to the ranks the tokens came from and sum them with
         the top-k weights (weighted, unlike combine).
 
@@ -759,16 +943,41 @@ class Buffer:
         the GPU's approximate lg2 / ex2)."""
         ll = self._ll_live()
         if use_logfmt and zero_copy:
-            raise ValueError("use_logfmt and zero_copy cannot be used together (zero_copy rows are already in the "
-                             "send buffer as bf16; LogFMT encodes them on the way out)")
+            raise ValueError(
+                "use_logfmt and zero_copy cannot be used together (zero_copy rows are already in the "
+                "send buffer as bf16; LogFMT encodes them on the way out)"
+            )
         if async_finish and return_recv_hook:
             raise ValueError("async_finish and return_recv_hook cannot be used together")
         src_info, layout_range, T, hidden, num_experts = self._ll_handle(ll, handle, "low_latency_combine")
-        args = (x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out,
-                combine_wait_recv_cost_stats, zero_copy, use_logfmt)
-        return self._ll_run(lambda stream: ll.combine(*args, stream), async_finish, return_recv_hook,
-                            lambda combined: [x, topk_idx, topk_weights, src_info, layout_range, combined,
-                                              combine_wait_recv_cost_stats])
+        args = (
+            x,
+            topk_idx,
+            topk_weights,
+            src_info,
+            layout_range,
+            T,
+            hidden,
+            num_experts,
+            out,
+            combine_wait_recv_cost_stats,
+            zero_copy,
+            use_logfmt,
+        )
+        return self._ll_run(
+            lambda stream: ll.combine(*args, stream),
+            async_finish,
+            return_recv_hook,
+            lambda combined: [
+                x,
+                topk_idx,
+                topk_weights,
+                src_info,
+                layout_range,
+                combined,
+                combine_wait_recv_cost_stats,
+            ],
+        )
 
     @staticmethod
     def _ll_handle(ll, handle, what: str) -> LowLatencyHandle:
@@ -805,7 +1014,8 @@ class Buffer:
             buffer: `[num_local_experts, num_ranks * num_max_dispatch_tokens_per_rank, hidden]` bf16, a strided view
                 into the RDMA buffer (no copy)."""
         src_info, layout_range, T, hidden, num_experts = self._ll_handle(
-            self._ll_live(), handle, "get_next_low_latency_combine_buffer")
+            self._ll_live(), handle, "get_next_low_latency_combine_buffer"
+        )
         return self._ll_live().next_combine_buffer(T, hidden, num_experts)
 
     def _shrink_mask(self) -> torch.Tensor:
@@ -825,7 +1035,11 @@ class Buffer:
 
         ep_rt: a rank that times out in a low-latency call is masked by the kernels themselves in shrink mode."""
         m = self._shrink_mask()
-        if not isinstance(rank_to_mask, int) or isinstance(rank_to_mask, bool) or not 0 <= rank_to_mask < self.group_size:
+        if (
+            not isinstance(rank_to_mask, int)
+            or isinstance(rank_to_mask, bool)
+            or not 0 <= rank_to_mask < self.group_size
+        ):
             raise ValueError(f"rank_to_mask must be in [0, {self.group_size}), got {rank_to_mask}")
         m[rank_to_mask] = 1 if mask else 0
 
@@ -846,38 +1060,65 @@ class Buffer:
 
     # ---- DeepEP's internode entry points (its dispatch / combine route to them across nodes) ----------
     @call_guard.one_at_a_time(call_guard.HT)
-    def internode_dispatch(self, x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
-                           handle: Optional[Tuple] = None, num_tokens_per_rank: Optional[torch.Tensor] = None,
-                           num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
-                           is_token_in_rank: Optional[torch.Tensor] = None,
-                           num_tokens_per_expert: Optional[torch.Tensor] = None,
-                           topk_idx: Optional[torch.Tensor] = None, topk_weights: Optional[torch.Tensor] = None,
-                           expert_alignment: int = 1,
-                           num_worst_tokens: int = 0, config: Optional[Config] = None,
-                           previous_event: Optional[EventOverlap] = None, async_finish: bool = False,
-                           allocate_on_comm_stream: bool = False):
+    def internode_dispatch(
+        self,
+        x: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]],
+        handle: Optional[Tuple] = None,
+        num_tokens_per_rank: Optional[torch.Tensor] = None,
+        num_tokens_per_rdma_rank: Optional[torch.Tensor] = None,
+        is_token_in_rank: Optional[torch.Tensor] = None,
+        num_tokens_per_expert: Optional[torch.Tensor] = None,
+        topk_idx: Optional[torch.Tensor] = None,
+        topk_weights: Optional[torch.Tensor] = None,
+        expert_alignment: int = 1,
+        num_worst_tokens: int = 0,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
         """DeepEP's internode entry point: dispatch() on a Buffer whose ranks span several nodes; the arguments and
         results are dispatch()'s (see its docstring). dispatch() takes this path by itself, so callers need not
         call it; raises EpRtError on a Buffer whose high-throughput calls are not internode."""
         if not self.is_internode:
             raise EpRtError("internode_dispatch needs a Buffer whose ranks span several nodes")
-        return self.dispatch(x, handle, num_tokens_per_rank, num_tokens_per_rdma_rank, is_token_in_rank,
-                             num_tokens_per_expert, topk_idx, topk_weights, expert_alignment, num_worst_tokens, config,
-                             previous_event, async_finish, allocate_on_comm_stream)
+        return self.dispatch(
+            x,
+            handle,
+            num_tokens_per_rank,
+            num_tokens_per_rdma_rank,
+            is_token_in_rank,
+            num_tokens_per_expert,
+            topk_idx,
+            topk_weights,
+            expert_alignment,
+            num_worst_tokens,
+            config,
+            previous_event,
+            async_finish,
+            allocate_on_comm_stream,
+        )
 
     @call_guard.one_at_a_time(call_guard.HT)
-    def internode_combine(self, x: torch.Tensor, handle: Union[tuple, list],
-                          topk_weights: Optional[torch.Tensor] = None,
-                          bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
-                          config: Optional[Config] = None, previous_event: Optional[EventOverlap] = None,
-                          async_finish: bool = False, allocate_on_comm_stream: bool = False):
+    def internode_combine(
+        self,
+        x: torch.Tensor,
+        handle: Union[tuple, list],
+        topk_weights: Optional[torch.Tensor] = None,
+        bias: Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor], None] = None,
+        config: Optional[Config] = None,
+        previous_event: Optional[EventOverlap] = None,
+        async_finish: bool = False,
+        allocate_on_comm_stream: bool = False,
+    ):
         """DeepEP's internode entry point: combine() on a Buffer whose ranks span several nodes; the arguments and
         results are combine()'s (see its docstring). combine() takes this path by itself; raises EpRtError on a
         Buffer whose high-throughput calls are not internode."""
         if not self.is_internode:
             raise EpRtError("internode_combine needs a Buffer whose ranks span several nodes")
-        return self.combine(x, handle, topk_weights, bias, config, previous_event, async_finish,
-                            allocate_on_comm_stream)
+        return self.combine(
+            x, handle, topk_weights, bias, config, previous_event, async_finish, allocate_on_comm_stream
+        )
 
 
 def _internode_cubin(device_index: int, flavour):
@@ -893,5 +1134,7 @@ def _low_latency_cubin(device_index: int, flavour):
 # The NVSHMEM-linked cubin of each family a plan names (buffer_plan.BufferPlan.cubins).
 _CUBINS = {buffer_plan.INTERNODE: _internode_cubin, buffer_plan.LOW_LATENCY: _low_latency_cubin}
 # The high-throughput op of each plan.ht (ep_rt.ht_op.HighThroughputOp): adding a mode is one line here.
-_HT_OPS = {buffer_plan.INTRANODE: lambda buf, topo, setup: IntranodeOp(buf._nvl),
-           buffer_plan.INTERNODE: lambda buf, topo, setup: buf._internode_op(topo, setup)}
+_HT_OPS = {
+    buffer_plan.INTRANODE: lambda buf, topo, setup: IntranodeOp(buf._nvl),
+    buffer_plan.INTERNODE: lambda buf, topo, setup: buf._internode_op(topo, setup),
+}

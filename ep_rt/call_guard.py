@@ -15,6 +15,7 @@ without a collective that could wait for peers that never come. The interrupt it
 
 The wrapper reads four Buffer names (_errors, rank, is_internode, _context_device) and keeps its lock as
 Buffer._call_lock."""
+
 from __future__ import annotations
 
 import functools
@@ -66,6 +67,7 @@ def one_at_a_time(kind: str | None, hook: bool = False):
     """Wrap a Buffer method: refuse it while another thread is inside a call of the same Buffer, and mark the
     `kind` slot failed when an interrupt leaves it. hook: the method returns a tuple whose last item is a receive
     hook (or None), which is wrapped the same way."""
+
     def wrap(method):
         params, args, defaults = [], [], {}
         for p in inspect.signature(method).parameters.values():
@@ -79,14 +81,28 @@ def one_at_a_time(kind: str | None, hook: bool = False):
                 defaults[f"_default_{p.name}"] = p.default
                 params.append(f"{p.name}=_default_{p.name}")
             args.append(p.name if p.kind == p.POSITIONAL_OR_KEYWORD else f"{p.name}={p.name}")
-        names = dict(defaults, _method=method, _kind=kind, _hook=hook, _lock_of=_lock_of, _overlap=_overlap,
-                     _interrupted=interrupted, _guarded_hook=_guarded_hook, _bind=bind_context)
-        source = _TEMPLATE.format(name=method.__name__, hook_name=method.__name__ + "'s receive hook",
-                                  params=", ".join(params), args=", ".join(args))
+        names = dict(
+            defaults,
+            _method=method,
+            _kind=kind,
+            _hook=hook,
+            _lock_of=_lock_of,
+            _overlap=_overlap,
+            _interrupted=interrupted,
+            _guarded_hook=_guarded_hook,
+            _bind=bind_context,
+        )
+        source = _TEMPLATE.format(
+            name=method.__name__,
+            hook_name=method.__name__ + "'s receive hook",
+            params=", ".join(params),
+            args=", ".join(args),
+        )
         exec(compile(source, f"<ep_rt.call_guard {method.__name__}>", "exec"), names)
         guarded = names[method.__name__]
         _GUARDS.add(guarded.__code__)
         return functools.wraps(method)(guarded)
+
     return wrap
 
 
@@ -105,6 +121,7 @@ def _guarded_hook(buf, run, kind: str | None, what: str):
             raise
         finally:
             lock.release()
+
     return hook
 
 
@@ -176,7 +193,8 @@ def _overlap(buf, what: str) -> EpRtError:
         f"{holder} is inside Buffer.{inside} of the same Buffer. A Buffer's calls are collective and must be made "
         f"in the same order on every rank, so ep_rt does not run two at once: make each Buffer's calls from one "
         f"thread at a time (threads that take turns are fine), or give each thread its own Buffer. Nothing was "
-        f"launched for this call; the other call goes on.")
+        f"launched for this call; the other call goes on."
+    )
 
 
 def interrupted(buf, kind: str | None, what: str, exc: BaseException) -> None:
@@ -186,9 +204,13 @@ def interrupted(buf, kind: str | None, what: str, exc: BaseException) -> None:
     if kind is None or errors is None or any(str(n).startswith("ep_rt:") for n in getattr(exc, "__notes__", ())):
         return  # nothing collective, or noted by an inner call already
     slot = ("internode" if buf.is_internode else NVL) if kind == HT else kind
-    err = errors.fail(slot, EpRtError(
-        f"rank {buf.rank}: interrupted ({type(exc).__name__}) during Buffer.{what}: this rank left the call while "
-        f"its peers may still be in it, so this Buffer's {slot} calls are unusable now. destroy() frees the Buffer "
-        f"without waiting for those peers; then create a new Buffer (every rank)."))
+    err = errors.fail(
+        slot,
+        EpRtError(
+            f"rank {buf.rank}: interrupted ({type(exc).__name__}) during Buffer.{what}: this rank left the call while "
+            f"its peers may still be in it, so this Buffer's {slot} calls are unusable now. destroy() frees the Buffer "
+            f"without waiting for those peers; then create a new Buffer (every rank)."
+        ),
+    )
     if hasattr(exc, "add_note"):  # Python 3.11+
         exc.add_note(f"ep_rt: {err}")

@@ -4,6 +4,7 @@ ep_rt's intranode kernels write every token straight to its final row (no ring b
 five fields only num_sms changes what they do: one block per channel, num_sms channels. The chunk
 sizes are kept, validated exactly as DeepEP does, so code that builds Configs keeps working.
 """
+
 from __future__ import annotations
 
 import os
@@ -41,8 +42,13 @@ class Config:
         if not send <= recv // 2:
             raise ValueError("Config: num_max_rdma_chunked_send_tokens must be <= half the receive size")
 
-    def get_nvl_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096,
-                                 num_ranks_per_node: int | None = None) -> int:
+    def get_nvl_buffer_size_hint(
+        self,
+        hidden_bytes: int,
+        num_ranks: int,
+        num_max_tokens_per_rank: int = 4096,
+        num_ranks_per_node: int | None = None,
+    ) -> int:
         """Bytes of NVL buffer that hold a dispatch and combine of `num_max_tokens_per_rank` tokens per rank
         with `hidden_bytes` per token (FP8 scales and top-k up to 32 included). Unlike DeepEP's ring buffers,
         ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument). The ranks
@@ -56,8 +62,13 @@ class Config:
             return internode_layout.nvl_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
         return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
 
-    def get_rdma_buffer_size_hint(self, hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int = 4096,
-                                  num_ranks_per_node: int | None = None) -> int:
+    def get_rdma_buffer_size_hint(
+        self,
+        hidden_bytes: int,
+        num_ranks: int,
+        num_max_tokens_per_rank: int = 4096,
+        num_ranks_per_node: int | None = None,
+    ) -> int:
         """Bytes of RDMA (symmetric) buffer for internode dispatches of up to num_max_tokens_per_rank tokens per
         rank with hidden_bytes per token (and their combines), for nodes of `num_ranks_per_node` ranks (the rule
         of get_nvl_buffer_size_hint); 0 only when all ranks are on one node. ep_rt's areas hold whole
@@ -87,11 +98,16 @@ def ranks_per_node(num_ranks: int, num_ranks_per_node: int | None = None) -> int
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
     value, source = _node_size_source(num_ranks_per_node)
     G = min(value, num_ranks)
-    fix = "" if num_ranks_per_node is not None else (
-        "; pass num_ranks_per_node= (the group's ranks on each node) or set EP_RT_RANKS_PER_NODE")
+    fix = (
+        ""
+        if num_ranks_per_node is not None
+        else ("; pass num_ranks_per_node= (the group's ranks on each node) or set EP_RT_RANKS_PER_NODE")
+    )
     if G > nvl_layout.MAX_NVL_RANKS:
-        raise ValueError(f"{num_ranks} ranks in nodes of {G} ({source}), but an ep_rt node holds at most "
-                         f"{nvl_layout.MAX_NVL_RANKS} ranks (its NVL buffer){fix}")
+        raise ValueError(
+            f"{num_ranks} ranks in nodes of {G} ({source}), but an ep_rt node holds at most "
+            f"{nvl_layout.MAX_NVL_RANKS} ranks (its NVL buffer){fix}"
+        )
     if num_ranks % G:
         raise ValueError(f"num_ranks ({num_ranks}) must be a multiple of the ranks per node ({G}: {source}){fix}")
     return G
@@ -108,8 +124,10 @@ def _node_size_source(num_ranks_per_node: int | None) -> tuple[int, str]:
     g = env.ranks_per_node()
     if g is not None:
         if g > nvl_layout.MAX_NVL_RANKS:
-            raise ValueError(f"EP_RT_RANKS_PER_NODE={g}, but an ep_rt node holds at most {nvl_layout.MAX_NVL_RANKS} "
-                             f"ranks (its NVL buffer)")
+            raise ValueError(
+                f"EP_RT_RANKS_PER_NODE={g}, but an ep_rt node holds at most {nvl_layout.MAX_NVL_RANKS} "
+                f"ranks (its NVL buffer)"
+            )
         return g, f"EP_RT_RANKS_PER_NODE={g}"
     # Not an ep_rt knob: torchrun's (and torch.distributed.elastic's) count of this host's processes.
     raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
@@ -121,8 +139,9 @@ def _node_size_source(num_ranks_per_node: int | None) -> tuple[int, str]:
         if lws <= 0:
             raise ValueError(f"LOCAL_WORLD_SIZE must be a positive int (torchrun sets it), got {raw!r}")
         return lws, f"LOCAL_WORLD_SIZE={lws}, the processes torchrun started on this host"
-    return config_tables.NVL_PEERS, ("DeepEP's 8 per node: no num_ranks_per_node, EP_RT_RANKS_PER_NODE or "
-                                     "LOCAL_WORLD_SIZE")
+    return config_tables.NVL_PEERS, (
+        "DeepEP's 8 per node: no num_ranks_per_node, EP_RT_RANKS_PER_NODE or LOCAL_WORLD_SIZE"
+    )
 
 
 def _check_hint_args(hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int) -> None:
@@ -136,8 +155,10 @@ def _check_nodes(num_ranks: int, G: int) -> None:
     size a Buffer that cannot exist."""
     N = num_ranks // G
     if num_ranks > internode_layout.MAX_RANKS or N > internode_layout.MAX_NODES:
-        raise ValueError(f"ep_rt's internode kernels serve at most {internode_layout.MAX_RANKS} ranks and "
-                         f"{internode_layout.MAX_NODES} nodes; {num_ranks} ranks in nodes of {G} are {N} nodes")
+        raise ValueError(
+            f"ep_rt's internode kernels serve at most {internode_layout.MAX_RANKS} ranks and "
+            f"{internode_layout.MAX_NODES} nodes; {num_ranks} ranks in nodes of {G} are {N} nodes"
+        )
 
 
 def _positive_ints(**values) -> None:

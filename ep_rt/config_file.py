@@ -11,6 +11,7 @@ Every entry is checked when the file is read (a Config is built from it, so its 
 ConfigFileError naming the file and the entry. A file is read again only when it changes (get_dispatch_config
 runs on every call of some clients).
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,11 @@ def write(path, entries: list, tuned: dict | None = None) -> None:
 
 def parse(doc, where: str) -> dict:
     """{(kind, num_ranks): Config} of a file's content, or ConfigFileError saying what is wrong and where."""
+
     def bad(what):
-        return ConfigFileError(f"{where}: {what} (see ep_rt/config_file.py for the format; `python -m ep_rt tune` "
-                               f"writes such files)")
+        return ConfigFileError(
+            f"{where}: {what} (see ep_rt/config_file.py for the format; `python -m ep_rt tune` writes such files)"
+        )
 
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise bad(f'not an ep_rt config file: it must be a JSON object with "format": "{FORMAT}"')
@@ -69,8 +72,12 @@ def parse(doc, where: str) -> dict:
         missing = [k for k in ENTRY_KEYS if k not in e]
         unknown = sorted(set(e) - set(ENTRY_KEYS))
         if missing or unknown:
-            raise bad(f"{name}: " + "; ".join(([f"missing {missing}"] if missing else []) +
-                                              ([f"unknown keys {unknown}"] if unknown else [])))
+            raise bad(
+                f"{name}: "
+                + "; ".join(
+                    ([f"missing {missing}"] if missing else []) + ([f"unknown keys {unknown}"] if unknown else [])
+                )
+            )
         if e["kind"] not in KINDS:
             raise bad(f"{name}: kind must be one of {list(KINDS)}, got {e['kind']!r}")
         if not isinstance(e["num_ranks"], int) or isinstance(e["num_ranks"], bool) or e["num_ranks"] < 1:

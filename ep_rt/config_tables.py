@@ -17,21 +17,22 @@ internode.cu: a multiple of the node count, each node's share above the chunk si
 ep_rt's kernels use num_sms only; the other sizes are kept so DeepEP code that builds or reads Configs behaves the
 same.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
 
-NVL_PEERS = 8                    # DeepEP's GPUs per node (NUM_MAX_NVL_PEERS): its tables assume it
-COMBINE_FORWARDER_WARPS = 24     # DeepEP's internode combine forwarder warps (kNumCombineForwarderWarps)
+NVL_PEERS = 8  # DeepEP's GPUs per node (NUM_MAX_NVL_PEERS): its tables assume it
+COMBINE_FORWARDER_WARPS = 24  # DeepEP's internode combine forwarder warps (kNumCombineForwarderWarps)
 
 
 class Row(NamedTuple):
-    kind: str            # "dispatch" or "combine"
+    kind: str  # "dispatch" or "combine"
     num_ranks: int
-    nvl_send: int        # num_max_nvl_chunked_send_tokens
-    nvl_recv: int        # num_max_nvl_chunked_recv_tokens
-    rdma_send: int       # num_max_rdma_chunked_send_tokens
-    rdma_recv: int       # num_max_rdma_chunked_recv_tokens
+    nvl_send: int  # num_max_nvl_chunked_send_tokens
+    nvl_recv: int  # num_max_nvl_chunked_recv_tokens
+    rdma_send: int  # num_max_rdma_chunked_send_tokens
+    rdma_recv: int  # num_max_rdma_chunked_recv_tokens
 
     @property
     def num_nodes(self) -> int:
@@ -84,16 +85,20 @@ def lookup(kind: str, num_ranks: int, num_nodes: int | None = None) -> Row:
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
     if num_nodes is None:
         if num_ranks > NVL_PEERS and num_ranks % NVL_PEERS:
-            raise ValueError(f"{num_ranks} ranks are not whole nodes of {NVL_PEERS} GPUs (DeepEP's tables assume 8 per "
-                             f"node); pass num_nodes, or config= explicitly")
+            raise ValueError(
+                f"{num_ranks} ranks are not whole nodes of {NVL_PEERS} GPUs (DeepEP's tables assume 8 per "
+                f"node); pass num_nodes, or config= explicitly"
+            )
         num_nodes = max(num_ranks // NVL_PEERS, 1)
     if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes <= 0 or num_ranks % num_nodes:
         raise ValueError(f"num_nodes must be a positive int dividing num_ranks ({num_ranks}), got {num_nodes!r}")
     if num_nodes == 1:
         return intranode_row(kind, num_ranks)
     if num_ranks // num_nodes > NVL_PEERS:
-        raise ValueError(f"{num_ranks} ranks on {num_nodes} nodes are {num_ranks // num_nodes} a node; a node holds at "
-                         f"most {NVL_PEERS}")
+        raise ValueError(
+            f"{num_ranks} ranks on {num_nodes} nodes are {num_ranks // num_nodes} a node; a node holds at "
+            f"most {NVL_PEERS}"
+        )
     return internode_row(kind, num_nodes, num_ranks)
 
 
@@ -149,11 +154,15 @@ def deepep_combine_problems(num_nodes: int, nvl_send: int, nvl_recv: int, rdma_s
         out.append(f"num_max_nvl_chunked_recv_tokens ({nvl_recv}) must be a multiple of the node count ({num_nodes})")
     share = nvl_recv // num_nodes
     if not share > max(rdma_send, nvl_send):
-        out.append(f"num_max_nvl_chunked_recv_tokens / nodes ({share}) must exceed both send chunk sizes "
-                   f"({nvl_send}, {rdma_send})")
+        out.append(
+            f"num_max_nvl_chunked_recv_tokens / nodes ({share}) must exceed both send chunk sizes "
+            f"({nvl_send}, {rdma_send})"
+        )
     if share - wpf < nvl_send:
-        out.append(f"num_max_nvl_chunked_recv_tokens / nodes - forwarder warps ({share} - {wpf}) must be >= "
-                   f"num_max_nvl_chunked_send_tokens ({nvl_send})")
+        out.append(
+            f"num_max_nvl_chunked_recv_tokens / nodes - forwarder warps ({share} - {wpf}) must be >= "
+            f"num_max_nvl_chunked_send_tokens ({nvl_send})"
+        )
     if rdma_send < wpf:
         out.append(f"num_max_rdma_chunked_send_tokens ({rdma_send}) must be >= the forwarder warps per node ({wpf})")
     return out

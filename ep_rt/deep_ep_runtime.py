@@ -10,6 +10,7 @@ EventHandles) ep_rt's Buffer methods of the same names replace.
 Buffer.runtime makes a new one on each access and the Buffer keeps none, so there is no reference cycle: a Buffer
 nobody holds is still released at once (implicit teardown), as before.
 """
+
 from __future__ import annotations
 
 from .errors import EpRtError
@@ -18,9 +19,9 @@ from .runtime import driver
 # DeepEP's C++ methods that ep_rt does not answer, and why (each still exists, so hasattr() is True as in DeepEP).
 NOT_ANSWERED = {
     "sync": "ep_rt's Buffer() exchanges the device ids, the IPC handles and the NVSHMEM unique id itself; the Buffer "
-            "is ready when the constructor returns",
+    "is ready when the constructor returns",
     "get_local_nvshmem_unique_id": "ep_rt's Buffer() initialises NVSHMEM itself (rank 0's unique id is broadcast over "
-                                   "the process group); there is no separate unique-id step",
+    "the process group); there is no separate unique-id step",
     "get_dispatch_layout": "call Buffer.get_dispatch_layout (DeepEP's Python API)",
     "intranode_dispatch": "call Buffer.dispatch (DeepEP's Python API); ep_rt has no C++-level argument list",
     "intranode_combine": "call Buffer.combine (DeepEP's Python API); ep_rt has no C++-level argument list",
@@ -34,8 +35,9 @@ NOT_ANSWERED = {
 
 def _not_answered(name: str):
     def method(self, *args, **kwargs):
-        raise NotImplementedError(f"buffer.runtime.{name}() (DeepEP's C++ runtime) is not provided by ep_rt: "
-                                  f"{NOT_ANSWERED[name]}")
+        raise NotImplementedError(
+            f"buffer.runtime.{name}() (DeepEP's C++ runtime) is not provided by ep_rt: {NOT_ANSWERED[name]}"
+        )
 
     method.__name__ = name
     method.__doc__ = f"Not provided by ep_rt: {NOT_ANSWERED[name]}."

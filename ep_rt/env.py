@@ -1,5 +1,6 @@
 """Every environment knob ep_rt reads, in one place, each read through a function (never cached),
 all prefixed EP_RT_. The README lists them."""
+
 from __future__ import annotations
 
 import os
@@ -7,11 +8,24 @@ import os
 
 # Every EP_RT_ variable ep_rt reads: this module's, and EP_RT_DEEP_EP_ALIAS, which the startup hook
 # (_ep_rt_deep_ep) reads itself. python -m ep_rt doctor flags EP_RT_ names that are not among them.
-KNOBS = ("EP_RT_CUBIN_DIR", "EP_RT_CUBIN_FLAVOUR", "EP_RT_AGGRESSIVE_PTX", "EP_RT_CHAOS_TRANSPORT", "EP_RT_CONFIG_FILE",
-         "EP_RT_TIMEOUT_S", "EP_RT_NET_TIMEOUT_S", "EP_RT_CHECK_VALUES",
-         "EP_RT_SKIP_TOPOLOGY_CHECK", "EP_RT_RANKS_PER_NODE", "EP_RT_TOPK_IDX_BITS", "EP_RT_NVSHMEM_DEBUG",
-         "EP_RT_DEEP_EP_ALIAS", "EP_RT_REMOTE_TRANSPORT", "EP_RT_HCA_LIST_PER_LOCAL_RANK",
-         "EP_RT_NVSHMEM_HOST_LIBRARY")
+KNOBS = (
+    "EP_RT_CUBIN_DIR",
+    "EP_RT_CUBIN_FLAVOUR",
+    "EP_RT_AGGRESSIVE_PTX",
+    "EP_RT_CHAOS_TRANSPORT",
+    "EP_RT_CONFIG_FILE",
+    "EP_RT_TIMEOUT_S",
+    "EP_RT_NET_TIMEOUT_S",
+    "EP_RT_CHECK_VALUES",
+    "EP_RT_SKIP_TOPOLOGY_CHECK",
+    "EP_RT_RANKS_PER_NODE",
+    "EP_RT_TOPK_IDX_BITS",
+    "EP_RT_NVSHMEM_DEBUG",
+    "EP_RT_DEEP_EP_ALIAS",
+    "EP_RT_REMOTE_TRANSPORT",
+    "EP_RT_HCA_LIST_PER_LOCAL_RANK",
+    "EP_RT_NVSHMEM_HOST_LIBRARY",
+)
 
 
 def _flag(name: str, default: bool, environ=None) -> bool:
@@ -130,8 +144,9 @@ def remote_transport(environ=None) -> str | None:
     if value not in REMOTE_TRANSPORTS:
         from .errors import NetworkSettingError
 
-        raise NetworkSettingError(f"EP_RT_REMOTE_TRANSPORT must be one of {', '.join(REMOTE_TRANSPORTS)} (or unset), "
-                                  f"got {value!r}")
+        raise NetworkSettingError(
+            f"EP_RT_REMOTE_TRANSPORT must be one of {', '.join(REMOTE_TRANSPORTS)} (or unset), got {value!r}"
+        )
     return value
 
 

@@ -1,4 +1,5 @@
 """Events and stream rules shared by every communication call (DeepEP's semantics)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,9 @@ def event_of(previous_event) -> Optional[EventHandle]:
     if previous_event is None:
         return None
     if not isinstance(previous_event, EventOverlap):
-        raise TypeError(f"previous_event must be an EventOverlap (e.g. Buffer.capture()), got "
-                        f"{type(previous_event).__name__}")
+        raise TypeError(
+            f"previous_event must be an EventOverlap (e.g. Buffer.capture()), got {type(previous_event).__name__}"
+        )
     event = previous_event.event
     if event is not None and not isinstance(event, EventHandle):
         raise TypeError(f"previous_event.event must be an EventHandle, got {type(event).__name__}")
@@ -88,12 +90,18 @@ class StreamScope:
     kernels run on the comm stream, then either an event is returned (async_finish, tensors recorded
     on the comm stream) or the current stream waits the comm stream."""
 
-    def __init__(self, comm_stream: torch.cuda.Stream, previous_event: Optional[EventOverlap], async_finish: bool,
-                 allocate_on_comm_stream: bool):
+    def __init__(
+        self,
+        comm_stream: torch.cuda.Stream,
+        previous_event: Optional[EventOverlap],
+        async_finish: bool,
+        allocate_on_comm_stream: bool,
+    ):
         previous_event = event_of(previous_event)
         if allocate_on_comm_stream and not (previous_event is not None and async_finish):
-            raise ValueError("allocate_on_comm_stream=True requires previous_event (holding an event) and "
-                             "async_finish=True")
+            raise ValueError(
+                "allocate_on_comm_stream=True requires previous_event (holding an event) and async_finish=True"
+            )
         self.comm = comm_stream
         self.compute = torch.cuda.current_stream()
         self.async_finish = async_finish

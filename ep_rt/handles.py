@@ -7,6 +7,7 @@ Buffer part made it, the tensors it held, and the largest row counts of its call
 of a cached dispatch or a combine cheap: a handle from another Buffer, a handle whose tensors were replaced, and a
 call whose rows would not fit the NVL buffer are refused on the host before any kernel runs, on every rank alike.
 A handle rebuilt by the caller as a plain tuple has no facts; it gets the checks that need none."""
+
 from __future__ import annotations
 
 import itertools
@@ -25,11 +26,11 @@ def next_serial() -> int:
 
 @dataclass(frozen=True)
 class HandleFacts:
-    owner: int                              # serial of the part that made the handle
-    tensor_ptrs: tuple                      # data_ptr of each tensor entry, in order (0 for non-tensors)
+    owner: int  # serial of the part that made the handle
+    tensor_ptrs: tuple  # data_ptr of each tensor entry, in order (0 for non-tensors)
     max_dispatch_rows: Optional[int] = None  # most rows any rank received (None: not known on the host)
-    max_combine_rows: Optional[int] = None   # most rows any rank gets back in combine
-    max_stream: Optional[int] = None         # internode: the longest (rank -> node) stream of the call
+    max_combine_rows: Optional[int] = None  # most rows any rank gets back in combine
+    max_stream: Optional[int] = None  # internode: the longest (rank -> node) stream of the call
 
     @staticmethod
     def of(handle, owner: int, **counts) -> "HandleFacts":
@@ -38,27 +39,33 @@ class HandleFacts:
 
     def check(self, handle, owner: int, what: str) -> None:
         if self.owner != owner:
-            raise ValueError(f"{what}: this handle was made by another Buffer (or by one destroyed since); pass the "
-                             f"handle this Buffer's dispatch returned")
+            raise ValueError(
+                f"{what}: this handle was made by another Buffer (or by one destroyed since); pass the "
+                f"handle this Buffer's dispatch returned"
+            )
         for i, (t, ptr) in enumerate(zip(handle, self.tensor_ptrs)):
             if isinstance(t, torch.Tensor) and t.data_ptr() != ptr:
-                raise ValueError(f"{what}: handle[{i}] is not the tensor the dispatch returned (it was replaced); "
-                                 f"pass the handle unchanged")
+                raise ValueError(
+                    f"{what}: handle[{i}] is not the tensor the dispatch returned (it was replaced); "
+                    f"pass the handle unchanged"
+                )
 
 
 class _IntranodeFields(NamedTuple):
     """DeepEP's 6-tuple. In ep_rt every column of rank_prefix_matrix is valid, and send_pos holds each token's
     position among those sent to a rank (-1 if not sent) instead of DeepEP's ring-slot counters."""
-    rank_prefix_matrix: torch.Tensor          # int32 [R, R]: inclusive prefix over sources, every column
-    channel_prefix_matrix: torch.Tensor       # int32 [R, C]
+
+    rank_prefix_matrix: torch.Tensor  # int32 [R, R]: inclusive prefix over sources, every column
+    channel_prefix_matrix: torch.Tensor  # int32 [R, C]
     recv_channel_prefix_matrix: torch.Tensor  # int32 [R, C]
-    recv_src_idx: torch.Tensor                # int32 [num_recv]
-    is_token_in_rank: torch.Tensor            # bool [N, R]
-    send_pos: torch.Tensor                    # int32 [N, R]
+    recv_src_idx: torch.Tensor  # int32 [num_recv]
+    is_token_in_rank: torch.Tensor  # bool [N, R]
+    send_pos: torch.Tensor  # int32 [N, R]
 
 
 class IntranodeHandle(_IntranodeFields):
     """DeepEP's 6-tuple (fields above); `facts` when ep_rt made it."""
+
     facts: Optional[HandleFacts] = None
 
 
@@ -67,27 +74,30 @@ class _InternodeFields(NamedTuple):
     field holds). Where ep_rt differs: send_rdma_head holds each token's position in its (rank -> node) stream and
     send_nvl_head the position in the (source -> destination rank) stream (G columns), both -1 when not sent, never
     rewritten by combine; with G < 8 the node count is R / G and masks use bits 0..G-1."""
-    is_token_in_rank: torch.Tensor                 # bool [T, R]
-    rdma_channel_prefix_matrix: torch.Tensor       # int32 [N, C]
-    gbl_channel_prefix_matrix: torch.Tensor        # int32 [R, C]
+
+    is_token_in_rank: torch.Tensor  # bool [T, R]
+    rdma_channel_prefix_matrix: torch.Tensor  # int32 [N, C]
+    gbl_channel_prefix_matrix: torch.Tensor  # int32 [R, C]
     recv_rdma_channel_prefix_matrix: torch.Tensor  # int32 [N, C]
-    recv_rdma_rank_prefix_sum: torch.Tensor        # int32 [N]
-    recv_gbl_channel_prefix_matrix: torch.Tensor   # int32 [R, C]
-    recv_gbl_rank_prefix_sum: torch.Tensor         # int32 [R]
-    recv_src_meta: torch.Tensor                    # uint8 [rows, 8]: source node, mask (int32 each)
-    send_rdma_head: torch.Tensor                   # int32 [T, N]
-    send_nvl_head: torch.Tensor                    # int32 [forwarded rows, G]
+    recv_rdma_rank_prefix_sum: torch.Tensor  # int32 [N]
+    recv_gbl_channel_prefix_matrix: torch.Tensor  # int32 [R, C]
+    recv_gbl_rank_prefix_sum: torch.Tensor  # int32 [R]
+    recv_src_meta: torch.Tensor  # uint8 [rows, 8]: source node, mask (int32 each)
+    send_rdma_head: torch.Tensor  # int32 [T, N]
+    send_nvl_head: torch.Tensor  # int32 [forwarded rows, G]
 
 
 class InternodeHandle(_InternodeFields):
     """DeepEP's 10-tuple (fields above); `facts` when ep_rt made it."""
+
     facts: Optional[HandleFacts] = None
 
 
 class _LowLatencyFields(NamedTuple):
     """DeepEP's 5-tuple of a low-latency dispatch."""
-    src_info: torch.Tensor                    # int32 [L, R*T]: source token of every packed row
-    layout_range: torch.Tensor                # int64 [L, R]: (begin << 32) | count per (local expert, source)
+
+    src_info: torch.Tensor  # int32 [L, R*T]: source token of every packed row
+    layout_range: torch.Tensor  # int64 [L, R]: (begin << 32) | count per (local expert, source)
     num_max_dispatch_tokens_per_rank: int
     hidden: int
     num_experts: int
@@ -95,11 +105,13 @@ class _LowLatencyFields(NamedTuple):
 
 class LowLatencyHandle(_LowLatencyFields):
     """DeepEP's 5-tuple (fields above); `facts` when ep_rt made it."""
+
     facts: Optional[HandleFacts] = None
 
 
 class DispatchResult(NamedTuple):
     """What an HT op's dispatch returns (intranode or internode): the outputs and the handle."""
+
     recv_x: torch.Tensor
     recv_x_scales: Optional[torch.Tensor]
     recv_topk_idx: Optional[torch.Tensor]
@@ -133,9 +145,14 @@ def _typed(kind: type, handle, what: str):
             raise ValueError(f"{what} needs the handle of a {_NAMES[kind]}; this one comes from a {_NAMES[other]}")
     if isinstance(handle, tuple) and len(handle) == len(kind._fields):
         return kind(*handle)  # rebuilt by the caller: no facts
-    raise ValueError(f"{what} needs the {len(kind._fields)}-tuple handle returned by a {_NAMES[kind]}, got "
-                     f"{type(handle).__name__}" + (f" of length {len(handle)}" if isinstance(handle, tuple) else ""))
+    raise ValueError(
+        f"{what} needs the {len(kind._fields)}-tuple handle returned by a {_NAMES[kind]}, got "
+        f"{type(handle).__name__}" + (f" of length {len(handle)}" if isinstance(handle, tuple) else "")
+    )
 
 
-_NAMES = {IntranodeHandle: "high-throughput (intranode) dispatch",
-          InternodeHandle: "high-throughput internode dispatch", LowLatencyHandle: "low-latency dispatch"}
+_NAMES = {
+    IntranodeHandle: "high-throughput (intranode) dispatch",
+    InternodeHandle: "high-throughput internode dispatch",
+    LowLatencyHandle: "low-latency dispatch",
+}

@@ -2,6 +2,7 @@
 InternodeOp): one checked-argument type for a dispatch and the few methods Buffer calls, so Buffer has no branch on
 which op it holds. Each op checks what only it needs (the internode op: the per-node counts and the queue-pair rule;
 the intranode op: whether a handle's rows fit its NVL buffer) before it launches anything."""
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Protocol
@@ -14,6 +15,7 @@ from .handles import DispatchResult
 class DispatchCall(NamedTuple):
     """A dispatch's arguments once ep_rt.ops.ht_args checked the ones both ops share (x split into data and scales,
     config reduced to its channel count). `handle` set: a cached dispatch (no routing arguments)."""
+
     x: torch.Tensor
     x_scales: Optional[torch.Tensor]
     handle: Optional[tuple]
@@ -31,6 +33,7 @@ class DispatchCall(NamedTuple):
 class HighThroughputOp(Protocol):
     """What Buffer calls on its high-throughput op. `serial` names the op in its handles' facts; `timer` is the
     benchmark hook (Buffer.set_kernel_timer); `is_internode` is what Buffer.is_internode reports."""
+
     is_internode: bool
     serial: int
     timer: object

@@ -9,6 +9,7 @@ CUDA 12 wheels pin no cuda-bindings, so a plain install picks 13.x, which refuse
 nvidia-nvshmem-cu12; cu13 brings cuda-bindings 13.x and nvidia-nvshmem-cu13. Never the other flavour's extra: the two
 NVSHMEM distributions install the same files, so one would overwrite the other (and torch's copy).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -29,11 +30,11 @@ def extra_hint(flavour: str) -> str:
 
 
 class Row(NamedTuple):
-    series: str             # torch minor release, "2.9"
-    cuda: int               # CUDA major of the build: 12 or 13
-    build: Optional[str]    # the build to take ("cu128"), or None where no build of this CUDA major was seen
-    default: bool           # the build is PyPI's default for that release (no index URL needed)
-    recorded: bool          # its NVSHMEM (and cuda-bindings) pins are recorded in tests/package/test_requirements.py
+    series: str  # torch minor release, "2.9"
+    cuda: int  # CUDA major of the build: 12 or 13
+    build: Optional[str]  # the build to take ("cu128"), or None where no build of this CUDA major was seen
+    default: bool  # the build is PyPI's default for that release (no index URL needed)
+    recorded: bool  # its NVSHMEM (and cuda-bindings) pins are recorded in tests/package/test_requirements.py
 
     @property
     def extra(self) -> str:
@@ -53,8 +54,9 @@ class Row(NamedTuple):
         if self.build is None:
             return f"no CUDA {self.cuda} build of torch {self.series} seen: the cu{self.cuda} rule, unverified"
         where = "PyPI default" if self.default else "PyTorch index"
-        return f"{self.build} ({where}); " + ("pins recorded" if self.recorded else "pins not recorded: same rule, "
-                                                                                     "unverified")
+        return f"{self.build} ({where}); " + (
+            "pins recorded" if self.recorded else "pins not recorded: same rule, unverified"
+        )
 
 
 # One row per torch release and CUDA major. The build is PyPI's default where that is of this CUDA major, else a
@@ -96,8 +98,7 @@ def command_for(torch_version: str, cuda_version: Optional[str]) -> str:
 
 
 def markdown_table() -> str:
-    lines = ["| torch | CUDA | install (from the folder holding the wheel) | torch build, pins |",
-             "|---|---|---|---|"]
+    lines = ["| torch | CUDA | install (from the folder holding the wheel) | torch build, pins |", "|---|---|---|---|"]
     for r in ROWS:
         lines.append(f"| {r.series} | {r.cuda} | `{r.command()}` | {r.note()} |")
     return "\n".join(lines)

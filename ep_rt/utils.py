@@ -1,5 +1,6 @@
 """deep_ep.utils's public names, for code that imports them from there: EventHandle and EventOverlap
 (ep_rt.events), and check_nvlink_connections with DeepEP's meaning, built on ep_rt's Topology."""
+
 from __future__ import annotations
 
 import torch
@@ -23,8 +24,10 @@ def check_nvlink_connections(group) -> None:
     import torch.distributed as dist
 
     if dist.get_world_size(group) > 2:
-        raise TopologyError(f"PCIe GPUs have NVLink between pairs at most, so a group of PCIe GPUs may have at most 2 "
-                            f"ranks; this one has {dist.get_world_size(group)}")
+        raise TopologyError(
+            f"PCIe GPUs have NVLink between pairs at most, so a group of PCIe GPUs may have at most 2 "
+            f"ranks; this one has {dist.get_world_size(group)}"
+        )
     topo = Topology.gather(group, driver.pci_bus_id(torch.cuda.current_device()))
     mine = [b for h, b in zip(topo.hosts, topo.bus_ids) if h == topo.hosts[topo.rank]]
     problems = nvlink_problems(mine)

@@ -1,4 +1,5 @@
 """Input checks that run before any kernel: each failure is a TypeError / ValueError saying what is wrong."""
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,15 @@ def dispatch_x(x, device):
             raise ValueError("x as a tuple must be (fp8 tensor, scales)")
         data, scales = x
         tensor("x[0]", data, dtype=FP8_DTYPE, ndim=2, device=device)
-        tensor("x[1] (scales)", scales, dtypes=(torch.float32, torch.int32), ndim=2, device=device, contiguous=False,
-               rows=data.size(0))
+        tensor(
+            "x[1] (scales)",
+            scales,
+            dtypes=(torch.float32, torch.int32),
+            ndim=2,
+            device=device,
+            contiguous=False,
+            rows=data.size(0),
+        )
         if scales.size(1) == 0:
             raise ValueError("x[1] (scales) has no columns")
     else:
@@ -78,8 +86,10 @@ def dispatch_x(x, device):
         tensor("x", data, dtypes=(torch.bfloat16,), ndim=2, device=device)
     hidden_bytes = data.size(1) * data.element_size()
     if hidden_bytes == 0 or hidden_bytes % 16:
-        raise ValueError(f"hidden size times element size must be a positive multiple of 16 bytes, got "
-                         f"{data.size(1)} x {data.element_size()}")
+        raise ValueError(
+            f"hidden size times element size must be a positive multiple of 16 bytes, got "
+            f"{data.size(1)} x {data.element_size()}"
+        )
     if data.data_ptr() % 16:
         raise ValueError("x must start at a 16-byte aligned address (slice it less, or .clone() it)")
     return data, scales
@@ -93,11 +103,15 @@ def process_group(group) -> None:
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()):
-        raise GroupError("Buffer needs a torch.distributed process group, got None: torch.distributed is not "
-                         "initialised yet (dist.group.WORLD is None until torch.distributed.init_process_group() "
-                         "has run). Call init_process_group first, then pass dist.group.WORLD or a group of yours")
-    raise GroupError("Buffer needs a torch.distributed process group, got None: pass dist.group.WORLD or a group "
-                     "from torch.distributed.new_group()")
+        raise GroupError(
+            "Buffer needs a torch.distributed process group, got None: torch.distributed is not "
+            "initialised yet (dist.group.WORLD is None until torch.distributed.init_process_group() "
+            "has run). Call init_process_group first, then pass dist.group.WORLD or a group of yours"
+        )
+    raise GroupError(
+        "Buffer needs a torch.distributed process group, got None: pass dist.group.WORLD or a group "
+        "from torch.distributed.new_group()"
+    )
 
 
 def cuda_available() -> None:
@@ -105,11 +119,15 @@ def cuda_available() -> None:
     if torch.cuda.is_available():
         return
     if torch.version.cuda is None:
-        raise NoGpuError(f"ep_rt needs a CUDA GPU, and this torch ({torch.__version__}) is a CPU-only build: "
-                         f"install a CUDA build of torch (README 'Installing'); ep_rt.reference runs on the CPU")
+        raise NoGpuError(
+            f"ep_rt needs a CUDA GPU, and this torch ({torch.__version__}) is a CPU-only build: "
+            f"install a CUDA build of torch (README 'Installing'); ep_rt.reference runs on the CPU"
+        )
     import os
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    raise NoGpuError(f"ep_rt needs a CUDA GPU, and torch {torch.__version__} (CUDA {torch.version.cuda}) sees none "
-                     f"(CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}): check nvidia-smi, "
-                     f"the driver, and CUDA_VISIBLE_DEVICES; `python -m ep_rt doctor` says more")
+    raise NoGpuError(
+        f"ep_rt needs a CUDA GPU, and torch {torch.__version__} (CUDA {torch.version.cuda}) sees none "
+        f"(CUDA_VISIBLE_DEVICES={'unset' if visible is None else repr(visible)}): check nvidia-smi, "
+        f"the driver, and CUDA_VISIBLE_DEVICES; `python -m ep_rt doctor` says more"
+    )

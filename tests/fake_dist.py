@@ -1,6 +1,7 @@
 """A stand-in for torch.distributed in CPU tests: one rank of a group of `size`. Each all_gather_object takes the
 next entry of `calls` (what every rank contributes to that call; this rank's own entry is replaced by what it
 really passes; MIRROR: every rank contributes what this one does) and records this rank's contribution."""
+
 import torch.distributed as dist
 
 

@@ -1,4 +1,5 @@
 """Loads tools/host_path_stub.py (not a package) for the host-path tests."""
+
 import importlib.util
 import sys
 from pathlib import Path

@@ -11,6 +11,7 @@ before the Buffer refactor of issue 26: same transports, kernels, fields, order 
     python -m tests.host_trace            # print the differences against the golden trace (none: exit 0)
     python -m tests.host_trace --write    # record the golden trace (only from code whose behaviour is the reference)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -111,10 +112,15 @@ class FakeModule:
         raise AssertionError("the default variant has no chaos counters")
 
 
-_PARAMS = (("ep_rt_intranode_notify", "NotifyParams"), ("ep_rt_intranode_dispatch", "DispatchParams"),
-           ("ep_rt_intranode_combine", "CombineParams"), ("ep_rt_intranode_barrier", "BarrierParams"),
-           ("ep_rt_get_dispatch_layout", "LayoutParams"), ("ep_rt_internode_", "InternodeParams"),
-           ("ep_rt_ll_", "LowLatencyParams"))
+_PARAMS = (
+    ("ep_rt_intranode_notify", "NotifyParams"),
+    ("ep_rt_intranode_dispatch", "DispatchParams"),
+    ("ep_rt_intranode_combine", "CombineParams"),
+    ("ep_rt_intranode_barrier", "BarrierParams"),
+    ("ep_rt_get_dispatch_layout", "LayoutParams"),
+    ("ep_rt_internode_", "InternodeParams"),
+    ("ep_rt_ll_", "LowLatencyParams"),
+)
 
 # What the notify kernels "publish" to the host on the CPU: every rank receives ROWS rows, each local expert 3.
 ROWS = 24
@@ -142,6 +148,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         def f(*a, **k):
             trace.add(f"driver.{name}", *a, *k.values())
             return result() if callable(result) else result
+
         return f
 
     def host_alloc_mapped(nbytes):
@@ -199,6 +206,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
     def on_cpu(real):
         """Device tensors become CPU tensors, all kept alive for the trace: no two of them share an address, so
         numbering addresses by first appearance is the same from run to run."""
+
         def f(*a, **k):
             dev = k.get("device")
             if dev is not None and torch.device(dev).type == "cuda":
@@ -206,6 +214,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
             t = real(*a, **k)
             keep.append(t)
             return t
+
         return f
 
     @contextlib.contextmanager
@@ -220,9 +229,16 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
             trace.add("Event.record", stream)
 
     def entry(family, nvshmem_linked):
-        return {"family": family, "path": f"fake/{family}.cubin", "variant": "default",
-                "needs_nvshmem": nvshmem_linked, "nvshmem": "3.4.5" if nvshmem_linked else None,
-                "flavour": "cu13", "kernels": [], "blocks": shipped_blocks(family)}
+        return {
+            "family": family,
+            "path": f"fake/{family}.cubin",
+            "variant": "default",
+            "needs_nvshmem": nvshmem_linked,
+            "nvshmem": "3.4.5" if nvshmem_linked else None,
+            "flavour": "cu13",
+            "kernels": [],
+            "blocks": shipped_blocks(family),
+        }
 
     def load_family(device_index, family, aggressive=None):
         trace.add("modules.load_family", device_index, family)
@@ -237,8 +253,14 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         return entry(family, True)
 
     def prepare(group, topo, wanted, device_version, num_qps_per_rank, allow_nvlink, allow_mnnvl):
-        trace.add("nvshmem.prepare", [wanted.kind, wanted.npes, wanted.my_pe, wanted.pe_base, wanted.pe_stride],
-                  device_version, num_qps_per_rank, allow_nvlink, allow_mnnvl)
+        trace.add(
+            "nvshmem.prepare",
+            [wanted.kind, wanted.npes, wanted.my_pe, wanted.pe_base, wanted.pe_stride],
+            device_version,
+            num_qps_per_rank,
+            allow_nvlink,
+            allow_mnnvl,
+        )
         plan = SimpleNamespace(ibgda_peers=topo.num_nodes > 1, qp_depth=1024)
         return SimpleNamespace(plan=plan, world=wanted, shared_values=lambda: {"NVSHMEM world": wanted.kind})
 
@@ -279,11 +301,20 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         mp.setattr(torch.Tensor, "record_stream", lambda t, s: trace.add("Tensor.record_stream", t.data_ptr(), s))
         for name in ("empty", "zeros", "tensor"):
             mp.setattr(torch, name, on_cpu(getattr(torch, name)))
-        for name, result in (("ensure_context", None), ("compute_capability", (9, 0)),
-                             ("multiprocessor_count", 132), ("memset_d8", None), ("ctx_synchronize", None),
-                             ("host_free", None), ("mem_free", None), ("ipc_close_handle", None),
-                             ("set_max_dynamic_smem", None), ("max_active_blocks", 2), ("module_unload", None),
-                             ("pci_bus_id", "0000:00:00.0")):
+        for name, result in (
+            ("ensure_context", None),
+            ("compute_capability", (9, 0)),
+            ("multiprocessor_count", 132),
+            ("memset_d8", None),
+            ("ctx_synchronize", None),
+            ("host_free", None),
+            ("mem_free", None),
+            ("ipc_close_handle", None),
+            ("set_max_dynamic_smem", None),
+            ("max_active_blocks", 2),
+            ("module_unload", None),
+            ("pci_bus_id", "0000:00:00.0"),
+        ):
             mp.setattr(driver, name, rec(name, result))
         mp.setattr(driver, "mem_alloc", rec("mem_alloc", fake_ptr))
         mp.setattr(driver, "ipc_get_handle", lambda ptr: trace.add("driver.ipc_get_handle", ptr) or b"h%d" % rank)
@@ -331,13 +362,22 @@ SCENARIOS = {
     # name: (nodes, ranks per node, rank, Buffer keyword arguments)
     "intranode": (1, 2, 0, dict(num_nvl_bytes=1 << 22)),
     "intranode, finalizer teardown": (1, 2, 1, dict(num_nvl_bytes=1 << 22, explicitly_destroy=False)),
-    "intranode + low latency": (1, 2, 0, dict(num_nvl_bytes=1 << 22, num_rdma_bytes=1 << 22,
-                                              low_latency_mode=True)),
-    "low latency, shrink, no NVL": (1, 2, 1, dict(num_rdma_bytes=1 << 22, low_latency_mode=True,
-                                                  enable_shrink=True, allow_nvlink_for_low_latency_mode=False)),
+    "intranode + low latency": (1, 2, 0, dict(num_nvl_bytes=1 << 22, num_rdma_bytes=1 << 22, low_latency_mode=True)),
+    "low latency, shrink, no NVL": (
+        1,
+        2,
+        1,
+        dict(
+            num_rdma_bytes=1 << 22, low_latency_mode=True, enable_shrink=True, allow_nvlink_for_low_latency_mode=False
+        ),
+    ),
     "internode": (2, 2, 1, dict(num_nvl_bytes=1 << 24, num_rdma_bytes=1 << 24, timeout_s=30.0)),
-    "internode + low latency": (2, 2, 2, dict(num_nvl_bytes=1 << 24, num_rdma_bytes=1 << 24, low_latency_mode=True,
-                                              num_qps_per_rank=20)),
+    "internode + low latency": (
+        2,
+        2,
+        2,
+        dict(num_nvl_bytes=1 << 24, num_rdma_bytes=1 << 24, low_latency_mode=True, num_qps_per_rank=20),
+    ),
     "low latency across nodes (no HT)": (2, 2, 3, dict(num_rdma_bytes=1 << 22, low_latency_mode=True)),
 }
 
@@ -401,8 +441,14 @@ def _ht_calls(trace, buf):
     buf.combine(recv_x, handle, topk_weights=recv_w)
     mark("combine with bias, async, allocate_on_comm_stream")
     bias = torch.zeros(N, H, dtype=torch.bfloat16)
-    buf.combine(recv_x, tuple(handle), bias=(bias, bias), previous_event=Buffer.capture(), async_finish=True,
-                allocate_on_comm_stream=True)
+    buf.combine(
+        recv_x,
+        tuple(handle),
+        bias=(bias, bias),
+        previous_event=Buffer.capture(),
+        async_finish=True,
+        allocate_on_comm_stream=True,
+    )
     if buf.is_internode:
         mark("internode_dispatch / internode_combine")
         buf.internode_dispatch(x, topk_idx=idx, topk_weights=w, config=cfg, **common)
@@ -443,14 +489,16 @@ def _ll_calls(trace, buf):
     recv, count, handle, _, hook = buf.low_latency_dispatch(x, idx, T, E, use_fp8=False, return_recv_hook=True)
     hook()
     mark("low_latency_dispatch ue8m0 async")
-    buf.low_latency_dispatch(torch.zeros(N, 512, dtype=torch.bfloat16), idx, T, E, round_scale=True,
-                             use_ue8m0=True, async_finish=True)
+    buf.low_latency_dispatch(
+        torch.zeros(N, 512, dtype=torch.bfloat16), idx, T, E, round_scale=True, use_ue8m0=True, async_finish=True
+    )
     y = torch.zeros(E // R, R * T, H, dtype=torch.bfloat16)
     mark("low_latency_combine")
     buf.low_latency_combine(y, idx, w, handle)
     mark("low_latency_combine logfmt with hook, out=")
-    _, _, hook = buf.low_latency_combine(y, idx, w, handle, use_logfmt=True, return_recv_hook=True,
-                                         out=torch.empty(N, H, dtype=torch.bfloat16))
+    _, _, hook = buf.low_latency_combine(
+        y, idx, w, handle, use_logfmt=True, return_recv_hook=True, out=torch.empty(N, H, dtype=torch.bfloat16)
+    )
     hook()
     refused(trace, buf.low_latency_combine, y, idx, w, handle, use_logfmt=True, zero_copy=True)
     refused(trace, buf.low_latency_dispatch, x, idx, T, E, async_finish=True, return_recv_hook=True)
@@ -517,8 +565,13 @@ def run_scenario(name: str, inspect=None) -> list:
         buf = build(kwargs)
         if inspect is not None:
             inspect(buf)
-        trace.add("state", buf.is_internode, buf.low_latency_mode, buf.runtime.get_num_rdma_ranks(),
-                  buf.runtime.is_internode_available())
+        trace.add(
+            "state",
+            buf.is_internode,
+            buf.low_latency_mode,
+            buf.runtime.get_num_rdma_ranks(),
+            buf.runtime.is_internode_available(),
+        )
         if buf.num_nvl_bytes:
             _ht_calls(trace, buf)
         if buf.low_latency_mode:
@@ -546,8 +599,9 @@ def differences(got: dict, want: dict) -> list:
             continue
         for i, (x, y) in enumerate(zip(a, b)):
             if x != y:
-                out.append(f"{name}: event {i} differs:\n  now:    {json.dumps(x)[:600]}\n  golden: "
-                           f"{json.dumps(y)[:600]}")
+                out.append(
+                    f"{name}: event {i} differs:\n  now:    {json.dumps(x)[:600]}\n  golden: {json.dumps(y)[:600]}"
+                )
                 break
         else:
             out.append(f"{name}: {len(a)} events now, {len(b)} in the golden trace")
@@ -557,8 +611,10 @@ def differences(got: dict, want: dict) -> list:
 def main(argv) -> int:
     got = run_all()
     if "--write" in argv:
-        lines = [f"{json.dumps(name)}: [\n" + ",\n".join(json.dumps(e, sort_keys=True) for e in events) + "\n]"
-                 for name, events in sorted(got.items())]
+        lines = [
+            f"{json.dumps(name)}: [\n" + ",\n".join(json.dumps(e, sort_keys=True) for e in events) + "\n]"
+            for name, events in sorted(got.items())
+        ]
         GOLDEN.write_text("{\n" + ",\n".join(lines) + "\n}\n")  # one event a line: readable diffs
         print(f"wrote {GOLDEN} ({sum(len(v) for v in got.values())} events)")
         return 0

@@ -43,6 +43,7 @@ and the pinned packages (cubin_toolchains.identity), so --check sees a change in
 Hardware marks (tools/hardware_marks.py): cubins/hardware_runs.json names, by sha256, the cubin bytes that ran on a
 GPU; an entry's ran_on_hardware is true only for the bytes a mark names, and --check fails on a stale mark.
 """
+
 import argparse
 import concurrent.futures
 import dataclasses
@@ -113,6 +114,7 @@ class Target:
 
 # ---------------------------------------------------------------- families and sources
 
+
 def arch_number(arch):
     """sm_100 -> 100; raises on anything that is not a plain sm_XY."""
     match = re.fullmatch(r"sm_(\d+)", arch)
@@ -128,25 +130,31 @@ def read_directives(path):
         line = line.strip()
         if not line.startswith(DIRECTIVE):
             continue
-        for option in re.sub(r"\s*,\s*", ",", line[len(DIRECTIVE):]).split():
+        for option in re.sub(r"\s*,\s*", ",", line[len(DIRECTIVE) :]).split():
             if option == "nvshmem":
                 needs_nvshmem = True
             elif option.startswith("variants="):
-                variants = tuple(v for v in option[len("variants="):].split(",") if v)
+                variants = tuple(v for v in option[len("variants=") :].split(",") if v)
                 unknown = [v for v in variants if v not in VARIANT_DEFINES]
                 if unknown or not variants:
-                    raise BuildError(f"{path.name}:{lineno}: unknown variant(s) {unknown or option!r}; "
-                                     f"known: {', '.join(VARIANT_DEFINES)}")
+                    raise BuildError(
+                        f"{path.name}:{lineno}: unknown variant(s) {unknown or option!r}; "
+                        f"known: {', '.join(VARIANT_DEFINES)}"
+                    )
             elif option.startswith("min_arch="):
-                min_arch = option[len("min_arch="):]
+                min_arch = option[len("min_arch=") :]
                 if min_arch not in ARCHS:
                     raise BuildError(f"{path.name}:{lineno}: min_arch {min_arch!r} is not one of {', '.join(ARCHS)}")
             else:
-                raise BuildError(f"{path.name}:{lineno}: unknown ep_rt-build option {option!r} "
-                                 "(known: variants=a,b, nvshmem and min_arch=sm_XY)")
+                raise BuildError(
+                    f"{path.name}:{lineno}: unknown ep_rt-build option {option!r} "
+                    "(known: variants=a,b, nvshmem and min_arch=sm_XY)"
+                )
     if variants and "chaos" in variants and not needs_nvshmem:
-        raise BuildError(f"{path.name}: the chaos variant replaces NVSHMEM calls (include/ep_rt/net.cuh): it needs "
-                         f"the nvshmem option")
+        raise BuildError(
+            f"{path.name}: the chaos variant replaces NVSHMEM calls (include/ep_rt/net.cuh): it needs "
+            f"the nvshmem option"
+        )
     return variants or ("default",), needs_nvshmem, min_arch
 
 
@@ -165,8 +173,9 @@ def targets(families, flavours=FLAVOURS):
             for arch in ARCHS:
                 if arch_number(arch) < arch_number(family.min_arch):
                     continue
-                out += [Target(family, flavour, arch, v) for v in family.variants
-                        if arch in VARIANT_ARCHS.get(v, ARCHS)]
+                out += [
+                    Target(family, flavour, arch, v) for v in family.variants if arch in VARIANT_ARCHS.get(v, ARCHS)
+                ]
     return out
 
 
@@ -176,8 +185,7 @@ def include_files(src):
 
 
 def relative_sources(src, family):
-    return sorted(os.path.relpath(p, src.parent).replace(os.sep, "/")
-                  for p in [family.source, *include_files(src)])
+    return sorted(os.path.relpath(p, src.parent).replace(os.sep, "/") for p in [family.source, *include_files(src)])
 
 
 def recorded_flags(target, src_name):
@@ -185,9 +193,14 @@ def recorded_flags(target, src_name):
 
 
 def target_digest(src, target):
-    return manifest_lib.source_digest(src.parent, target.family.source, include_files(src),
-                                      recorded_flags(target, src.name), target.arch,
-                                      toolchains.identity(target.flavour, target.family))
+    return manifest_lib.source_digest(
+        src.parent,
+        target.family.source,
+        include_files(src),
+        recorded_flags(target, src.name),
+        target.arch,
+        toolchains.identity(target.flavour, target.family),
+    )
 
 
 def find_host_compiler():
@@ -196,8 +209,10 @@ def find_host_compiler():
     for name in ("c++", "g++", "clang++"):
         if shutil.which(name):
             return [shutil.which(name)]
-    raise BuildError("no host C++ compiler (c++, g++ or clang++ on PATH, or $CXX): the params.h layout probe and "
-                     "nvcc's preprocessing need one")
+    raise BuildError(
+        "no host C++ compiler (c++, g++ or clang++ on PATH, or $CXX): the params.h layout probe and "
+        "nvcc's preprocessing need one"
+    )
 
 
 # ---------------------------------------------------------------- cubin symbols (ELF)
@@ -220,9 +235,13 @@ def kernel_symbols(cubin):
         strtab = sections[link][4]
         for pos in range(offset, offset + size, entsize or 24):
             st_name, st_info, st_other, st_shndx, _, _ = struct.unpack_from("<IBBHQQ", cubin, pos)
-            if (st_info & 0xF == STT_FUNC and st_info >> 4 == STB_GLOBAL and st_shndx != SHN_UNDEF
-                    and st_other & STO_CUDA_ENTRY):
-                name = cubin[strtab + st_name:cubin.index(b"\0", strtab + st_name)].decode()
+            if (
+                st_info & 0xF == STT_FUNC
+                and st_info >> 4 == STB_GLOBAL
+                and st_shndx != SHN_UNDEF
+                and st_other & STO_CUDA_ENTRY
+            ):
+                name = cubin[strtab + st_name : cubin.index(b"\0", strtab + st_name)].decode()
                 if name:
                     names.add(name)
     return sorted(names)
@@ -236,12 +255,12 @@ def elf_sections(cubin):
     names_at = sections[shstrndx][4]
     out = {}
     for name_off, sh_type, _, _, offset, size, *_ in sections:
-        name = cubin[names_at + name_off:cubin.index(b"\0", names_at + name_off)].decode() or "(null)"
+        name = cubin[names_at + name_off : cubin.index(b"\0", names_at + name_off)].decode() or "(null)"
         key, n = name, 1
         while key in out:
             n += 1
             key = f"{name}#{n}"
-        out[key] = b"" if sh_type == SHT_NOBITS else cubin[offset:offset + size]
+        out[key] = b"" if sh_type == SHT_NOBITS else cubin[offset : offset + size]
     return out
 
 
@@ -262,7 +281,7 @@ def nv_info_attributes(section):
         if fmt == EIFMT_SVAL:
             if pos + value > len(section):
                 raise BuildError(f".nv.info attribute 0x{attribute:x} runs past its section")
-            attributes[attribute], pos = section[pos:pos + value], pos + value
+            attributes[attribute], pos = section[pos : pos + value], pos + value
         elif fmt in (1, 2, 3):
             attributes[attribute] = value
         else:
@@ -299,8 +318,10 @@ def source_launch_bounds(path):
     for args, name in LAUNCH_BOUNDS.findall(strip_comments(path.read_text(encoding="utf-8"))):
         first = args.split(",")[0].strip()
         if not first.isdigit():
-            raise BuildError(f"{path.name}: kernel {name}: __launch_bounds__({args.strip()}) does not start with "
-                             f"an integer literal (the manifest's block sizes are checked against it)")
+            raise BuildError(
+                f"{path.name}: kernel {name}: __launch_bounds__({args.strip()}) does not start with "
+                f"an integer literal (the manifest's block sizes are checked against it)"
+            )
         bounds[name] = int(first)
     return bounds
 
@@ -314,14 +335,20 @@ def block_problems(family, kernels, blocks):
         if name not in blocks and name not in bounds:
             continue  # no block size on either side: the runtime refuses to launch it (runtime/manifest.py)
         if name not in blocks:
-            problems.append(f"kernel {name}: {family.source.name} gives it __launch_bounds__({bounds[name]}), the "
-                            f"cubin carries no block size")
+            problems.append(
+                f"kernel {name}: {family.source.name} gives it __launch_bounds__({bounds[name]}), the "
+                f"cubin carries no block size"
+            )
         elif name not in bounds:
-            problems.append(f"kernel {name}: the cubin is compiled for {blocks[name]} threads per block, "
-                            f"{family.source.name} has no __launch_bounds__ for it")
+            problems.append(
+                f"kernel {name}: the cubin is compiled for {blocks[name]} threads per block, "
+                f"{family.source.name} has no __launch_bounds__ for it"
+            )
         elif bounds[name] != blocks[name]:
-            problems.append(f"kernel {name}: the cubin is compiled for {blocks[name]} threads per block, "
-                            f"{family.source.name} says __launch_bounds__({bounds[name]})")
+            problems.append(
+                f"kernel {name}: the cubin is compiled for {blocks[name]} threads per block, "
+                f"{family.source.name} says __launch_bounds__({bounds[name]})"
+            )
     return problems
 
 
@@ -341,6 +368,7 @@ def section_differences(a, b):
 
 
 # ---------------------------------------------------------------- params.h layouts
+
 
 def strip_comments(text):
     return re.sub(r"//[^\n]*", "", re.sub(r"/\*.*?\*/", " ", text, flags=re.S))
@@ -364,11 +392,11 @@ def parse_structs(text):
 def parse_constants(text):
     """Names of the `#define EP_RT_* <integer expression>` macros, in order."""
     names = []
-    for name, expr in re.findall(r"^[ \t]*#[ \t]*define[ \t]+(EP_RT_\w+)[ \t]+(.+?)[ \t]*$",
-                                 strip_comments(text), re.M):
+    for name, expr in re.findall(
+        r"^[ \t]*#[ \t]*define[ \t]+(EP_RT_\w+)[ \t]+(.+?)[ \t]*$", strip_comments(text), re.M
+    ):
         tokens = re.findall(r"\w+", expr)
-        if re.fullmatch(r"[\w\s()+\-*/%<>&|^~]+", expr) and all(
-                t[0].isdigit() or t in names for t in tokens):
+        if re.fullmatch(r"[\w\s()+\-*/%<>&|^~]+", expr) and all(t[0].isdigit() or t in names for t in tokens):
             names.append(name)
     return names
 
@@ -408,6 +436,7 @@ def measure_params(src):
 
 # ---------------------------------------------------------------- building
 
+
 def manifest_entry(target, src, cubin, compiler):
     family = target.family
     return {
@@ -425,7 +454,7 @@ def manifest_entry(target, src, cubin, compiler):
         "nvshmem": toolchains.nvshmem_version(target.flavour, family),
         "flags": recorded_flags(target, src.name),
         "kernels": kernel_symbols(cubin),
-        "blocks": kernel_blocks(cubin),   # the runtime launches each kernel with this block (runtime/launch.py)
+        "blocks": kernel_blocks(cubin),  # the runtime launches each kernel with this block (runtime/launch.py)
         "needs_nvshmem": family.needs_nvshmem,
         "ran_on_hardware": False,  # set from the marks (apply_marks)
     }
@@ -501,8 +530,9 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=Non
     families = select(all_families, names, "family", [f.name for f in all_families])
     flavours = select(list(FLAVOURS), flavours, "flavour", FLAVOURS)
     sites = sites or {}
-    chains = {fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families, nvcc)
-              for fl in flavours}
+    chains = {
+        fl: toolchains.Toolchain(fl, sites.get(fl, REPO / "build" / f"{fl}-site"), families, nvcc) for fl in flavours
+    }
     structs, constants = measure_params(src)
     work = targets(families, flavours)
 
@@ -526,8 +556,7 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=Non
         rebuilt = {(f.name, fl) for f in families for fl in flavours}
         existing = {f.name for f in all_families}
         old = manifest_lib.load_manifest(manifest_path)
-        entries += [e for e in old["cubins"]
-                    if (e["family"], e["flavour"]) not in rebuilt and e["family"] in existing]
+        entries += [e for e in old["cubins"] if (e["family"], e["flavour"]) not in rebuilt and e["family"] in existing]
         described = {**old.get("toolchains", {}), **described}
     remove_stray_cubins(out, {e["path"] for e in entries})
     manifest = {
@@ -545,6 +574,7 @@ def build(src, out, names=(), flavours=(), sites=None, jobs=None, marks_from=Non
 
 # ---------------------------------------------------------------- --check
 
+
 def check_entry(src, out, expected, entry):
     key = (entry["family"], entry.get("flavour"), entry["arch"], entry["variant"])
     target = expected.get(key)
@@ -554,8 +584,9 @@ def check_entry(src, out, expected, entry):
     if entry["path"] != target.path:
         problems.append(f"{entry['path']}: should be at {target.path}: {REBUILD_HINT}")
     if target_digest(src, target) != entry["source_sha256"]:
-        problems.append(f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was "
-                        f"built: {REBUILD_HINT}")
+        problems.append(
+            f"{entry['path']}: stale, its sources, flags or pinned packages changed since it was built: {REBUILD_HINT}"
+        )
     cubin = out / entry["path"]
     if not cubin.is_file():
         problems.append(f"{entry['path']}: cubin file missing: {REBUILD_HINT}")
@@ -570,13 +601,17 @@ def check_blocks(target, entry, cubin):
     """The entry's kernel block sizes against the cubin's (.nv.info) and the source's __launch_bounds__."""
     try:
         blocks = kernel_blocks(cubin)
-        problems = [f"{entry['path']}: {p}: {REBUILD_HINT}"
-                    for p in block_problems(target.family, kernel_symbols(cubin), blocks)]
+        problems = [
+            f"{entry['path']}: {p}: {REBUILD_HINT}"
+            for p in block_problems(target.family, kernel_symbols(cubin), blocks)
+        ]
     except BuildError as e:
         return [f"{entry['path']}: {e}"]
     if entry.get("blocks") != blocks:
-        problems.append(f"{entry['path']}: the manifest's block sizes {entry.get('blocks')} differ from the cubin's "
-                        f"{blocks}: {REBUILD_HINT}")
+        problems.append(
+            f"{entry['path']}: the manifest's block sizes {entry.get('blocks')} differ from the cubin's "
+            f"{blocks}: {REBUILD_HINT}"
+        )
     return problems
 
 
@@ -592,8 +627,10 @@ def check_structs(src, manifest):
             problems.append(f"manifest struct {name} is no longer in params.h: {REBUILD_HINT}")
         elif set(current[name]) != recorded[name]:
             added, removed = sorted(set(current[name]) - recorded[name]), sorted(recorded[name] - set(current[name]))
-            problems.append(f"params.h struct {name} fields differ from the manifest "
-                            f"(added {added}, removed {removed}): {REBUILD_HINT}")
+            problems.append(
+                f"params.h struct {name} fields differ from the manifest "
+                f"(added {added}, removed {removed}): {REBUILD_HINT}"
+            )
     return problems
 
 
@@ -617,8 +654,11 @@ def check(src, out, flavours=()):
     for key in sorted(entries):
         problems += check_entry(src, out, expected, entries[key])
     listed = {e["path"] for e in entries.values()}
-    problems += [f"{p.relative_to(out).as_posix()}: cubin file not in the manifest: {REBUILD_HINT}"
-                 for p in sorted(out.rglob("*.cubin")) if p.relative_to(out).as_posix() not in listed]
+    problems += [
+        f"{p.relative_to(out).as_posix()}: cubin file not in the manifest: {REBUILD_HINT}"
+        for p in sorted(out.rglob("*.cubin"))
+        if p.relative_to(out).as_posix() not in listed
+    ]
     problems += check_structs(src, manifest)
     problems += check_marks(src, out, manifest, list(entries.values()))
     return problems, len(entries)
@@ -633,8 +673,10 @@ def check_marks(src, out, manifest, entries):
     hint = "python tools/build_cubins.py --update-marks"
     for entry in entries:
         if entry.get("ran_on_hardware") != marks_lib.marked(entry, marks):
-            problems.append(f"{entry['path']}: ran_on_hardware is {entry.get('ran_on_hardware')} in the manifest, "
-                            f"but {marks_lib.MARKS_FILE} says {marks_lib.marked(entry, marks)}: {hint}")
+            problems.append(
+                f"{entry['path']}: ran_on_hardware is {entry.get('ran_on_hardware')} in the manifest, "
+                f"but {marks_lib.MARKS_FILE} says {marks_lib.marked(entry, marks)}: {hint}"
+            )
     if manifest.get("hardware_runs") != marks:
         problems.append(f"manifest.json: its hardware_runs differ from {marks_lib.MARKS_FILE}: {hint}")
     return problems
@@ -642,11 +684,15 @@ def check_marks(src, out, manifest, entries):
 
 # ---------------------------------------------------------------- --verify
 
+
 def compare_outputs(shipped, rebuilt):
     """Every difference between the shipped cubins/ and a rebuild of it: cubin files and the manifest."""
+
     def files(root):
         return {p.relative_to(root).as_posix() for p in root.rglob("*.cubin")} | (
-            {"manifest.json"} if (root / "manifest.json").is_file() else set())
+            {"manifest.json"} if (root / "manifest.json").is_file() else set()
+        )
+
     have, want = files(shipped), files(rebuilt)
     problems = [f"{p}: shipped, but the rebuild makes no such file" for p in sorted(have - want)]
     problems += [f"{p}: the rebuild makes it, but it is not shipped" for p in sorted(want - have)]
@@ -659,8 +705,10 @@ def compare_outputs(shipped, rebuilt):
             keys = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
             problems.append(f"manifest.json: differs from the rebuild's (in {', '.join(keys)})")
         else:
-            problems.append(f"{name}: differs from the rebuild ({len(a)} vs {len(b)} bytes; ELF sections that "
-                            f"differ: {', '.join(section_differences(a, b))})")
+            problems.append(
+                f"{name}: differs from the rebuild ({len(a)} vs {len(b)} bytes; ELF sections that "
+                f"differ: {', '.join(section_differences(a, b))})"
+            )
     return problems
 
 
@@ -675,28 +723,54 @@ def verify(src, out, sites=None, jobs=None, nvcc=None):
 
 # ---------------------------------------------------------------- CLI
 
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--src", default=str(REPO / "kernels_src"), help="kernel sources (default: %(default)s)")
     parser.add_argument("--out", default=str(REPO / "cubins"), help="cubins and manifest (default: %(default)s)")
-    parser.add_argument("--family", action="append", default=[], metavar="NAME",
-                        help="build only this family (repeatable); other manifest entries are kept")
-    parser.add_argument("--flavour", action="append", default=[], choices=FLAVOURS,
-                        help="build (or with --check, require) only this flavour (repeatable)")
+    parser.add_argument(
+        "--family",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="build only this family (repeatable); other manifest entries are kept",
+    )
+    parser.add_argument(
+        "--flavour",
+        action="append",
+        default=[],
+        choices=FLAVOURS,
+        help="build (or with --check, require) only this flavour (repeatable)",
+    )
     for fl in FLAVOURS:
-        parser.add_argument(f"--{fl}-site", default=str(REPO / "build" / f"{fl}-site"), metavar="DIR",
-                            help=f"the {fl} pip site (default: %(default)s)")
-    parser.add_argument("--install-sites", action="store_true",
-                        help="pip-install the pinned packages into the sites first (needs PyPI)")
+        parser.add_argument(
+            f"--{fl}-site",
+            default=str(REPO / "build" / f"{fl}-site"),
+            metavar="DIR",
+            help=f"the {fl} pip site (default: %(default)s)",
+        )
+    parser.add_argument(
+        "--install-sites", action="store_true", help="pip-install the pinned packages into the sites first (needs PyPI)"
+    )
     parser.add_argument("--check", action="store_true", help="verify out/ against src/ without building")
-    parser.add_argument("--verify", action="store_true",
-                        help="rebuild everything into a scratch folder and compare its bytes with out/ (every "
-                             "differing file is reported)")
-    parser.add_argument("--nvcc", default=None, metavar="PATH",
-                        help=f"build cu13 with this nvcc (a toolkit's, version {toolchains.NVCC_VERSION}) instead "
-                             "of the cu13 site's (default: $NVCC, else the site's)")
-    parser.add_argument("--update-marks", action="store_true",
-                        help="rewrite only the manifest's hardware marks from out/hardware_runs.json (no compiler)")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="rebuild everything into a scratch folder and compare its bytes with out/ (every "
+        "differing file is reported)",
+    )
+    parser.add_argument(
+        "--nvcc",
+        default=None,
+        metavar="PATH",
+        help=f"build cu13 with this nvcc (a toolkit's, version {toolchains.NVCC_VERSION}) instead "
+        "of the cu13 site's (default: $NVCC, else the site's)",
+    )
+    parser.add_argument(
+        "--update-marks",
+        action="store_true",
+        help="rewrite only the manifest's hardware marks from out/hardware_runs.json (no compiler)",
+    )
     parser.add_argument("--jobs", "-j", type=int, default=None, help="parallel compiler runs (default: CPU count)")
     return parser.parse_args(argv)
 

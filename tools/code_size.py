@@ -7,6 +7,7 @@ each comprehension's `for` and `if`, each extra operand of `and` / `or`, each `c
 count in the function that holds them (they are its code). Logical lines: statements (ast.stmt nodes) other than
 docstrings, so a call spread over several lines counts once and comments count not at all.
 """
+
 from __future__ import annotations
 
 import ast

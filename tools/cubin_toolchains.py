@@ -17,6 +17,7 @@ and the cubins, are the same from every checkout folder and every toolchain loca
 take from absolute paths are pinned by hand (nvcc_commands): the module id of relocatable code and nvlink's command
 line. The functions that make command lines are pure: --check recomputes them without any compiler.
 """
+
 import hashlib
 import importlib.metadata
 import json
@@ -37,8 +38,8 @@ SITE_PINS = {
     "cu12": {
         "nvidia-cuda-nvrtc-cu12": "12.9.86",
         "nvidia-nvjitlink-cu12": "12.9.86",
-        "nvidia-cuda-runtime-cu12": "12.9.79",   # cuda_runtime.h, cooperative_groups (NVSHMEM includes them)
-        "nvidia-cuda-cccl-cu12": "12.9.27",      # libcu++, for the shims below
+        "nvidia-cuda-runtime-cu12": "12.9.79",  # cuda_runtime.h, cooperative_groups (NVSHMEM includes them)
+        "nvidia-cuda-cccl-cu12": "12.9.27",  # libcu++, for the shims below
         "nvidia-nvshmem-cu12": "3.3.20",
     },
     "cu13": {
@@ -53,8 +54,8 @@ SITE_PINS = {
     },
 }
 NVCC_PACKAGE = "nvidia-cuda-nvcc"
-NVCC_VERSION = SITE_PINS["cu13"][NVCC_PACKAGE]   # an explicit --nvcc must report exactly this (nvcc --version)
-NVCC_TOOLKIT = ("nvidia", "cu13")                # where the wheels put bin/, nvvm/, include/, lib/ in a site
+NVCC_VERSION = SITE_PINS["cu13"][NVCC_PACKAGE]  # an explicit --nvcc must report exactly this (nvcc --version)
+NVCC_TOOLKIT = ("nvidia", "cu13")  # where the wheels put bin/, nvvm/, include/, lib/ in a site
 NVSHMEM_PACKAGE = {"cu12": "nvidia-nvshmem-cu12", "cu13": "nvidia-nvshmem-cu13"}
 # cuDriverGetVersion() a cubin needs: the toolkit's major; sm_100 came with CUDA 12.8 (driver r570).
 MIN_DRIVER = {"cu12": 12000, "cu13": 13000}
@@ -67,9 +68,9 @@ VARIANT_DEFINES = {
     "chaos": ["-DEP_RT_CHAOS_TRANSPORT=1"],
 }
 NVCC_COMMON = ["-O3", "-std=c++17"]
-NVCC_EXTRA = ["--expt-relaxed-constexpr"]   # NVRTC rejects it (and -O3); the sources need neither there
+NVCC_EXTRA = ["--expt-relaxed-constexpr"]  # NVRTC rejects it (and -O3); the sources need neither there
 NVSHMEM_LINK, CU12_LINK, SHIM_DIR = "nvshmem", "cu12", "rtc_shim"
-CUDA_LINK, CUDADEVRT_LINK = "cuda", "cudadevrt"   # the nvcc toolkit; the folder of its libcudadevrt.a
+CUDA_LINK, CUDADEVRT_LINK = "cuda", "cudadevrt"  # the nvcc toolkit; the folder of its libcudadevrt.a
 # NVRTC has no C library headers, and NVSHMEM 3.x's reduce.cuh uses std:: traits without an NVRTC guard.
 #
 # Which <stdint.h> NVRTC gets (STDINT_SHIM):
@@ -89,33 +90,72 @@ CUDA_LINK, CUDADEVRT_LINK = "cuda", "cudadevrt"   # the nvcc toolkit; the folder
 STDINT_SHIM = "lp64"
 STDINT_SHIMS = {
     "cuda_std": "#pragma once\n#include <cuda/std/cstdint>\n",
-    "lp64": "\n".join([
-        "#pragma once",
-        "#define _LIBCUDACXX___CUDA_CSTDINT_PRELUDE_H",  # keep libcu++'s long long prelude out
-        *(f"typedef {t} {n};" for n, t in [
-            ("int8_t", "signed char"), ("uint8_t", "unsigned char"), ("int16_t", "signed short"),
-            ("uint16_t", "unsigned short"), ("int32_t", "signed int"), ("uint32_t", "unsigned int"),
-            ("int64_t", "signed long"), ("uint64_t", "unsigned long"),
-            *((f"int_least{b}_t", f"int{b}_t") for b in (8, 16, 32, 64)),
-            *((f"uint_least{b}_t", f"uint{b}_t") for b in (8, 16, 32, 64)),
-            ("int_fast8_t", "signed char"), ("uint_fast8_t", "unsigned char"),
-            *((f"int_fast{b}_t", "signed long") for b in (16, 32, 64)),
-            *((f"uint_fast{b}_t", "unsigned long") for b in (16, 32, 64)),
-            ("intptr_t", "signed long"), ("uintptr_t", "unsigned long"),
-            ("intmax_t", "signed long"), ("uintmax_t", "unsigned long")]),
-        "#include <cuda/std/climits>",
-        *(f"#define {n} {v}" for n, v in [
-            ("INT8_MIN", "SCHAR_MIN"), ("INT16_MIN", "SHRT_MIN"), ("INT32_MIN", "INT_MIN"), ("INT64_MIN", "LONG_MIN"),
-            ("INT8_MAX", "SCHAR_MAX"), ("INT16_MAX", "SHRT_MAX"), ("INT32_MAX", "INT_MAX"), ("INT64_MAX", "LONG_MAX"),
-            ("UINT8_MAX", "UCHAR_MAX"), ("UINT16_MAX", "USHRT_MAX"), ("UINT32_MAX", "UINT_MAX"),
-            ("UINT64_MAX", "ULONG_MAX"), ("INTPTR_MIN", "LONG_MIN"), ("INTPTR_MAX", "LONG_MAX"),
-            ("UINTPTR_MAX", "ULONG_MAX"), ("INTMAX_MIN", "LONG_MIN"), ("INTMAX_MAX", "LONG_MAX"),
-            ("UINTMAX_MAX", "ULONG_MAX"), ("SIZE_MAX", "ULONG_MAX"),
-            ("INT8_C(X)", "X"), ("INT16_C(X)", "X"), ("INT32_C(X)", "X"), ("INT64_C(X)", "X##L"),
-            ("UINT8_C(X)", "X"), ("UINT16_C(X)", "X"), ("UINT32_C(X)", "X##U"), ("UINT64_C(X)", "X##UL"),
-            ("INTMAX_C(X)", "X##L"), ("UINTMAX_C(X)", "X##UL")]),
-        "#include <cuda/std/cstdint>",
-        ""]),
+    "lp64": "\n".join(
+        [
+            "#pragma once",
+            "#define _LIBCUDACXX___CUDA_CSTDINT_PRELUDE_H",  # keep libcu++'s long long prelude out
+            *(
+                f"typedef {t} {n};"
+                for n, t in [
+                    ("int8_t", "signed char"),
+                    ("uint8_t", "unsigned char"),
+                    ("int16_t", "signed short"),
+                    ("uint16_t", "unsigned short"),
+                    ("int32_t", "signed int"),
+                    ("uint32_t", "unsigned int"),
+                    ("int64_t", "signed long"),
+                    ("uint64_t", "unsigned long"),
+                    *((f"int_least{b}_t", f"int{b}_t") for b in (8, 16, 32, 64)),
+                    *((f"uint_least{b}_t", f"uint{b}_t") for b in (8, 16, 32, 64)),
+                    ("int_fast8_t", "signed char"),
+                    ("uint_fast8_t", "unsigned char"),
+                    *((f"int_fast{b}_t", "signed long") for b in (16, 32, 64)),
+                    *((f"uint_fast{b}_t", "unsigned long") for b in (16, 32, 64)),
+                    ("intptr_t", "signed long"),
+                    ("uintptr_t", "unsigned long"),
+                    ("intmax_t", "signed long"),
+                    ("uintmax_t", "unsigned long"),
+                ]
+            ),
+            "#include <cuda/std/climits>",
+            *(
+                f"#define {n} {v}"
+                for n, v in [
+                    ("INT8_MIN", "SCHAR_MIN"),
+                    ("INT16_MIN", "SHRT_MIN"),
+                    ("INT32_MIN", "INT_MIN"),
+                    ("INT64_MIN", "LONG_MIN"),
+                    ("INT8_MAX", "SCHAR_MAX"),
+                    ("INT16_MAX", "SHRT_MAX"),
+                    ("INT32_MAX", "INT_MAX"),
+                    ("INT64_MAX", "LONG_MAX"),
+                    ("UINT8_MAX", "UCHAR_MAX"),
+                    ("UINT16_MAX", "USHRT_MAX"),
+                    ("UINT32_MAX", "UINT_MAX"),
+                    ("UINT64_MAX", "ULONG_MAX"),
+                    ("INTPTR_MIN", "LONG_MIN"),
+                    ("INTPTR_MAX", "LONG_MAX"),
+                    ("UINTPTR_MAX", "ULONG_MAX"),
+                    ("INTMAX_MIN", "LONG_MIN"),
+                    ("INTMAX_MAX", "LONG_MAX"),
+                    ("UINTMAX_MAX", "ULONG_MAX"),
+                    ("SIZE_MAX", "ULONG_MAX"),
+                    ("INT8_C(X)", "X"),
+                    ("INT16_C(X)", "X"),
+                    ("INT32_C(X)", "X"),
+                    ("INT64_C(X)", "X##L"),
+                    ("UINT8_C(X)", "X"),
+                    ("UINT16_C(X)", "X"),
+                    ("UINT32_C(X)", "X##U"),
+                    ("UINT64_C(X)", "X##UL"),
+                    ("INTMAX_C(X)", "X##L"),
+                    ("UINTMAX_C(X)", "X##UL"),
+                ]
+            ),
+            "#include <cuda/std/cstdint>",
+            "",
+        ]
+    ),
 }
 
 
@@ -123,10 +163,13 @@ def shims(stdint_shim):
     """The shim headers (name: text) with the given STDINT_SHIMS choice."""
     return {
         "stdint.h": STDINT_SHIMS[stdint_shim],
-        "rtc_shim.h": ("#pragma once\n" + ("#include <stdint.h>\n" if stdint_shim == "lp64" else "")
-                       + "#include <cuda/std/type_traits>\n"
-                       "namespace std { using cuda::std::is_integral; using cuda::std::is_unsigned; "
-                       "using cuda::std::is_signed; }\n"),
+        "rtc_shim.h": (
+            "#pragma once\n"
+            + ("#include <stdint.h>\n" if stdint_shim == "lp64" else "")
+            + "#include <cuda/std/type_traits>\n"
+            "namespace std { using cuda::std::is_integral; using cuda::std::is_unsigned; "
+            "using cuda::std::is_signed; }\n"
+        ),
     }
 
 
@@ -141,6 +184,7 @@ class BuildError(Exception):
 
 
 # ---------------------------------------------------------------- command lines (pure)
+
 
 def nvcc_commands(family, variant, arch, src_name):
     """cu13: (tool, arguments) of each step, run in the staging folder as cuda/bin/<tool>; the cubin's name.
@@ -162,27 +206,72 @@ def nvcc_commands(family, variant, arch, src_name):
         return [("nvcc", [f"-arch={arch}", "-cubin", *head, *tail, source, "-o", cubin])], cubin
     # One step would silently give an unlinked cubin: compile relocatable, then device-link.
     return [
-        ("nvcc", [f"-arch={arch}", "-rdc=true", *head, f"-I{NVSHMEM_LINK}/include", *tail,
-                  "-Xcudafe", f"--orig_src_path_name={source}", "-c", source, "-o", obj]),
-        ("nvlink", ["-m64", f"--arch={arch}", f"-L{NVSHMEM_LINK}/lib", "-lnvshmem_device", f"-L{CUDADEVRT_LINK}",
-                    "-lcudadevrt", "-cpu-arch=X86_64", obj, "-o", cubin]),
+        (
+            "nvcc",
+            [
+                f"-arch={arch}",
+                "-rdc=true",
+                *head,
+                f"-I{NVSHMEM_LINK}/include",
+                *tail,
+                "-Xcudafe",
+                f"--orig_src_path_name={source}",
+                "-c",
+                source,
+                "-o",
+                obj,
+            ],
+        ),
+        (
+            "nvlink",
+            [
+                "-m64",
+                f"--arch={arch}",
+                f"-L{NVSHMEM_LINK}/lib",
+                "-lnvshmem_device",
+                f"-L{CUDADEVRT_LINK}",
+                "-lcudadevrt",
+                "-cpu-arch=X86_64",
+                obj,
+                "-o",
+                cubin,
+            ],
+        ),
     ], cubin
 
 
 def nvrtc_job(family, variant, arch, src_name):
     """cu12: the nvrtc_build.py job (paths relative to the staging folder)."""
     site = f"{CU12_LINK}/nvidia"
-    options = [f"--gpu-architecture={arch}", "-std=c++17", f"-I{src_name}/include", f"-I{site}/cuda_cccl/include",
-               f"-I{site}/cuda_runtime/include", f"-I{SHIM_DIR}"]
-    job = {"nvrtc": f"{site}/cuda_nvrtc/lib/libnvrtc.so.12", "source": f"{src_name}/{family.name}.cu",
-           "output": f"{family.name}.cubin", "nvjitlink": None, "link_options": None, "libraries": []}
+    options = [
+        f"--gpu-architecture={arch}",
+        "-std=c++17",
+        f"-I{src_name}/include",
+        f"-I{site}/cuda_cccl/include",
+        f"-I{site}/cuda_runtime/include",
+        f"-I{SHIM_DIR}",
+    ]
+    job = {
+        "nvrtc": f"{site}/cuda_nvrtc/lib/libnvrtc.so.12",
+        "source": f"{src_name}/{family.name}.cu",
+        "output": f"{family.name}.cubin",
+        "nvjitlink": None,
+        "link_options": None,
+        "libraries": [],
+    }
     if family.needs_nvshmem:
         # -default-device: NVSHMEM's nvshmem_tensor.h has constructors without __device__.
-        options += ["--relocatable-device-code=true", f"-I{site}/nvshmem/include", "-default-device",
-                    "--pre-include=rtc_shim.h"]
-        job.update(nvjitlink=f"{site}/nvjitlink/lib/libnvJitLink.so.12",
-                   link_options=[f"-arch={arch}", *NVJITLINK_EXTRA.get(("cu12", arch), [])],
-                   libraries=[f"{site}/nvshmem/lib/libnvshmem_device.a"])
+        options += [
+            "--relocatable-device-code=true",
+            f"-I{site}/nvshmem/include",
+            "-default-device",
+            "--pre-include=rtc_shim.h",
+        ]
+        job.update(
+            nvjitlink=f"{site}/nvjitlink/lib/libnvJitLink.so.12",
+            link_options=[f"-arch={arch}", *NVJITLINK_EXTRA.get(("cu12", arch), [])],
+            libraries=[f"{site}/nvshmem/lib/libnvshmem_device.a"],
+        )
     job["nvrtc_options"] = options + VARIANT_DEFINES[variant]
     return job
 
@@ -223,6 +312,7 @@ def nvshmem_version(flavour, family):
 
 # ---------------------------------------------------------------- sites
 
+
 def install_command(flavour, site):
     pins = [f"{n}=={v}" for n, v in sorted(SITE_PINS[flavour].items())]
     return [sys.executable, "-m", "pip", "install", "--no-deps", "--upgrade", "--target", str(site), *pins]
@@ -247,15 +337,20 @@ def install_site(flavour, site):
 def check_site(flavour, site, needed):
     """Raise unless `site` holds the pinned versions of the packages `needed`."""
     found = {d.metadata["Name"].lower(): d.version for d in importlib.metadata.distributions(path=[str(site)])}
-    wrong = [f"{n}=={SITE_PINS[flavour][n]} (found {found.get(n, 'none')})" for n in needed
-             if found.get(n) != SITE_PINS[flavour][n]]
+    wrong = [
+        f"{n}=={SITE_PINS[flavour][n]} (found {found.get(n, 'none')})"
+        for n in needed
+        if found.get(n) != SITE_PINS[flavour][n]
+    ]
     if wrong:
         raise BuildError(
             f"the {flavour} site {site} lacks {', '.join(wrong)}: run python tools/build_cubins.py --install-sites "
-            f"(that is: {shlex.join(install_command(flavour, site))})")
+            f"(that is: {shlex.join(install_command(flavour, site))})"
+        )
 
 
 # ---------------------------------------------------------------- compiling
+
 
 def run_tool(cmd, what, cwd=None):
     result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
@@ -276,8 +371,10 @@ def find_nvcc(site, explicit=None):
     if not (nvcc.is_file() and os.access(nvcc, os.X_OK)):
         if chosen:
             raise BuildError(f"nvcc {nvcc} (from {'--nvcc' if explicit else '$NVCC'}) is not an executable file")
-        raise BuildError(f"no nvcc in the cu13 site ({nvcc}): run python tools/build_cubins.py --install-sites, or "
-                         f"pass --nvcc /usr/local/cuda/bin/nvcc (a toolkit whose nvcc is {NVCC_VERSION})")
+        raise BuildError(
+            f"no nvcc in the cu13 site ({nvcc}): run python tools/build_cubins.py --install-sites, or "
+            f"pass --nvcc /usr/local/cuda/bin/nvcc (a toolkit whose nvcc is {NVCC_VERSION})"
+        )
     return nvcc
 
 
@@ -286,8 +383,10 @@ def toolkit_root(nvcc):
     root = Path(os.path.realpath(nvcc)).parent.parent
     missing = [p for p in ("bin/nvlink", "nvvm/bin/cicc") if not (root / p).is_file()]
     if missing:
-        raise BuildError(f"{nvcc} is not inside a CUDA toolkit ({root} has no {', '.join(missing)}): pass the nvcc "
-                         f"of the toolkit itself (e.g. /usr/local/cuda/bin/nvcc), not a wrapper")
+        raise BuildError(
+            f"{nvcc} is not inside a CUDA toolkit ({root} has no {', '.join(missing)}): pass the nvcc "
+            f"of the toolkit itself (e.g. /usr/local/cuda/bin/nvcc), not a wrapper"
+        )
     return root
 
 
@@ -319,14 +418,22 @@ class Toolchain:
             self.root = toolkit_root(self.nvcc)
             self.version = nvcc_version(self.nvcc)
             if self.version != NVCC_VERSION:
-                raise BuildError(f"the cu13 cubins are pinned to nvcc {NVCC_VERSION} (SITE_PINS); {self.nvcc} is "
-                                 f"{self.version}: use the cu13 site's (--install-sites) or a {NVCC_VERSION} toolkit")
+                raise BuildError(
+                    f"the cu13 cubins are pinned to nvcc {NVCC_VERSION} (SITE_PINS); {self.nvcc} is "
+                    f"{self.version}: use the cu13 site's (--install-sites) or a {NVCC_VERSION} toolkit"
+                )
             own = self.root == site_toolkit(self.site).resolve()
-            needed = [n for n in SITE_PINS["cu13"] if (own and n != NVSHMEM_PACKAGE["cu13"])
-                      or (needs_nvshmem and n == NVSHMEM_PACKAGE["cu13"])]
+            needed = [
+                n
+                for n in SITE_PINS["cu13"]
+                if (own and n != NVSHMEM_PACKAGE["cu13"]) or (needs_nvshmem and n == NVSHMEM_PACKAGE["cu13"])
+            ]
         else:
-            needed = [n for n in SITE_PINS["cu12"] if needs_nvshmem or n not in
-                      (NVSHMEM_PACKAGE["cu12"], "nvidia-nvjitlink-cu12")]
+            needed = [
+                n
+                for n in SITE_PINS["cu12"]
+                if needs_nvshmem or n not in (NVSHMEM_PACKAGE["cu12"], "nvidia-nvjitlink-cu12")
+            ]
         if needed:
             check_site(flavour, self.site, needed)
 
@@ -336,7 +443,9 @@ class Toolchain:
             return f"nvcc {self.version}"
         pins = SITE_PINS["cu12"]
         links = family is None or family.needs_nvshmem
-        return f"nvrtc {pins['nvidia-cuda-nvrtc-cu12']}" + (f" + nvjitlink {pins['nvidia-nvjitlink-cu12']}" if links else "")
+        return f"nvrtc {pins['nvidia-cuda-nvrtc-cu12']}" + (
+            f" + nvjitlink {pins['nvidia-nvjitlink-cu12']}" if links else ""
+        )
 
     def describe(self):
         """The manifest's record of this toolchain."""
@@ -358,8 +467,7 @@ class Toolchain:
         commands, cubin = nvcc_commands(family, variant, arch, src.name)
         for tool, args in commands:
             # a relative program path: run from the staging folder, and nvcc derives relative toolkit paths from it
-            run_tool([f"{CUDA_LINK}/bin/{tool}", *args], f"{tool} for {family.name} cu13/{arch}/{variant}",
-                     cwd=stage)
+            run_tool([f"{CUDA_LINK}/bin/{tool}", *args], f"{tool} for {family.name} cu13/{arch}/{variant}", cwd=stage)
         return Path(stage, cubin).read_bytes()
 
     def _nvrtc(self, family, variant, arch, src, stage):
@@ -369,6 +477,9 @@ class Toolchain:
             Path(stage, SHIM_DIR, name).write_text(text)
         job = nvrtc_job(family, variant, arch, src.name)
         Path(stage, "job.json").write_text(json.dumps(job))
-        run_tool([sys.executable, str(TOOLS / "nvrtc_build.py"), "job.json"],
-                 f"NVRTC for {family.name} cu12/{arch}/{variant}", cwd=stage)
+        run_tool(
+            [sys.executable, str(TOOLS / "nvrtc_build.py"), "job.json"],
+            f"NVRTC for {family.name} cu12/{arch}/{variant}",
+            cwd=stage,
+        )
         return Path(stage, job["output"]).read_bytes()

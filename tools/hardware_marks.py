@@ -6,6 +6,7 @@ the mark stays as a record), the date, the machine, what ran and the log under d
 it never earned; --check fails on a mark that claims a path whose cubin has other bytes (a stale mark).
 Standard library only (--check runs without compilers).
 """
+
 import json
 import re
 from pathlib import Path
@@ -41,8 +42,10 @@ def field_problems(marks, root):
         where = f"{MARKS_FILE}: {describe(i, mark) if isinstance(mark, dict) else f'mark {i}'}"
         if not isinstance(mark, dict) or set(mark) != FIELDS:
             have = set(mark) if isinstance(mark, dict) else set()
-            problems.append(f"{where}: needs exactly the fields {sorted(FIELDS)} (missing {sorted(FIELDS - have)}, "
-                            f"unknown {sorted(have - FIELDS)})")
+            problems.append(
+                f"{where}: needs exactly the fields {sorted(FIELDS)} (missing {sorted(FIELDS - have)}, "
+                f"unknown {sorted(have - FIELDS)})"
+            )
             continue
         if not re.fullmatch(r"[0-9a-f]{64}", str(mark["sha256"])):
             problems.append(f"{where}: sha256 is not 64 lower-case hex digits")
@@ -78,9 +81,11 @@ def stale_problems(marks, entries, hint):
         where = f"{MARKS_FILE}: {describe(i, mark)}"
         if path is not None and by_path.get(path) != sha:
             now = f"is now {by_path[path][:12]}..." if path in by_path else "is not shipped"
-            problems.append(f"{where} is stale: the cubin at {path} {now}, not the bytes that ran. Set the mark's "
-                            f"path to null (a record of bytes no longer shipped) or re-run on a GPU and mark the "
-                            f"new sha256 ({hint})")
+            problems.append(
+                f"{where} is stale: the cubin at {path} {now}, not the bytes that ran. Set the mark's "
+                f"path to null (a record of bytes no longer shipped) or re-run on a GPU and mark the "
+                f"new sha256 ({hint})"
+            )
         elif path is None and sha in by_sha:
             problems.append(f"{where}: names the bytes of the shipped {by_sha[sha]} but claims no path: set its path")
     return problems

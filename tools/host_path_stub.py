@@ -15,6 +15,7 @@ config, every parameter field) and every stream wait, with pointers named by the
 (tests/ops/test_ll_call_plan.py compares it with a committed trace); `trace_ht_sequence()` does the same for the
 high-throughput calls (tests/ops/test_ht_call_plan.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,9 +47,9 @@ NOTE = "host Python time with every CUDA call stubbed (CPU only): no GPU time is
 
 
 class _State:
-    trace = None          # a list while tracing: launches and stream waits, raw pointers
-    fresh_empty = False   # torch.empty returns new tensors (tracing) or a cached one per shape (timing)
-    capturing = False     # what torch.cuda.is_current_stream_capturing() answers
+    trace = None  # a list while tracing: launches and stream waits, raw pointers
+    fresh_empty = False  # torch.empty returns new tensors (tracing) or a cached one per shape (timing)
+    capturing = False  # what torch.cuda.is_current_stream_capturing() answers
     params_types: dict = {}  # kernel name -> its parameter struct
 
 
@@ -157,9 +158,17 @@ def _traced(config, function, grid, block, smem, stream, params_address):
     if S.trace is None:
         return
     address = ctypes.c_void_p.from_address(params_address).value
-    S.trace.append({"launch": function, "grid": grid, "block": block, "smem": smem, "stream": stream,
-                    "config": None if config is None else dict(sorted(vars(config).items())),
-                    "params": _fields(S.params_types[function].from_address(address))})
+    S.trace.append(
+        {
+            "launch": function,
+            "grid": grid,
+            "block": block,
+            "smem": smem,
+            "stream": stream,
+            "config": None if config is None else dict(sorted(vars(config).items())),
+            "params": _fields(S.params_types[function].from_address(address)),
+        }
+    )
 
 
 def _launch(function, grid, block, smem, stream, params_address, name):
@@ -177,10 +186,16 @@ def _make_launch_config(cooperative=False, cluster=1, programmatic=False):
 
 
 _PATCHES = [
-    (torch.cuda, "Event", FakeEvent), (torch.cuda, "current_stream", _current_stream),
-    (torch.cuda, "stream", _stream_ctx), (torch.cuda, "is_current_stream_capturing", _capturing),
-    (torch, "empty", _empty), (torch, "aminmax", _aminmax), (torch.Tensor, "record_stream", _record_stream),
-    (driver, "launch", _launch), (driver, "launch_ex", _launch_ex), (driver, "make_launch_config", _make_launch_config),
+    (torch.cuda, "Event", FakeEvent),
+    (torch.cuda, "current_stream", _current_stream),
+    (torch.cuda, "stream", _stream_ctx),
+    (torch.cuda, "is_current_stream_capturing", _capturing),
+    (torch, "empty", _empty),
+    (torch, "aminmax", _aminmax),
+    (torch.Tensor, "record_stream", _record_stream),
+    (driver, "launch", _launch),
+    (driver, "launch_ex", _launch_ex),
+    (driver, "make_launch_config", _make_launch_config),
     (launch, "driver_stream", lambda s: s.name),
 ]
 
@@ -203,8 +218,10 @@ def stubbed():
 
 class _FakeModule:
     # every kernel's block size as the shipped manifest records it (the Launchers take theirs from the entry)
-    entry = {"path": "fake.cubin",
-             "blocks": {k: b for e in modules.manifest()["cubins"] for k, b in e.get("blocks", {}).items()}}
+    entry = {
+        "path": "fake.cubin",
+        "blocks": {k: b for e in modules.manifest()["cubins"] for k, b in e.get("blocks", {}).items()},
+    }
 
     def function(self, name):
         return name
@@ -224,7 +241,9 @@ R = 2
 
 def _nvl_buffer(errors, ranks):
     nv = nvl.NvlBuffer.__new__(nvl.NvlBuffer)
-    nv.topology = types.SimpleNamespace(rank=0, num_nodes=1, node_size=ranks, num_ranks=ranks, describe=lambda: "1 node")
+    nv.topology = types.SimpleNamespace(
+        rank=0, num_nodes=1, node_size=ranks, num_ranks=ranks, describe=lambda: "1 node"
+    )
     nv.rank, nv.num_ranks, nv.device_index = 0, ranks, 0
     nv.num_nvl_bytes = 1 << 30
     nv.timeout_s, nv.timeout_ns = 100.0, int(100e9)
@@ -251,8 +270,13 @@ def _buffer(errors, group_size, nv=None, ht=None, lay=None, ll=None):
     buf.rank = 0
     buf.nvshmem_qp_depth = 1024
     buf._session = types.SimpleNamespace(plan=types.SimpleNamespace(ibgda_peers=False))
-    buf.topology = nv.topology if nv is not None else types.SimpleNamespace(
-        rank=0, num_nodes=1, node_size=group_size, num_ranks=group_size, describe=lambda: "1 node")
+    buf.topology = (
+        nv.topology
+        if nv is not None
+        else types.SimpleNamespace(
+            rank=0, num_nodes=1, node_size=group_size, num_ranks=group_size, describe=lambda: "1 node"
+        )
+    )
     return buf
 
 
@@ -280,8 +304,9 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
     nv = _nvl_buffer(errors, node_size)
     N = ranks // node_size
     io = internode.InternodeOp.__new__(internode.InternodeOp)
-    io.topology = types.SimpleNamespace(rank=0, node=0, local_rank=0, num_nodes=N, node_size=node_size,
-                                        num_ranks=ranks, describe=lambda: f"{N} nodes")
+    io.topology = types.SimpleNamespace(
+        rank=0, node=0, local_rank=0, num_nodes=N, node_size=node_size, num_ranks=ranks, describe=lambda: f"{N} nodes"
+    )
     io.rank, io.num_ranks, io.G, io.N = 0, ranks, node_size, N
     io.device = cpu
     io.nvl = nv
@@ -346,8 +371,10 @@ def ll_buffer(ranks=R, nvlink_peers=None, shrink=False):
     op.pending_recv = [False, False]
     op.workspace = torch.zeros(abi.EP_RT_LL_WS_COUNTERS + abi.EP_RT_LL_MAX_SIGNALS, dtype=torch.int32)
     op.mask = torch.zeros(ranks, dtype=torch.int32) if shrink else None
-    op.kernels = {n: launcher(f"ep_rt_ll_{n}", abi.LowLatencyParams)
-                  for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
+    op.kernels = {
+        n: launcher(f"ep_rt_ll_{n}", abi.LowLatencyParams)
+        for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+    }
     op._barrier = launcher("ep_rt_ll_barrier", abi.LowLatencyParams)
     op.barrier_seq = 0
     op.dispatch_recv_grid = 264
@@ -374,8 +401,12 @@ class Timer:
             for _ in range(n):
                 fn()
             runs.append((time.perf_counter() - t0) / n * 1e6)
-        row = {"call": label, "median_us": round(statistics.median(runs), 2), "min_us": round(min(runs), 2),
-               "per_call": census}
+        row = {
+            "call": label,
+            "median_us": round(statistics.median(runs), 2),
+            "min_us": round(min(runs), 2),
+            "per_call": census,
+        }
         self.rows.append(row)
         self.out(f"\n== {label}: {row['median_us']:.1f} us median, {row['min_us']:.1f} us min ({NOTE})")
         for k, v in census.items():
@@ -393,20 +424,26 @@ def run_intranode(timer):
     w = torch.rand(TOKENS, K, generator=g)
     cfg = ep_rt.Config(24, 6, 256, 6, 128)
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
-    kw = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-              topk_idx=idx, topk_weights=w)
+    kw = dict(
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
     timer("get_dispatch_layout", lambda: buf.get_dispatch_layout(idx, E))
     timer("intranode dispatch BF16", lambda: buf.dispatch(x, **kw, config=cfg))
     timer("intranode dispatch BF16, config=None", lambda: buf.dispatch(x, **kw))
     timer("intranode dispatch FP8", lambda: buf.dispatch(x_fp8, **kw, config=cfg))
     timer("intranode dispatch BF16, async_finish", lambda: buf.dispatch(x, **kw, config=cfg, async_finish=True))
-    timer("intranode dispatch BF16, num_worst_tokens", lambda: buf.dispatch(x, **kw, config=cfg,
-                                                                              num_worst_tokens=8192))
+    timer("intranode dispatch BF16, num_worst_tokens", lambda: buf.dispatch(x, **kw, config=cfg, num_worst_tokens=8192))
     recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, **kw, config=cfg)
     timer("intranode cached dispatch", lambda: buf.dispatch(x, handle=handle, config=cfg))
     timer("intranode combine", lambda: buf.combine(recv_x, handle, topk_weights=recv_w, config=cfg))
-    timer("intranode combine, async_finish", lambda: buf.combine(recv_x, handle, topk_weights=recv_w, config=cfg,
-                                                                 async_finish=True))
+    timer(
+        "intranode combine, async_finish",
+        lambda: buf.combine(recv_x, handle, topk_weights=recv_w, config=cfg, async_finish=True),
+    )
 
 
 def run_internode(timer):
@@ -418,8 +455,14 @@ def run_internode(timer):
     w = torch.rand(TOKENS, K, generator=g)
     cfg = ep_rt.Config(24, 6, 256, 6, 128)
     pr, pn, pe, ir, _ = buf.get_dispatch_layout(idx, E)
-    kw = dict(num_tokens_per_rank=pr, num_tokens_per_rdma_rank=pn, is_token_in_rank=ir, num_tokens_per_expert=pe,
-              topk_idx=idx, topk_weights=w)
+    kw = dict(
+        num_tokens_per_rank=pr,
+        num_tokens_per_rdma_rank=pn,
+        is_token_in_rank=ir,
+        num_tokens_per_expert=pe,
+        topk_idx=idx,
+        topk_weights=w,
+    )
     timer("internode get_dispatch_layout", lambda: buf.get_dispatch_layout(idx, E))
     timer("internode dispatch BF16", lambda: buf.dispatch(x, **kw, config=cfg))
     recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, **kw, config=cfg)
@@ -441,6 +484,7 @@ def run_ll(timer):
         def run():
             r = call()
             r[-1]()
+
         return run
 
     d = buf.low_latency_dispatch
@@ -453,8 +497,9 @@ def run_ll(timer):
     timer("LL combine BF16", lambda: c(y, idx, w, handle))
     timer("LL combine BF16, out= given", lambda: c(y, idx, w, handle, out=out))
     timer("LL combine LogFMT", lambda: c(y, idx, w, handle, use_logfmt=True))
-    timer("LL combine BF16, return_recv_hook (hook called)", hooked(lambda: c(y, idx, w, handle,
-                                                                               return_recv_hook=True)))
+    timer(
+        "LL combine BF16, return_recv_hook (hook called)", hooked(lambda: c(y, idx, w, handle, return_recv_hook=True))
+    )
 
 
 # ---- the LL trace ----------------------------------------------------------------------------------------
@@ -498,8 +543,11 @@ def trace_ll_sequence():
 
         def inputs(tag, N, H, E, K, idx_dtype=torch.int64):
             x = torch.randn(N, H, generator=g).to(torch.bfloat16)
-            idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)]).to(idx_dtype) if N else \
-                torch.zeros(0, K, dtype=idx_dtype)
+            idx = (
+                torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)]).to(idx_dtype)
+                if N
+                else torch.zeros(0, K, dtype=idx_dtype)
+            )
             w = torch.rand(N, K, generator=g)
             names.add(f"{tag}.x", x)
             names.add(f"{tag}.idx", idx)
@@ -518,28 +566,40 @@ def trace_ll_sequence():
 
         d, c = buf.low_latency_dispatch, buf.low_latency_combine
         x1, i1, w1 = inputs("a", 6, 256, 8, 3)
-        r1 = step("c1", d(x1, i1, 8, 8))                                              # FP8 eager
-        step("c2", c(y_for("c2", 8, 256, 8), i1, w1, r1[2]))                           # BF16 combine eager
+        r1 = step("c1", d(x1, i1, 8, 8))  # FP8 eager
+        step("c2", c(y_for("c2", 8, 256, 8), i1, w1, r1[2]))  # BF16 combine eager
         x2, i2, w2 = inputs("b", 16, 512, 4, 2)
         stats, wstats = torch.zeros(2, dtype=torch.int32), torch.zeros(2, dtype=torch.int64)
         names.add("stats", stats)
         names.add("wstats", wstats)
-        r3 = step("c3", d(x2, i2, 16, 4, use_fp8=False, cumulative_local_expert_recv_stats=stats,
-                          dispatch_wait_recv_cost_stats=wstats))                        # BF16, stats, new shape
+        r3 = step(
+            "c3",
+            d(
+                x2,
+                i2,
+                16,
+                4,
+                use_fp8=False,
+                cumulative_local_expert_recv_stats=stats,
+                dispatch_wait_recv_cost_stats=wstats,
+            ),
+        )  # BF16, stats, new shape
         out4 = torch.zeros(16, 512, dtype=torch.bfloat16)
         names.add("out4", out4)
-        step("c4", c(y_for("c4", 16, 512, 4), i2, w2, r3[2], use_logfmt=True, out=out4,
-                     combine_wait_recv_cost_stats=wstats))                             # LogFMT, out=
+        step(
+            "c4",
+            c(y_for("c4", 16, 512, 4), i2, w2, r3[2], use_logfmt=True, out=out4, combine_wait_recv_cost_stats=wstats),
+        )  # LogFMT, out=
         r5 = step("c5", d(x2, i2, 16, 4, round_scale=True, use_ue8m0=True, return_recv_hook=True))  # UE8M0, hook
         S.trace.append({"hook": "c5"})
         r5[4]()
         zc = y_for("c6", 16, 512, 4)  # (the real staging view needs CUDA; the host path only passes its pointer)
         r6 = step("c6", c(zc, i2, w2, r5[2], zero_copy=True, return_recv_hook=True))  # zero_copy, hook held
-        r7 = step("c7", d(x1, i1, 8, 8, async_finish=True))                          # async_finish, back to shape a
+        r7 = step("c7", d(x1, i1, 8, 8, async_finish=True))  # async_finish, back to shape a
         S.trace.append({"hook": "c6 (late, after c7)"})
         r6[2]()
         step("c8", c(y_for("c8", 8, 256, 8), i1, w1, r7[2], async_finish=True))
-        S.capturing = True                                                            # inside a CUDA-graph capture
+        S.capturing = True  # inside a CUDA-graph capture
         r9 = step("c9", d(x1, i1, 8, 8, return_recv_hook=True))
         S.trace.append({"hook": "c9"})
         r9[4]()
@@ -547,13 +607,13 @@ def trace_ll_sequence():
         S.trace.append({"hook": "c10"})
         r10[2]()
         S.capturing = False
-        x3, i3, w3 = inputs("e", 3, 256, 8, 4, torch.int32)                         # int32 top-k, N < T
+        x3, i3, w3 = inputs("e", 3, 256, 8, 4, torch.int32)  # int32 top-k, N < T
         r11 = step("c11", d(x3, i3, 8, 8, round_scale=True))
         step("c12", c(y_for("c12", 8, 256, 8), i3, w3, r11[2], use_logfmt=True))
-        x0, i0, w0 = inputs("z", 0, 256, 8, 2)                                      # no tokens
+        x0, i0, w0 = inputs("z", 0, 256, 8, 2)  # no tokens
         r13 = step("c13", d(x0, i0, 8, 8))
         step("c14", c(y_for("c14", 8, 256, 8), i0, w0, r13[2]))
-        r15 = step("c15", d(x1, i1, 8, 8))                                          # shape a again (plans reused)
+        r15 = step("c15", d(x1, i1, 8, 8))  # shape a again (plans reused)
         step("c16", c(y_for("c16", 8, 256, 8), i1, w1, r15[2]))
         # A hook held across a later call of its own kind (on the other buffer): it must launch what it had.
         r17 = step("c17", d(x1, i1, 8, 8, return_recv_hook=True))
@@ -632,8 +692,11 @@ def trace_ht_sequence():
                 return t
 
             def routing(tag, N, E, K, dtype=torch.int64):
-                idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)]) if N else \
-                    torch.zeros(0, K, dtype=torch.int64)
+                idx = (
+                    torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(N)])
+                    if N
+                    else torch.zeros(0, K, dtype=torch.int64)
+                )
                 if N > 1 and K > 1:
                     idx[1, 0] = -1
                 return tensor(f"{tag}.idx", idx.to(dtype)), tensor(f"{tag}.w", torch.rand(N, K, generator=g))
@@ -643,8 +706,11 @@ def trace_ht_sequence():
 
             def fp8(tag, N, H, scales_dtype=torch.float32):
                 data = torch.randn(N, H, generator=g).to(torch.float8_e4m3fn)
-                scales = (torch.rand(N, H // 128, generator=g) if scales_dtype is torch.float32 else
-                          torch.randint(0, 1 << 20, (N, max(1, H // 512)), generator=g, dtype=torch.int32))
+                scales = (
+                    torch.rand(N, H // 128, generator=g)
+                    if scales_dtype is torch.float32
+                    else torch.randint(0, 1 << 20, (N, max(1, H // 512)), generator=g, dtype=torch.int32)
+                )
                 return tensor(f"{tag}.x", data), tensor(f"{tag}.s", scales)
 
             def counts(layout):
@@ -664,29 +730,60 @@ def trace_ht_sequence():
             rw1 = tensor("rw1", torch.rand(24, 4, generator=g))
             step("C1", buf.combine(y1, D1[4], topk_weights=rw1))
             _set_rows(buf, 10)
-            D2 = step("D2", buf.dispatch(fp8("b", 6, 512), topk_idx=i1, topk_weights=w1, async_finish=True,
-                                         **counts(L1)))
+            D2 = step(
+                "D2", buf.dispatch(fp8("b", 6, 512), topk_idx=i1, topk_weights=w1, async_finish=True, **counts(L1))
+            )
             step("K1", buf.dispatch(x1, handle=D2[4], config=cfg6))
-            step("K2", buf.dispatch(fp8("c", 6, 1024, torch.int32), handle=tuple(D2[4]), config=cfg6,
-                                    previous_event=buf.capture(), async_finish=True))
+            step(
+                "K2",
+                buf.dispatch(
+                    fp8("c", 6, 1024, torch.int32),
+                    handle=tuple(D2[4]),
+                    config=cfg6,
+                    previous_event=buf.capture(),
+                    async_finish=True,
+                ),
+            )
             i3, w3 = routing("d", 6, 8, 4, torch.int32)
-            step("D3", buf.dispatch(x1, topk_idx=i3, topk_weights=w3, config=cfg6, num_worst_tokens=32,
-                                    expert_alignment=4, **counts(L1)))
+            step(
+                "D3",
+                buf.dispatch(
+                    x1, topk_idx=i3, topk_weights=w3, config=cfg6, num_worst_tokens=32, expert_alignment=4, **counts(L1)
+                ),
+            )
             _set_rows(buf, 7)
             D4 = step("D4", buf.dispatch(bf16("e", 6, 128), config=cfg4, **counts(L1)))
             bias = tensor("bias", torch.randn(6, 128, generator=g).to(torch.bfloat16))
             y4 = tensor("y4", torch.randn(7, 128, generator=g).to(torch.bfloat16))
-            step("C2", buf.combine(y4, tuple(D4[4]), bias=(bias, bias), previous_event=buf.capture(),
-                                   async_finish=True, allocate_on_comm_stream=True))
+            step(
+                "C2",
+                buf.combine(
+                    y4,
+                    tuple(D4[4]),
+                    bias=(bias, bias),
+                    previous_event=buf.capture(),
+                    async_finish=True,
+                    allocate_on_comm_stream=True,
+                ),
+            )
             i5, w5 = routing("f", 5, 16, 2)
-            L5 = step("L5", buf.get_dispatch_layout(i5, 16, previous_event=buf.capture(), async_finish=True,
-                                                    allocate_on_comm_stream=True))
+            L5 = step(
+                "L5",
+                buf.get_dispatch_layout(
+                    i5, 16, previous_event=buf.capture(), async_finish=True, allocate_on_comm_stream=True
+                ),
+            )
             _set_rows(buf, 13)
-            D5 = step("D5", buf.dispatch(bf16("f", 5, 384), topk_idx=i5, topk_weights=w5, config=cfg6,
-                                         expert_alignment=2, **counts(L5)))
+            D5 = step(
+                "D5",
+                buf.dispatch(
+                    bf16("f", 5, 384), topk_idx=i5, topk_weights=w5, config=cfg6, expert_alignment=2, **counts(L5)
+                ),
+            )
             y5 = tensor("y5", torch.randn(13, 384, generator=g).to(torch.bfloat16))
-            step("C3", buf.combine(y5, D5[4], bias=tensor("bias5", torch.randn(5, 384, generator=g).to(
-                torch.bfloat16))))
+            step(
+                "C3", buf.combine(y5, D5[4], bias=tensor("bias5", torch.randn(5, 384, generator=g).to(torch.bfloat16)))
+            )
             step("K3", buf.dispatch(fp8("g", 5, 384), handle=D5[4], config=cfg4))
             _set_rows(buf, 24)
             D6 = step("D6", buf.dispatch(x1, topk_idx=i1, topk_weights=w1, config=cfg4, **counts(L1)))  # D1 again
@@ -694,8 +791,7 @@ def trace_ht_sequence():
             i0, w0 = routing("z", 0, 8, 4)
             L0 = step("L0", buf.get_dispatch_layout(i0, 8))
             _set_rows(buf, 3)
-            D0 = step("D0", buf.dispatch(bf16("z", 0, 256), topk_idx=i0, topk_weights=w0, config=cfg4,
-                                         **counts(L0)))
+            D0 = step("D0", buf.dispatch(bf16("z", 0, 256), topk_idx=i0, topk_weights=w0, config=cfg4, **counts(L0)))
             step("C0", buf.combine(tensor("y0", torch.randn(3, 256, generator=g).to(torch.bfloat16)), D0[4]))
         return _number_unnamed([names.name(e) for e in S.trace])
     finally:
@@ -708,10 +804,16 @@ def main(argv=None):
     ap.add_argument("--only", choices=("ll", "intranode", "internode"))
     ap.add_argument("--json", help="write the rows (call, median_us, min_us, per_call counts) to this file")
     ap.add_argument("--scale", type=float, default=1.0, help="multiply the iteration counts (default 1)")
-    ap.add_argument("--trace-ll", metavar="FILE", help="write the LL call sequence's trace (trace_ll_sequence) to "
-                    "FILE and time nothing")
-    ap.add_argument("--trace-ht", metavar="FILE", help="write the HT call sequence's trace (trace_ht_sequence) to "
-                    "FILE and time nothing")
+    ap.add_argument(
+        "--trace-ll",
+        metavar="FILE",
+        help="write the LL call sequence's trace (trace_ll_sequence) to FILE and time nothing",
+    )
+    ap.add_argument(
+        "--trace-ht",
+        metavar="FILE",
+        help="write the HT call sequence's trace (trace_ht_sequence) to FILE and time nothing",
+    )
     a = ap.parse_args(argv)
     if a.trace_ht:
         with stubbed():

@@ -6,6 +6,7 @@ within one device call, where `python -m ep_rt` would spend most of its time on 
 
 Prints each rank's table (format_ll_rows) per repeat. Correctness is not checked here: run the LL suite.
 """
+
 import argparse
 import sys
 

@@ -4,6 +4,7 @@
     EP_RT_RANKS_PER_NODE=1 python tools/ll_soak.py --chaos ...   the put path through the chaos transport
 Prints one JSON line per rank, then PASSED, or FAILED with every problem (rounds missing, mismatches, leaks);
 exit code 0 only if every rank finished every round with no mismatch and no memory growth."""
+
 import argparse
 import json
 import os
@@ -19,11 +20,17 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3000)
     ap.add_argument("--seed", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=1200.0, help="wall-clock limit of the whole run, seconds")
-    ap.add_argument("--chaos", action="store_true",
-                    help="the chaos variant of the LL kernels (EP_RT_CHAOS_TRANSPORT=1): remote puts delivered late, "
-                         "split and reordered; needs emulated nodes (EP_RT_RANKS_PER_NODE) to have remote puts")
-    ap.add_argument("--features", default=",".join(soak_ll.FEATURES),
-                    help=f"comma list of what varies: {','.join(soak_ll.FEATURES)} (default: all)")
+    ap.add_argument(
+        "--chaos",
+        action="store_true",
+        help="the chaos variant of the LL kernels (EP_RT_CHAOS_TRANSPORT=1): remote puts delivered late, "
+        "split and reordered; needs emulated nodes (EP_RT_RANKS_PER_NODE) to have remote puts",
+    )
+    ap.add_argument(
+        "--features",
+        default=",".join(soak_ll.FEATURES),
+        help=f"comma list of what varies: {','.join(soak_ll.FEATURES)} (default: all)",
+    )
     args = ap.parse_args()
     seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     features = tuple(f for f in args.features.split(",") if f)
@@ -33,11 +40,15 @@ def main() -> int:
     if args.chaos and not os.environ.get("EP_RT_RANKS_PER_NODE"):
         ap.error("--chaos changes only puts to other nodes: set EP_RT_RANKS_PER_NODE (emulated nodes) too")
     env = {"EP_RT_CHAOS_TRANSPORT": "1"} if args.chaos else {}
-    print(f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds, features {','.join(features) or 'none'}"
-          f"{', chaos transport' if args.chaos else ''}", flush=True)
+    print(
+        f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds, features {','.join(features) or 'none'}"
+        f"{', chaos transport' if args.chaos else ''}",
+        flush=True,
+    )
     try:
-        results = run_ranks(soak_ll.ll_soak, args.ranks, args=(args.rounds, seed, 50, features),
-                            timeout_s=args.timeout, env=env)
+        results = run_ranks(
+            soak_ll.ll_soak, args.ranks, args=(args.rounds, seed, 50, features), timeout_s=args.timeout, env=env
+        )
     except Exception as e:  # a rank raised or the run timed out: that is a failed soak, with its reason
         print(f"FAILED: {type(e).__name__}: {str(e)[-3000:]}")
         return 1

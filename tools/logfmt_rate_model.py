@@ -18,6 +18,7 @@ The error bound is the documented accuracy rounded up (PTX ISA: lg2.approx.f32 a
 the mantissa; CUDA's exp2f, one ex2.approx, 2 ulp); the real instructions are deterministic functions, not noise,
 so this gives a rate to expect, not a measurement: the GPU tests log the measured fraction on every run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ep_rt import reference_ll  # noqa: E402
-from ep_rt.testing.selfcheck_ll import (LLCase, ll_cases, ll_inputs, logfmt_bf16_channels,  # noqa: E402
-                                        logfmt_expert_outputs, logfmt_num_pairs, to_packed)
+from ep_rt.testing.selfcheck_ll import (
+    LLCase,
+    ll_cases,
+    ll_inputs,
+    logfmt_bf16_channels,  # noqa: E402
+    logfmt_expert_outputs,
+    logfmt_num_pairs,
+    to_packed,
+)
 
 
 class Approx:
@@ -50,7 +58,7 @@ class Approx:
         return torch.where(finite, y + self._noise(y.shape) * bound, y).float()
 
     def ex2(self, x: torch.Tensor) -> torch.Tensor:
-        bound = self.rel_error + self.ulps * 2.0 ** -24
+        bound = self.rel_error + self.ulps * 2.0**-24
         return (torch.exp2(x.double()) * (1 + self._noise(x.shape) * bound)).float()
 
 
@@ -61,16 +69,16 @@ def emulated_roundtrip(y: torch.Tensor, approx: Approx) -> torch.Tensor:
     a = g.abs()
     amax = a.amax(-1)
     amin = torch.where(a == 0, torch.full_like(a, float("inf")), a).amin(-1)
-    castable = (amax > 0) & (amax < 1) & (amin < amax)                    # logfmt_castable: exact comparisons
+    castable = (amax > 0) & (amax < 1) & (amin < amax)  # logfmt_castable: exact comparisons
     # logfmt_division (the same on both sides: computed from the bf16 meta, which holds amax / amin exactly)
     log_amax = approx.lg2(torch.where(castable, amax, torch.ones_like(amax)))
     log_amin = torch.maximum(approx.lg2(torch.where(castable, amin, torch.ones_like(amin) / 2)), log_amax - 32.0)
     step = torch.where(castable, (log_amax - log_amin) / 510.0, torch.ones_like(log_amax))
     # logfmt_encode8
-    inv_step = (1.0 / step.double()).float()                              # __frcp_rn
+    inv_step = (1.0 / step.double()).float()  # __frcp_rn
     rho = 2.0 - approx.lg2((1.0 + approx.ex2(step)) * 0.5) * inv_step
     q = (approx.lg2(a) - log_amin.unsqueeze(-1)) * inv_step.unsqueeze(-1) + rho.unsqueeze(-1)
-    code = torch.floor(torch.clamp(q, min=0)).clamp(max=511)             # __float2uint_rd, min(., 511)
+    code = torch.floor(torch.clamp(q, min=0)).clamp(max=511)  # __float2uint_rd, min(., 511)
     # logfmt_decode
     e = approx.ex2((code - 1) * step.unsqueeze(-1) + log_amin.unsqueeze(-1))
     mag = torch.where(code == 0, torch.zeros_like(e), e)
@@ -98,8 +106,9 @@ def measure(case: LLCase, seed: int, roundtrip, num_ranks: int = 2) -> dict:
     xs, idxs, ws = ll_inputs(case, seed, R, "cpu")
     want = reference_ll.low_latency_dispatch(xs, idxs, T, E, use_fp8=False)
     ys = [logfmt_expert_outputs(seed, r, L, R, T, H, "cpu") for r in range(R)]
-    ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
-              for r in range(R)]
+    ref_in = [
+        to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
+    ]
     ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=True)
     got = reference_ll.low_latency_combine([roundtrip(y) for y in ref_in], idxs, ws, want)
     coded = ~logfmt_bf16_channels(H, "cpu")
@@ -118,9 +127,19 @@ def model_cases(max_experts: int) -> list:
     out = []
     for c in ll_cases(2):
         if c.use_logfmt:
-            out.append(LLCase(c.name, max_tokens=c.max_tokens, num_tokens=c.num_tokens, hidden=c.hidden,
-                              num_topk=c.num_topk, num_experts=min(c.num_experts, max_experts), use_fp8=False,
-                              holes=c.holes, use_logfmt=True))
+            out.append(
+                LLCase(
+                    c.name,
+                    max_tokens=c.max_tokens,
+                    num_tokens=c.num_tokens,
+                    hidden=c.hidden,
+                    num_topk=c.num_topk,
+                    num_experts=min(c.num_experts, max_experts),
+                    use_fp8=False,
+                    holes=c.holes,
+                    use_logfmt=True,
+                )
+            )
     return out
 
 
@@ -131,9 +150,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--max-experts", type=int, default=32)
     args = ap.parse_args(argv)
-    E = 2.0 ** args.error_log2
-    print(f"error model: lg2 +-2^{args.error_log2:g} absolute, ex2 +-2^{args.error_log2:g} relative, "
-          f"+-{args.ulps:g} ulp of the result; {args.seeds} seeds x 2 ranks per case")
+    E = 2.0**args.error_log2
+    print(
+        f"error model: lg2 +-2^{args.error_log2:g} absolute, ex2 +-2^{args.error_log2:g} relative, "
+        f"+-{args.ulps:g} ulp of the result; {args.seeds} seeds x 2 ranks per case"
+    )
     print(f"{'case':<62} {'elements':>9} {'differ':>7} {'per element':>12} {'per pair':>9} {'offset 1.5':>11}")
     for case in model_cases(args.max_experts):
         tot = {"elements": 0, "differing": 0, "pairs": 0}
@@ -144,11 +165,15 @@ def main(argv=None) -> int:
                 tot[k] += v
             for k, v in measure(case, seed, lambda y: reference_with_offset(y, 1.5)).items():
                 wrong[k] += v
-        print(f"{case.name:<62} {tot['elements']:>9} {tot['differing']:>7} "
-              f"{tot['differing'] / tot['elements']:>12.2e} {tot['differing'] / tot['pairs']:>9.2e} "
-              f"{wrong['differing'] / wrong['pairs']:>11.2e}")
-    print("(per pair: differing elements / (element, coded term) pairs, the unit of LOGFMT_PAIR_RATE; "
-          "offset 1.5: the same for an oracle with that offset)")
+        print(
+            f"{case.name:<62} {tot['elements']:>9} {tot['differing']:>7} "
+            f"{tot['differing'] / tot['elements']:>12.2e} {tot['differing'] / tot['pairs']:>9.2e} "
+            f"{wrong['differing'] / wrong['pairs']:>11.2e}"
+        )
+    print(
+        "(per pair: differing elements / (element, coded term) pairs, the unit of LOGFMT_PAIR_RATE; "
+        "offset 1.5: the same for an oracle with that offset)"
+    )
     return 0
 
 

@@ -10,6 +10,7 @@ The job (JSON): {"nvrtc": lib path, "nvjitlink": lib path or null, "source": pat
 own: the build tool can run several at once (each with its own working directory), and a crash in a vendor
 library cannot take the build tool down with it. Standard library only.
 """
+
 import ctypes
 import json
 import sys
@@ -68,8 +69,19 @@ def _jitlink_functions(lib_path):
     if lib.nvJitLinkVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
         raise JobError(f"nvJitLinkVersion failed in {lib_path}")
     suffix = f"_{major.value}_{minor.value}"
-    names = ("Create", "Destroy", "AddData", "AddFile", "Complete", "GetLinkedCubinSize", "GetLinkedCubin",
-             "GetErrorLogSize", "GetErrorLog", "GetInfoLogSize", "GetInfoLog")
+    names = (
+        "Create",
+        "Destroy",
+        "AddData",
+        "AddFile",
+        "Complete",
+        "GetLinkedCubinSize",
+        "GetLinkedCubin",
+        "GetErrorLogSize",
+        "GetErrorLog",
+        "GetInfoLogSize",
+        "GetInfoLog",
+    )
     return {n: getattr(lib, f"__nvJitLink{n}{suffix}") for n in names}
 
 
@@ -83,6 +95,7 @@ def nvjitlink(lib_path, rel_cubin, name, options, libraries):
     if fn["Create"](ctypes.byref(handle), n, opts) != 0:
         raise JobError(f"nvJitLinkCreate rejected the options {options}")
     try:
+
         def checked(ret, what):
             if ret != 0:
                 log = _read_log(fn["GetErrorLogSize"], fn["GetErrorLog"], handle)

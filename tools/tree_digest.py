@@ -23,6 +23,7 @@ Negation (`!`), backslash escapes and .gitignore files below the root are refuse
 worktree file) at the root is always skipped. On the git side a tracked file that the .gitignore matches is an
 error: the device tool would send it, the file side would skip it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,10 +53,10 @@ def _segment_regex(seg: str) -> str:
         elif ch == "?":
             out.append("[^/]")
         elif ch == "[":
-            end = seg.find("]", i + 2 if seg[i + 1:i + 2] in ("!", "^") else i + 1)
+            end = seg.find("]", i + 2 if seg[i + 1 : i + 2] in ("!", "^") else i + 1)
             if end < 0:
                 raise DigestError(f"unterminated [ in .gitignore pattern segment {seg!r}")
-            body = seg[i + 1:end]
+            body = seg[i + 1 : end]
             if body[:1] in ("!", "^"):
                 body = "^" + body[1:]
             out.append("[" + body.replace("\\", "\\\\") + "]")
@@ -146,8 +147,12 @@ def file_lines(root: Path, skip: tuple[str, ...] = ()) -> list[bytes]:
             st = os.lstat(full)
             is_link = stat.S_ISLNK(st.st_mode)
             is_dir = stat.S_ISDIR(st.st_mode)
-            if (rel == ".git" or rel in skip or any(rel.startswith(s + "/") for s in skip)
-                    or ignored(patterns, rel, is_dir)):
+            if (
+                rel == ".git"
+                or rel in skip
+                or any(rel.startswith(s + "/") for s in skip)
+                or ignored(patterns, rel, is_dir)
+            ):
                 continue
             if is_dir:
                 dirnames.append(name)
@@ -182,7 +187,7 @@ def _blobs(repo: Path, shas: list[str]) -> dict[str, bytes]:
         if kind != b"blob":
             raise DigestError(f"{sha} is a {kind.decode()}, not a blob")
         start = header_end + 1
-        blobs[name.decode()] = out[start:start + int(size)]
+        blobs[name.decode()] = out[start : start + int(size)]
         pos = start + int(size) + 1
     return blobs
 
@@ -206,8 +211,10 @@ def commit_lines(commit: str, repo: Path = Path(".")) -> list[bytes]:
         raise DigestError(f"{commit}: .gitignore files below the root are not supported: {nested}")
     tracked_but_ignored = [p for p in by_path if ignored(patterns, p, False)]
     if tracked_but_ignored:
-        raise DigestError(f"{commit}: tracked files that .gitignore matches (the GPU side would skip them): "
-                          f"{tracked_but_ignored[:10]}")
+        raise DigestError(
+            f"{commit}: tracked files that .gitignore matches (the GPU side would skip them): "
+            f"{tracked_but_ignored[:10]}"
+        )
     return [_line(path, "link" if mode == "120000" else "file", blobs[sha]) for path, mode, sha in entries]
 
 

@@ -8,6 +8,7 @@ ep_rt tells the library's flavour from the distribution's RECORD, as for an inst
 Afterwards: PYTHONPATH=SITE and EP_RT_NVSHMEM_HOST_LIBRARY=SITE/nvidia/nvshmem/lib/libnvshmem_host.so.3. Standard
 library only; every unpacked file is checked against the RECORD's sha256.
 """
+
 import base64
 import csv
 import hashlib
@@ -50,7 +51,7 @@ def main(argv) -> int:
     shutil.copy2(folder / "nvshmem_bootstrap_uid.so.3", lib / "nvshmem_bootstrap_uid.so.3")
     check(lib / "nvshmem_bootstrap_uid.so.3", f"{LIB}/nvshmem_bootstrap_uid.so.3", hashes)
     shutil.copytree(dist_infos[0], site / dist_infos[0].name, dirs_exist_ok=True)
-    print(f"unpacked {dist_infos[0].name[:-len('.dist-info')]} into {site}")
+    print(f"unpacked {dist_infos[0].name[: -len('.dist-info')]} into {site}")
     return 0
 
 

@@ -1,5 +1,6 @@
 """`python -m ep_rt [COMMAND]`: the command line. Each command is a module of this package with main(argv);
 this only picks one. Without a command (or with only options), `check` runs, as `python -m ep_rt` always did."""
+
 from __future__ import annotations
 
 import importlib
@@ -17,8 +18,11 @@ COMMANDS = {
 def usage() -> str:
     lines = ["usage: python -m ep_rt [COMMAND] [OPTIONS]", "", "commands:"]
     lines += [f"  {name:<8} {what}" for name, what in COMMANDS.items()]
-    lines += ["  help     this list; `help COMMAND`: that command's options", "",
-              "`python -m ep_rt COMMAND --help` for a command's options."]
+    lines += [
+        "  help     this list; `help COMMAND`: that command's options",
+        "",
+        "`python -m ep_rt COMMAND --help` for a command's options.",
+    ]
     return "\n".join(lines)
 
 

@@ -7,6 +7,7 @@ only reads os.environ (no import). The file is added to the RECORD of the ep-rt 
 so `pip uninstall ep-rt` removes it too; `remove` deletes it (and its RECORD line) at once. In one process,
 `ep_rt.install_deep_ep_alias()` does the same without any file.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -97,11 +98,15 @@ def status_lines(site_dir: Path) -> list[str]:
     value = os.environ.get(hook.ENV)
     lines = [f"startup hook: {'installed at ' + str(path) if path.is_file() else 'not installed (' + str(path) + ')'}"]
     if path.is_file():
-        lines.append("  removed by `pip uninstall ep-rt` (listed in its RECORD) or `alias remove`"
-                     if is_registered(site_dir) else
-                     "  no ep-rt installed there lists it: only `alias remove` removes it")
-    lines += [f"{hook.ENV}: {value!r}" if value is not None else f"{hook.ENV}: unset (the hook does nothing)",
-              f"real DeepEP: {real if real else 'not installed'}"]
+        lines.append(
+            "  removed by `pip uninstall ep-rt` (listed in its RECORD) or `alias remove`"
+            if is_registered(site_dir)
+            else "  no ep-rt installed there lists it: only `alias remove` removes it"
+        )
+    lines += [
+        f"{hook.ENV}: {value!r}" if value is not None else f"{hook.ENV}: unset (the hook does nothing)",
+        f"real DeepEP: {real if real else 'not installed'}",
+    ]
     if real:
         lines.append("=> `import deep_ep` gives the real DeepEP; ep_rt never shadows it")
     elif path.is_file() and value not in (None, "", "0"):
@@ -112,16 +117,23 @@ def status_lines(site_dir: Path) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ep_rt alias", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ep_rt alias", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("action", nargs="?", default="status", choices=("status", "install", "remove"))
-    parser.add_argument("--site-dir", type=Path, default=None,
-                        help="where the .pth line goes (default: this interpreter's site-packages)")
+    parser.add_argument(
+        "--site-dir",
+        type=Path,
+        default=None,
+        help="where the .pth line goes (default: this interpreter's site-packages)",
+    )
     args = parser.parse_args(argv)
     site_dir = args.site_dir or default_site_dir()
     if args.action == "install":
-        print(f"wrote {install(site_dir)}; set {hook.ENV}=1 in the environment of the processes that should get "
-              f"ep_rt for `import deep_ep`")
+        print(
+            f"wrote {install(site_dir)}; set {hook.ENV}=1 in the environment of the processes that should get "
+            f"ep_rt for `import deep_ep`"
+        )
         if hook.real_deep_ep():
             print(f"note: a real DeepEP is installed ({hook.real_deep_ep()}): it keeps winning over the alias")
     elif args.action == "remove":

@@ -8,6 +8,7 @@ so those rows say nothing about a network (they are labelled). Each row has the 
 DeepEP's figures are), the whole-call time (what a caller waits for) and the bandwidth; --json writes every
 number with the formulas used. `python -m ep_rt` (check) runs the same benchmark code after its checks.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,15 @@ from . import plot
 
 
 def document(results: list, num_sms: int, gpu: str, num_gpus: int) -> dict:
-    return {"ep_rt": __version__, "gpu": gpu, "num_gpus": num_gpus, "num_ranks": len(results), "num_sms": num_sms,
-            "formulas": FORMULAS, "ranks": results}
+    return {
+        "ep_rt": __version__,
+        "gpu": gpu,
+        "num_gpus": num_gpus,
+        "num_ranks": len(results),
+        "num_sms": num_sms,
+        "formulas": FORMULAS,
+        "ranks": results,
+    }
 
 
 def text(doc: dict) -> str:
@@ -35,8 +43,11 @@ def text(doc: dict) -> str:
             out.append(bench_mod.format_ll_rows(res["ll"], res["rank"]))
     for res in doc["ranks"]:
         if res.get("internode"):
-            out.append(bench_mod.format_internode_rows([bench_mod.InternodeBenchRow(**r) for r in res["internode"]],
-                                                       res["rank"]))
+            out.append(
+                bench_mod.format_internode_rows(
+                    [bench_mod.InternodeBenchRow(**r) for r in res["internode"]], res["rank"]
+                )
+            )
     return "\n".join(out)
 
 
@@ -46,8 +57,11 @@ def bandwidth_series(doc: dict):
     for res in doc["ranks"]:
         inter = res.get("internode", [])
         values = [r["gbps"] for r in res["ht"]] + [r["gbps"] for r in res["ll"]] + [r["rdma_gbps"] for r in inter]
-        names = ([f"HT {r['name']}" for r in res["ht"]] + [f"{r['name']} ({r['experts']} experts)" for r in res["ll"]]
-                 + [f"{r['name']} (RDMA metric{', emulated' if r['emulated'] else ''})" for r in inter])
+        names = (
+            [f"HT {r['name']}" for r in res["ht"]]
+            + [f"{r['name']} ({r['experts']} experts)" for r in res["ll"]]
+            + [f"{r['name']} (RDMA metric{', emulated' if r['emulated'] else ''})" for r in inter]
+        )
         if not labels:
             labels = names
         if names != labels:
@@ -57,14 +71,20 @@ def bandwidth_series(doc: dict):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ep_rt bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ep_rt bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     what = parser.add_mutually_exclusive_group()
     what.add_argument("--ht-only", action="store_true", help="only the high-throughput benchmark")
     what.add_argument("--ll-only", action="store_true", help="only the low-latency benchmark")
-    what.add_argument("--internode", type=int, default=0, metavar="G",
-                      help="only the internode benchmark, on nodes of G ranks (on one host: emulated nodes, "
-                           "EP_RT_RANKS_PER_NODE=G; the 'RDMA' figures then measure NVLink, not a network)")
+    what.add_argument(
+        "--internode",
+        type=int,
+        default=0,
+        metavar="G",
+        help="only the internode benchmark, on nodes of G ranks (on one host: emulated nodes, "
+        "EP_RT_RANKS_PER_NODE=G; the 'RDMA' figures then measure NVLink, not a network)",
+    )
     parser.add_argument("--ranks", type=int, default=0, help="ranks (default: one per local GPU)")
     parser.add_argument("--num-sms", type=int, default=24, help="SMs (channels) of the HT calls (default 24)")
     parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
@@ -74,8 +94,10 @@ def main(argv=None) -> int:
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-        print("bench: error: no CUDA GPU found; the benchmarks time the kernels (python -m ep_rt doctor says "
-              "what this machine has)")
+        print(
+            "bench: error: no CUDA GPU found; the benchmarks time the kernels (python -m ep_rt doctor says "
+            "what this machine has)"
+        )
         return 1
     from ..testing import bench_main
     from ..testing.spawn import run_ranks
@@ -83,12 +105,19 @@ def main(argv=None) -> int:
     num_gpus = torch.cuda.device_count()
     num_ranks = args.ranks or num_gpus
     if num_ranks > num_gpus:
-        print(f"bench: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times are not those of "
-              f"{num_ranks} GPUs", file=sys.stderr)
+        print(
+            f"bench: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times are not those of "
+            f"{num_ranks} GPUs",
+            file=sys.stderr,
+        )
     env = {"EP_RT_RANKS_PER_NODE": str(args.internode)} if args.internode else None
-    results = run_ranks(bench_main.bench_rank, num_ranks,
-                        args=(not args.ll_only, not args.ht_only, args.num_sms, bool(args.internode)),
-                        timeout_s=3600, env=env)
+    results = run_ranks(
+        bench_main.bench_rank,
+        num_ranks,
+        args=(not args.ll_only, not args.ht_only, args.num_sms, bool(args.internode)),
+        timeout_s=3600,
+        env=env,
+    )
     doc = document(results, args.num_sms, torch.cuda.get_device_name(0), num_gpus)
     if args.json == "-":
         json.dump(doc, sys.stdout, indent=1)

@@ -13,6 +13,7 @@ emulated (EP_RT_RANKS_PER_NODE=G).
 Without a GPU no kernel can run: the reference implementation runs on the CPU instead (a dispatch + combine round
 trip, over nodes of G ranks with --internode G) and the output says so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,10 @@ def _cpu_demo(args) -> int:
     if G and (R % G or R // G < 2):
         print(f"--internode {G} --ranks {R}: the ranks must form at least 2 nodes of {G} ranks", file=sys.stderr)
         return 2
-    print("no CUDA GPU found: no kernel can run here, so ep_rt.reference runs on the CPU instead\n"
-          f"({R} ranks{f' as {R // G} nodes of {G}' if G else ''}; nothing is compared with a kernel).")
+    print(
+        "no CUDA GPU found: no kernel can run here, so ep_rt.reference runs on the CPU instead\n"
+        f"({R} ranks{f' as {R // G} nodes of {G}' if G else ''}; nothing is compared with a kernel)."
+    )
     if G:
         print(f"--internode {G}: the internode kernels need GPUs; this is the internode reference's round trip.")
     if args.quick:
@@ -64,16 +67,22 @@ NUM_SMS_DEFAULT = 24
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ep_rt [check]", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ep_rt [check]", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--ranks", type=int, default=0, help="ranks to spawn (default: one per GPU)")
     parser.add_argument("--quick", action="store_true", help="a few checks instead of the whole list")
     parser.add_argument("--no-bench", action="store_true", help="skip the benchmark")
     parser.add_argument("--num-sms", type=int, default=NUM_SMS_DEFAULT, help="SMs (channels) for the benchmark")
-    parser.add_argument("--internode", type=int, default=0, metavar="G",
-                        help="check (and benchmark) internode mode instead, on nodes of G ranks; on one host the "
-                             "nodes are emulated (EP_RT_RANKS_PER_NODE=G) and the benchmark's 'RDMA' figures "
-                             "measure NVLink, not a network")
+    parser.add_argument(
+        "--internode",
+        type=int,
+        default=0,
+        metavar="G",
+        help="check (and benchmark) internode mode instead, on nodes of G ranks; on one host the "
+        "nodes are emulated (EP_RT_RANKS_PER_NODE=G) and the benchmark's 'RDMA' figures "
+        "measure NVLink, not a network",
+    )
     args = parser.parse_args(argv)
     if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
         return _cpu_demo(args)
@@ -84,9 +93,11 @@ def main(argv=None) -> int:
     body = main_check.internode_rank if args.internode else main_check.main_rank
     env = {"EP_RT_RANKS_PER_NODE": str(args.internode)} if args.internode else None
     results = run_ranks(body, num_ranks, args=(args.quick, not args.no_bench, args.num_sms), timeout_s=1800, env=env)
-    print(f"ep_rt on {num_ranks} ranks, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
-          f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference "
-          f"(LogFMT combines: within an allowance, measured in the notes after the table)")
+    print(
+        f"ep_rt on {num_ranks} ranks, {torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}, "
+        f"seed {results[0]['seed']} (fresh each run); every check is bit-exact against ep_rt.reference "
+        f"(LogFMT combines: within an allowance, measured in the notes after the table)"
+    )
     print(f"{'case':<56} {'checks':>7} " + " ".join(f"{'rank ' + str(r):>7}" for r in range(num_ranks)))
     failed = 0
     for i, (name, checks, _) in enumerate(results[0]["rows"]):
@@ -104,4 +115,3 @@ def main(argv=None) -> int:
         if res["bench"]:
             print(res["bench"])
     return 1 if failed else 0
-

@@ -10,6 +10,7 @@ internode Buffer would run with (transport, queue pairs, service level, NIC per 
 (they may share a GPU): one intranode dispatch + combine and one low-latency dispatch + combine against
 ep_rt.reference. Without a GPU or driver it still runs: the GPU items say so, and the exit code is 1.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,11 @@ def run_checks(s, smoke: bool, num_ranks: int, run_ranks=None) -> list:
 def _nvshmem_package_missing(s) -> bool:
     """No NVSHMEM distribution of torch's flavour (any, for a CPU torch): the packages item says so already."""
     flavour = checks.torch_flavour(s.torch_info())
-    wanted = [checks.NVSHMEM_PACKAGES[flavour]] if flavour in checks.NVSHMEM_PACKAGES else \
-        list(checks.NVSHMEM_PACKAGES.values())
+    wanted = (
+        [checks.NVSHMEM_PACKAGES[flavour]]
+        if flavour in checks.NVSHMEM_PACKAGES
+        else list(checks.NVSHMEM_PACKAGES.values())
+    )
     return all(s.package_version(p) is None for p in wanted)
 
 
@@ -69,8 +73,9 @@ def format_items(items, width: int = WIDTH) -> str:
     lines = []
 
     def wrap(first: str, text: str, more: str) -> list:
-        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=more, break_on_hyphens=False) \
-            or [first.rstrip()]
+        return textwrap.wrap(text, width, initial_indent=first, subsequent_indent=more, break_on_hyphens=False) or [
+            first.rstrip()
+        ]
 
     for i in items:
         first = f"{MARK[i.status]:<8} {i.name:<{name_width}}  "
@@ -85,8 +90,10 @@ def format_items(items, width: int = WIDTH) -> str:
         for x in i.extra:  # rows under the item (the NVLink matrix, one setting each): their own lines
             lines += wrap(indent, x, indent + "    ")
     counts = {s: sum(i.status == s for i in items) for s in MARK}
-    lines.append(f"{counts[checks.OK]} ok, {counts[checks.WARNING]} warnings, {counts[checks.ERROR]} errors, "
-                 f"{counts[checks.SKIP]} skipped")
+    lines.append(
+        f"{counts[checks.OK]} ok, {counts[checks.WARNING]} warnings, {counts[checks.ERROR]} errors, "
+        f"{counts[checks.SKIP]} skipped"
+    )
     return "\n".join(lines)
 
 
@@ -101,8 +108,9 @@ def _spawn(fn, num_ranks, num_gpus):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ep_rt doctor", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ep_rt doctor", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--no-smoke", action="store_true", help="skip the multi-rank smoke round")
     parser.add_argument("--ranks", type=int, default=2, help="ranks of the smoke round (default 2)")
     args = parser.parse_args(argv)

@@ -1,5 +1,6 @@
 """The checks of `python -m ep_rt doctor`. Each takes the System (doctor_probe) and what earlier checks found, and
 returns Items: one line each, status ok / warning / error / skip, with a hint saying what to do."""
+
 from __future__ import annotations
 
 import re
@@ -54,8 +55,10 @@ def check_packages(s) -> list[Item]:
     nvshmem = {f: s.package_version(p) for f, p in NVSHMEM_PACKAGES.items()}
     versions = [f"{p} {s.package_version(p) or 'missing'}" for p in PACKAGES]
     versions += [f"{NVSHMEM_PACKAGES[f]} {v}" for f, v in nvshmem.items() if v] or ["no NVSHMEM package"]
-    detail = (f"ep_rt {__version__} ({os.path.dirname(package_file)}), Python {s.python_version()}, torch "
-              f"{t['version']} ({'CUDA ' + t['cuda'] if t['cuda'] else 'CPU-only'}), {', '.join(versions)}")
+    detail = (
+        f"ep_rt {__version__} ({os.path.dirname(package_file)}), Python {s.python_version()}, torch "
+        f"{t['version']} ({'CUDA ' + t['cuda'] if t['cuda'] else 'CPU-only'}), {', '.join(versions)}"
+    )
     command = installing.command_for(t["version"], t["cuda"])
     if t["cuda"] is None:
         return [Item("packages", ERROR, detail, f"this torch is a CPU-only build: {command}")]
@@ -73,8 +76,12 @@ def check_packages(s) -> list[Item]:
         problem(f"missing {', '.join(missing)}", ERROR, ("ht", "ll"))
     if flavour in NVSHMEM_PACKAGES and nvshmem[flavour] is None:
         others = [f"{NVSHMEM_PACKAGES[f]} {v}" for f, v in nvshmem.items() if v]
-        problem(f"no {NVSHMEM_PACKAGES[flavour]} beside this CUDA {t['cuda']} torch (low-latency and internode calls "
-                f"need it)" + (f"; {', '.join(others)} is the other flavour" if others else ""), ERROR, ("ll",))
+        problem(
+            f"no {NVSHMEM_PACKAGES[flavour]} beside this CUDA {t['cuda']} torch (low-latency and internode calls "
+            f"need it)" + (f"; {', '.join(others)} is the other flavour" if others else ""),
+            ERROR,
+            ("ll",),
+        )
     bindings = s.package_version("cuda-bindings")
     if flavour == "cu12" and bindings and int(bindings.split(".")[0]) >= 13:
         try:
@@ -93,27 +100,46 @@ def check_packages(s) -> list[Item]:
 
 # ---- driver and GPUs ---------------------------------------------------------------------------------
 
+
 def check_driver(s, manifest: dict | None) -> list[Item]:
     """NVML's driver version and the CUDA version the driver supports, against the nvcc the cubins need."""
     try:
         nvml = s.nvml_driver_version()
     except Exception as e:
-        return [Item("driver", ERROR, f"no NVIDIA driver ({_why(e)})",
-                     "install the NVIDIA driver (in a container: run it with the GPUs, e.g. --gpus all)")]
+        return [
+            Item(
+                "driver",
+                ERROR,
+                f"no NVIDIA driver ({_why(e)})",
+                "install the NVIDIA driver (in a container: run it with the GPUs, e.g. --gpus all)",
+            )
+        ]
     try:
         major, minor = s.cuda_driver_version()
     except Exception as e:
-        return [Item("driver", ERROR, f"NVIDIA driver {nvml}, but the CUDA driver API failed ({_why(e)})",
-                     "libcuda.so must be loadable: reinstall the driver or check LD_LIBRARY_PATH")]
+        return [
+            Item(
+                "driver",
+                ERROR,
+                f"NVIDIA driver {nvml}, but the CUDA driver API failed ({_why(e)})",
+                "libcuda.so must be loadable: reinstall the driver or check LD_LIBRARY_PATH",
+            )
+        ]
     detail = f"NVIDIA driver {nvml}, supports CUDA {major}.{minor}"
     version = 1000 * major + 10 * minor
     floors = {e.get("flavour"): e.get("min_driver") for e in (manifest or {}).get("cubins", []) if e.get("min_driver")}
     runnable = sorted(f for f, floor in floors.items() if floor <= version)
     if floors and not runnable:
         need = min(floors.values())
-        return [Item("driver", ERROR, detail + f"; every shipped cubin flavour needs CUDA "
-                     f"{need // 1000}.{need % 1000 // 10} or newer ({', '.join(sorted(floors))})",
-                     f"update the driver to one that supports CUDA {need // 1000}.{need % 1000 // 10} or newer")]
+        return [
+            Item(
+                "driver",
+                ERROR,
+                detail + f"; every shipped cubin flavour needs CUDA "
+                f"{need // 1000}.{need % 1000 // 10} or newer ({', '.join(sorted(floors))})",
+                f"update the driver to one that supports CUDA {need // 1000}.{need % 1000 // 10} or newer",
+            )
+        ]
     if runnable:
         detail += f"; cubin flavours it runs: {', '.join(runnable)}"
     return [Item("driver", OK, detail)]
@@ -123,15 +149,23 @@ def check_gpus(s) -> tuple[list[Item], list[dict]]:
     try:
         gpus = s.gpus()
     except Exception as e:
-        return [Item("GPUs", ERROR, f"cannot list GPUs ({_why(e)})", "python -c 'import torch; "
-                     "print(torch.cuda.is_available())' should say True")], []
+        return [
+            Item(
+                "GPUs",
+                ERROR,
+                f"cannot list GPUs ({_why(e)})",
+                "python -c 'import torch; print(torch.cuda.is_available())' should say True",
+            )
+        ], []
     if not gpus:
         return [Item("GPUs", ERROR, "no CUDA GPU visible", "check CUDA_VISIBLE_DEVICES and nvidia-smi")], []
-    return [Item(f"GPU {g['index']}", OK, f"{g['name']}, {g['arch']}, {g['sms']} SMs, PCI {g['bus_id']}")
-            for g in gpus], gpus
+    return [
+        Item(f"GPU {g['index']}", OK, f"{g['name']}, {g['arch']}, {g['sms']} SMs, PCI {g['bus_id']}") for g in gpus
+    ], gpus
 
 
 # ---- cubins ------------------------------------------------------------------------------------------
+
 
 def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dict | None]:
     from .. import env
@@ -140,8 +174,14 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
     try:
         root, manifest = s.manifest()
     except Exception as e:
-        return [Item("cubins", ERROR, f"no usable cubin manifest ({_why(e)})",
-                     "reinstall ep_rt, or point EP_RT_CUBIN_DIR at a folder with manifest.json")], None
+        return [
+            Item(
+                "cubins",
+                ERROR,
+                f"no usable cubin manifest ({_why(e)})",
+                "reinstall ep_rt, or point EP_RT_CUBIN_DIR at a folder with manifest.json",
+            )
+        ], None
     shipped, compilers = {}, {}
     for e in manifest["cubins"]:
         flavour = e.get("flavour", "?")
@@ -149,8 +189,10 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
         compilers.setdefault(flavour, set()).add(str(e.get("compiler")))
     items = []
     for flavour, archs in sorted(shipped.items()):
-        listing = "; ".join(f"{arch}: " + ", ".join(f"{fam} ({'/'.join(sorted(v))})" for fam, v in sorted(fams.items()))
-                            for arch, fams in sorted(archs.items()))
+        listing = "; ".join(
+            f"{arch}: " + ", ".join(f"{fam} ({'/'.join(sorted(v))})" for fam, v in sorted(fams.items()))
+            for arch, fams in sorted(archs.items())
+        )
         items.append(Item(f"cubins {flavour}", OK, f"{listing}; built with {', '.join(sorted(compilers[flavour]))}"))
     items[0].detail += f"; in {root}"
     if not gpus:
@@ -158,8 +200,14 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
     try:
         major, minor = s.cuda_driver_version()
     except Exception as e:
-        return items + [Item("cubins for this GPU", ERROR, f"the driver cannot tell its CUDA version ({_why(e)})",
-                             "check the NVIDIA driver (nvidia-smi)")], manifest
+        return items + [
+            Item(
+                "cubins for this GPU",
+                ERROR,
+                f"the driver cannot tell its CUDA version ({_why(e)})",
+                "check the NVIDIA driver (nvidia-smi)",
+            )
+        ], manifest
     driver_version = 1000 * major + 10 * minor
     nvshmem_flavour = s.nvshmem_flavour() if hasattr(s, "nvshmem_flavour") else None
     linked = {e["family"] for e in manifest["cubins"] if e.get("needs_nvshmem")}
@@ -169,17 +217,24 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
         cc = choice.parse_arch(arch)[:2]
         for family in sorted({e["family"] for e in manifest["cubins"]} - set(undecided)):
             try:
-                entry = choice.choose_entry(manifest, family, cc, aggressive, driver_version, env.cubin_flavour(),
-                                            nvshmem_flavour)
+                entry = choice.choose_entry(
+                    manifest, family, cc, aggressive, driver_version, env.cubin_flavour(), nvshmem_flavour
+                )
                 s.verify_cubin(root, entry)
                 loads.append(entry["path"])
             except Exception as e:
                 problems.append(_why(e))
         archs = sorted({a for fl in shipped.values() for a in fl})
         if problems:
-            items.append(Item(f"cubins for {arch}", ERROR, "; ".join(problems),
-                              f"ep_rt ships cubins for {archs}; rebuild with tools/build_cubins.py for "
-                              f"{arch}, or reinstall ep_rt if a file is corrupt"))
+            items.append(
+                Item(
+                    f"cubins for {arch}",
+                    ERROR,
+                    "; ".join(problems),
+                    f"ep_rt ships cubins for {archs}; rebuild with tools/build_cubins.py for "
+                    f"{arch}, or reinstall ep_rt if a file is corrupt",
+                )
+            )
         else:
             variant = "aggressive (EP_RT_AGGRESSIVE_PTX=1)" if aggressive else "safe"
             later = f"; {', '.join(undecided)}: by the NVSHMEM library's flavour (see NVSHMEM)" if undecided else ""
@@ -188,6 +243,7 @@ def check_cubins(s, gpus: list[dict], aggressive: bool) -> tuple[list[Item], dic
 
 
 # ---- NVLink ------------------------------------------------------------------------------------------
+
 
 def check_nvlink(s, gpus: list[dict]) -> list[Item]:
     if len(gpus) < 2:
@@ -203,15 +259,23 @@ def check_nvlink(s, gpus: list[dict]) -> list[Item]:
     for i, a in enumerate(ids):
         cells = ["  -   " if a == b else (" NV   " if p2p[(a, b)] else " no   ") for b in ids]
         extra.append(f"{a:<{width}}  " + " ".join(cells) + f"  {links.get(a, 0)}")
-    missing = [f"{a} <-> {b}" for i, a in enumerate(ids) for b in ids[i + 1:] if not p2p[(a, b)]]
+    missing = [f"{a} <-> {b}" for i, a in enumerate(ids) for b in ids[i + 1 :] if not p2p[(a, b)]]
     if missing:
-        return [Item("NVLink", WARNING, f"{len(missing)} GPU pairs without NVLink: {', '.join(missing)}",
-                     "ep_rt's intranode kernels need NVLink between the GPUs of a node (use those GPUs only, or "
-                     "EP_RT_SKIP_TOPOLOGY_CHECK=1 to try PCIe)", extra)]
+        return [
+            Item(
+                "NVLink",
+                WARNING,
+                f"{len(missing)} GPU pairs without NVLink: {', '.join(missing)}",
+                "ep_rt's intranode kernels need NVLink between the GPUs of a node (use those GPUs only, or "
+                "EP_RT_SKIP_TOPOLOGY_CHECK=1 to try PCIe)",
+                extra,
+            )
+        ]
     return [Item("NVLink", OK, f"all {len(ids)} GPUs are NVLink peers (NVML P2P, by PCI bus id)", extra=extra)]
 
 
 # ---- NVSHMEM -----------------------------------------------------------------------------------------
+
 
 def check_nvshmem(s, manifest: dict | None, package_missing: bool = False) -> list[Item]:
     """The host library against the device library of the NVSHMEM-linked cubins of its flavour, by NVSHMEM's rule
@@ -234,17 +298,35 @@ def check_nvshmem(s, manifest: dict | None, package_missing: bool = False) -> li
     except Exception as e:
         return [Item("NVSHMEM", ERROR, f"host library not loadable ({_cause(e)})", command, blocks=("ll",))]
     if not devices:
-        return [Item("NVSHMEM", WARNING, f"host {host}; no NVSHMEM-linked cubin in the manifest",
-                     "the low-latency mode needs the low_latency cubin: reinstall ep_rt")]
+        return [
+            Item(
+                "NVSHMEM",
+                WARNING,
+                f"host {host}; no NVSHMEM-linked cubin in the manifest",
+                "the low-latency mode needs the low_latency cubin: reinstall ep_rt",
+            )
+        ]
     which = f"{flavour} " if flavour else ""
     for device in devices:
         problem = nvshmem_dist.compatibility_problem(host, device, ibgda=False)
         if problem:
-            return [Item("NVSHMEM", ERROR, f"host library {host}, {which}device library {device}: {problem}",
-                         f"an NVSHMEM host library in {nvshmem_dist.host_range(device, False)}: {command}",
-                         blocks=("ll",))]
-    return [Item("NVSHMEM", OK, f"host {host} ({flavour or 'flavour unknown'}) runs the {which}low-latency cubins' "
-                                f"device library {', '.join(devices)} (same major, host minor >= device minor)")]
+            return [
+                Item(
+                    "NVSHMEM",
+                    ERROR,
+                    f"host library {host}, {which}device library {device}: {problem}",
+                    f"an NVSHMEM host library in {nvshmem_dist.host_range(device, False)}: {command}",
+                    blocks=("ll",),
+                )
+            ]
+    return [
+        Item(
+            "NVSHMEM",
+            OK,
+            f"host {host} ({flavour or 'flavour unknown'}) runs the {which}low-latency cubins' "
+            f"device library {', '.join(devices)} (same major, host minor >= device minor)",
+        )
+    ]
 
 
 # Remote transports NVSHMEM ships as plugins, with what each needs from the system.
@@ -266,8 +348,11 @@ def check_transports(s, gpus: list[dict]) -> list[Item]:
     except Exception:
         return [Item("remote transports", SKIP, "no NVSHMEM host library (see NVSHMEM)")]
     ib = s.listdir("/sys/class/infiniband")
-    items = [Item("InfiniBand devices", OK, ", ".join(ib)) if ib else
-             Item("InfiniBand devices", WARNING, "none under /sys/class/infiniband", NOT_NEEDED)]
+    items = [
+        Item("InfiniBand devices", OK, ", ".join(ib))
+        if ib
+        else Item("InfiniBand devices", WARNING, "none under /sys/class/infiniband", NOT_NEEDED)
+    ]
     for name, need in TRANSPORTS.items():
         missing = []
         if not any(f.startswith(f"nvshmem_transport_{need['plugin']}.so") for f in plugins):
@@ -276,8 +361,9 @@ def check_transports(s, gpus: list[dict]) -> list[Item]:
         if need["ib"] and not ib:
             missing.append("an InfiniBand device")
         if missing:
-            items.append(Item(f"transport {name}", WARNING, "cannot initialise here: missing " + ", ".join(missing),
-                              NOT_NEEDED))
+            items.append(
+                Item(f"transport {name}", WARNING, "cannot initialise here: missing " + ", ".join(missing), NOT_NEEDED)
+            )
         else:
             items.append(Item(f"transport {name}", OK, "plugin and prerequisites present"))
     return items
@@ -290,11 +376,18 @@ def check_gdrcopy(s, gpus: list[dict]) -> list[Item]:
     if lib and dev:
         return [Item("GDRCopy", OK, f"{lib}, /dev/gdrdrv")]
     missing = ", ".join(m for m, have in (("libgdrapi", lib), ("/dev/gdrdrv (the gdrdrv module)", dev)) if not have)
-    return [Item("GDRCopy", WARNING, f"not available: missing {missing}",
-                 "NVSHMEM's proxy transports (IBRC, UCX) signal faster with GDRCopy; not needed on one node")]
+    return [
+        Item(
+            "GDRCopy",
+            WARNING,
+            f"not available: missing {missing}",
+            "NVSHMEM's proxy transports (IBRC, UCX) signal faster with GDRCopy; not needed on one node",
+        )
+    ]
 
 
 # ---- the driver's IBGDA settings -----------------------------------------------------------------------
+
 
 def driver_params(s) -> dict | None:
     """The NVIDIA kernel module's parameters: /proc/driver/nvidia/params ("Name: value" lines), else
@@ -314,9 +407,11 @@ def driver_params(s) -> dict | None:
     return {n.removeprefix("NVreg_"): (s.read_text(f"{folder}/{n}") or "").strip().strip('"') for n in names}
 
 
-IBGDA_HINT = ('for IBGDA across nodes (DeepEP\'s install guide): options nvidia NVreg_EnableStreamMemOPs=1 '
-              'NVreg_RegistryDwords="PeerMappingOverride=1;" in /etc/modprobe.d/nvidia.conf, update the initramfs, '
-              'reboot; ' + NOT_NEEDED)
+IBGDA_HINT = (
+    "for IBGDA across nodes (DeepEP's install guide): options nvidia NVreg_EnableStreamMemOPs=1 "
+    'NVreg_RegistryDwords="PeerMappingOverride=1;" in /etc/modprobe.d/nvidia.conf, update the initramfs, '
+    "reboot; " + NOT_NEEDED
+)
 
 
 def check_ibgda_driver(s) -> list[Item]:
@@ -325,12 +420,24 @@ def check_ibgda_driver(s) -> list[Item]:
         return [Item("IBGDA driver options", SKIP, "no NVIDIA kernel module loaded")]
     items = []
     mem_ops = params.get("EnableStreamMemOPs")
-    items.append(Item("IBGDA: NVreg_EnableStreamMemOPs", OK if mem_ops == "1" else WARNING,
-                      f"= {mem_ops if mem_ops is not None else 'not reported'}", "" if mem_ops == "1" else IBGDA_HINT))
+    items.append(
+        Item(
+            "IBGDA: NVreg_EnableStreamMemOPs",
+            OK if mem_ops == "1" else WARNING,
+            f"= {mem_ops if mem_ops is not None else 'not reported'}",
+            "" if mem_ops == "1" else IBGDA_HINT,
+        )
+    )
     dwords = params.get("RegistryDwords", "")
     override = "PeerMappingOverride=1" in dwords.replace(" ", "")
-    items.append(Item("IBGDA: PeerMappingOverride", OK if override else WARNING,
-                      f"NVreg_RegistryDwords = {dwords!r}", "" if override else IBGDA_HINT))
+    items.append(
+        Item(
+            "IBGDA: PeerMappingOverride",
+            OK if override else WARNING,
+            f"NVreg_RegistryDwords = {dwords!r}",
+            "" if override else IBGDA_HINT,
+        )
+    )
     return items
 
 
@@ -348,8 +455,14 @@ def check_gpudirect_rdma(s) -> list[Item]:
         return [Item("GPUDirect RDMA", OK, f"dma-buf (Linux {release}, open GPU kernel module)")]
     why = [] if new_kernel else [f"Linux {release} < 5.12"]
     why += [] if open_module else ["not the open GPU kernel module"]
-    return [Item("GPUDirect RDMA", WARNING, "no nvidia_peermem, and no dma-buf (" + ", ".join(why) + ")",
-                 "modprobe nvidia_peermem, or use the open GPU kernel module on Linux >= 5.12; " + NOT_NEEDED)]
+    return [
+        Item(
+            "GPUDirect RDMA",
+            WARNING,
+            "no nvidia_peermem, and no dma-buf (" + ", ".join(why) + ")",
+            "modprobe nvidia_peermem, or use the open GPU kernel module on Linux >= 5.12; " + NOT_NEEDED,
+        )
+    ]
 
 
 # What CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING promises (CUGPUDirectRDMAWritesOrdering), in plain words.
@@ -376,31 +489,57 @@ def check_rdma_ordering(s, gpus: list[dict]) -> list[Item]:
             continue
         label, meaning = RDMA_ORDERING.get(a["ordering"], (f"unknown value {a['ordering']}", "not in CUDA's list"))
         flush = ", ".join(v for bit, v in RDMA_FLUSH.items() if a["flush_options"] & bit) or "none"
-        detail = (f"{label}: {meaning}; flush options: {flush}; GPUDirect RDMA "
-                  f"{'supported' if a['supported'] else 'not supported'}")
+        detail = (
+            f"{label}: {meaning}; flush options: {flush}; GPUDirect RDMA "
+            f"{'supported' if a['supported'] else 'not supported'}"
+        )
         if a["ordering"] in (100, 200):
             items.append(Item(name, OK, detail))
         else:
-            items.append(Item(name, WARNING, detail, "only ranks on other nodes depend on it (a NIC writes into this "
-                                                     "GPU's memory); on one node nothing does"))
+            items.append(
+                Item(
+                    name,
+                    WARNING,
+                    detail,
+                    "only ranks on other nodes depend on it (a NIC writes into this "
+                    "GPU's memory); on one node nothing does",
+                )
+            )
     return items
 
 
 # ---- settings ----------------------------------------------------------------------------------------
+
 
 def check_settings(s) -> list[Item]:
     from .. import config_file, env
 
     environ = s.environ()
     shown = sorted(k for k in environ if k.startswith(("EP_RT_", "NVSHMEM_")))
-    items = [Item("settings", OK, ", ".join(f"{k}={environ[k]}" for k in shown) if shown else
-                  "no EP_RT_ or NVSHMEM_ variables set (defaults)")]
+    items = [
+        Item(
+            "settings",
+            OK,
+            ", ".join(f"{k}={environ[k]}" for k in shown)
+            if shown
+            else "no EP_RT_ or NVSHMEM_ variables set (defaults)",
+        )
+    ]
     unknown = [k for k in shown if k.startswith("EP_RT_") and k not in env.KNOBS]
     if unknown:
-        items.append(Item("unknown EP_RT_ variables", WARNING, ", ".join(unknown),
-                          f"ep_rt reads only {', '.join(env.KNOBS)} (README 'Environment knobs')"))
-    readers = {"EP_RT_TIMEOUT_S": env.timeout_s, "EP_RT_RANKS_PER_NODE": env.ranks_per_node,
-               "EP_RT_TOPK_IDX_BITS": env.topk_idx_bits}
+        items.append(
+            Item(
+                "unknown EP_RT_ variables",
+                WARNING,
+                ", ".join(unknown),
+                f"ep_rt reads only {', '.join(env.KNOBS)} (README 'Environment knobs')",
+            )
+        )
+    readers = {
+        "EP_RT_TIMEOUT_S": env.timeout_s,
+        "EP_RT_RANKS_PER_NODE": env.ranks_per_node,
+        "EP_RT_TOPK_IDX_BITS": env.topk_idx_bits,
+    }
     for name, read in readers.items():
         if name in environ:
             try:
@@ -411,14 +550,20 @@ def check_settings(s) -> list[Item]:
     if path:
         try:
             found = config_file.load(path)
-            items.append(Item("EP_RT_CONFIG_FILE", OK, f"{path}: " + ", ".join(
-                f"{k} x{r}: num_sms={c.num_sms}" for (k, r), c in sorted(found.items()))))
+            items.append(
+                Item(
+                    "EP_RT_CONFIG_FILE",
+                    OK,
+                    f"{path}: " + ", ".join(f"{k} x{r}: num_sms={c.num_sms}" for (k, r), c in sorted(found.items())),
+                )
+            )
         except Exception as e:
             items.append(Item("EP_RT_CONFIG_FILE", ERROR, str(e), "rewrite it with python -m ep_rt tune, or unset it"))
     return items
 
 
 # ---- network settings --------------------------------------------------------------------------------
+
 
 def check_network(s, gpus: list[dict]) -> list[Item]:
     """The NVSHMEM and network settings an internode Buffer with DeepEP's defaults (num_qps_per_rank=24) would run
@@ -441,8 +586,11 @@ def check_network(s, gpus: list[dict]) -> list[Item]:
     transport = found["transport"]
     why = "EP_RT_REMOTE_TRANSPORT" if environ.get("EP_RT_REMOTE_TRANSPORT") else "DeepEP's default"
     detail = f"an internode Buffer would use {transport} ({why}); " + ", ".join(shown)
-    extra = [f"{k} = {v['value'] if v['value'] is not None else '(unset)'}  [{v['source']}]"
-             + (f"  {v['note']}" if v["note"] else "") for k, v in variables.items()]
+    extra = [
+        f"{k} = {v['value'] if v['value'] is not None else '(unset)'}  [{v['source']}]"
+        + (f"  {v['note']}" if v["note"] else "")
+        for k, v in variables.items()
+    ]
     if found["hca_per_local_rank"]:
         extra.append("NIC per local rank: " + ", ".join(f"{i}: {e}" for i, e in enumerate(found["hca_per_local_rank"])))
     items = [Item("network settings", OK, detail, extra=extra)]
@@ -451,13 +599,20 @@ def check_network(s, gpus: list[dict]) -> list[Item]:
         disabled = (environ.get("NVSHMEM_DISABLE_GDRCOPY") or "").strip().lower() in ("1", "true", "yes", "y", "on")
         if not gdr or disabled:
             why = "NVSHMEM_DISABLE_GDRCOPY is set" if disabled else "GDRCopy is not available"
-            items.append(Item(f"transport {transport} needs GDRCopy", ERROR, f"EP_RT_REMOTE_TRANSPORT={transport}, but "
-                              f"{why}: NVSHMEM's {transport} transport runs atomics and its own barrier through it",
-                              "install GDRCopy (libgdrapi and the gdrdrv module), or choose ibgda / ibrc"))
+            items.append(
+                Item(
+                    f"transport {transport} needs GDRCopy",
+                    ERROR,
+                    f"EP_RT_REMOTE_TRANSPORT={transport}, but "
+                    f"{why}: NVSHMEM's {transport} transport runs atomics and its own barrier through it",
+                    "install GDRCopy (libgdrapi and the gdrdrv module), or choose ibgda / ibrc",
+                )
+            )
     return items
 
 
 # ---- the smoke round ---------------------------------------------------------------------------------
+
 
 def smoke_item(name: str, run) -> Item:
     """`run()` returns every rank's (checks, failures); an exception (a rank raised, or a timeout) is an error."""
@@ -466,11 +621,20 @@ def smoke_item(name: str, run) -> Item:
     except Exception as e:
         lines = [line for line in str(e).splitlines() if line.strip()]
         cause = next((line for line in reversed(lines) if "Error" in line), lines[-1] if lines else type(e).__name__)
-        return Item(name, ERROR, f"failed: {cause.strip()}", "run it alone for the whole traceback: python -m ep_rt "
-                    "check --quick (or the GPU tests); EP_RT_NVSHMEM_DEBUG=1 shows NVSHMEM's messages")
+        return Item(
+            name,
+            ERROR,
+            f"failed: {cause.strip()}",
+            "run it alone for the whole traceback: python -m ep_rt "
+            "check --quick (or the GPU tests); EP_RT_NVSHMEM_DEBUG=1 shows NVSHMEM's messages",
+        )
     failures = [f"rank {r}: {f}" for r, (_, fs) in enumerate(results) for f in fs]
     checks = sum(c for c, _ in results)
     if failures:
-        return Item(name, ERROR, f"{len(failures)} of {checks} checks differ from ep_rt.reference: {failures[0]}",
-                    "report it with the output of python -m ep_rt doctor")
+        return Item(
+            name,
+            ERROR,
+            f"{len(failures)} of {checks} checks differ from ep_rt.reference: {failures[0]}",
+            "report it with the output of python -m ep_rt doctor",
+        )
     return Item(name, OK, f"{checks} checks bit-exact against ep_rt.reference on {len(results)} ranks")

@@ -1,6 +1,7 @@
 """What `python -m ep_rt doctor` looks at, behind one object: every method reads the system (files, libraries,
 NVML, the CUDA driver, torch) and returns plain data or raises. The checks (doctor_checks) take it as an argument,
 so the CPU tests give them a stand-in."""
+
 from __future__ import annotations
 
 import ctypes.util
@@ -62,8 +63,15 @@ class System:
         out = []
         for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
             p = torch.cuda.get_device_properties(i)
-            out.append({"index": i, "name": p.name, "arch": f"sm_{p.major}{p.minor}",
-                        "sms": p.multi_processor_count, "bus_id": driver.pci_bus_id(i)})
+            out.append(
+                {
+                    "index": i,
+                    "name": p.name,
+                    "arch": f"sm_{p.major}{p.minor}",
+                    "sms": p.multi_processor_count,
+                    "bus_id": driver.pci_bus_id(i),
+                }
+            )
         return out
 
     def gpudirect_rdma(self, index: int) -> dict:
@@ -79,8 +87,13 @@ class System:
         pynvml.nvmlInit()
         try:
             handles = {b: pynvml.nvmlDeviceGetHandleByPciBusId(b) for b in bus_ids}
-            p2p = {(a, b): pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
-                   == pynvml.NVML_P2P_STATUS_OK for a in bus_ids for b in bus_ids if a != b}
+            p2p = {
+                (a, b): pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                == pynvml.NVML_P2P_STATUS_OK
+                for a in bus_ids
+                for b in bus_ids
+                if a != b
+            }
             links = {}
             for b, h in handles.items():
                 active = 0

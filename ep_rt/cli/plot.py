@@ -1,5 +1,6 @@
 """PNG charts for tune and bench when matplotlib is installed; without it, a note instead of a chart (ep_rt does
 not depend on matplotlib)."""
+
 from __future__ import annotations
 
 import importlib

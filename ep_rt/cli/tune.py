@@ -12,6 +12,7 @@ the table, writes (or updates) a JSON config file, and draws bandwidth against S
 installed. Use the file with EP_RT_CONFIG_FILE=PATH: Buffer.get_dispatch_config / get_combine_config then return
 its Configs for that rank count.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,6 +56,7 @@ def check_shape(args, num_ranks: int) -> None:
 
 # ---- results -------------------------------------------------------------------------------------------
 
+
 def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
     """One row per SM count: the slowest rank's kernel times (what every rank waits for), bandwidth from them."""
     rows = []
@@ -78,8 +80,10 @@ def format_table(rows: list[dict], chosen: dict) -> str:
     lines = [f"{'SMs':>5} {'dispatch us':>12} {'GB/s':>7} {'combine us':>11} {'GB/s':>7} {'total us':>9}"]
     for r in rows:
         mark = " *" if r is chosen else "  "
-        lines.append(f"{r['num_sms']:>5} {r['dispatch_us']:>12.1f} {r['dispatch_gbps']:>7.1f} {r['combine_us']:>11.1f} "
-                     f"{r['combine_gbps']:>7.1f} {r['total_us']:>9.1f}{mark}")
+        lines.append(
+            f"{r['num_sms']:>5} {r['dispatch_us']:>12.1f} {r['dispatch_gbps']:>7.1f} {r['combine_us']:>11.1f} "
+            f"{r['combine_gbps']:>7.1f} {r['total_us']:>9.1f}{mark}"
+        )
     lines.append(f"* chosen: num_sms={chosen['num_sms']} (least dispatch + combine time of the slowest rank)")
     return "\n".join(lines)
 
@@ -113,33 +117,50 @@ def write_config(path: Path, num_ranks: int, num_sms: int, tuned: dict) -> None:
         entries = [e for e in old["configs"] if e["num_ranks"] != num_ranks]
         history = {k: v for k, v in old.get("tuned", {}).items() if k != str(num_ranks)}
     entries += tuned_entries(num_ranks, num_sms)
-    config_file.write(path, sorted(entries, key=lambda e: (e["num_ranks"], e["kind"])), {**history, str(num_ranks): tuned})
+    config_file.write(
+        path, sorted(entries, key=lambda e: (e["num_ranks"], e["kind"])), {**history, str(num_ranks): tuned}
+    )
 
 
 def draw(path: Path, rows: list[dict], num_ranks: int, shape: str) -> str:
     x = [r["num_sms"] for r in rows]
-    return plot.lines(path, x, {"dispatch": [r["dispatch_gbps"] for r in rows],
-                                "combine": [r["combine_gbps"] for r in rows]},
-                      "SMs (channels)", "GB/s (DeepEP's formula)", f"ep_rt HT on {num_ranks} ranks: {shape}")
+    return plot.lines(
+        path,
+        x,
+        {"dispatch": [r["dispatch_gbps"] for r in rows], "combine": [r["combine_gbps"] for r in rows]},
+        "SMs (channels)",
+        "GB/s (DeepEP's formula)",
+        f"ep_rt HT on {num_ranks} ranks: {shape}",
+    )
 
 
 # ---- command -------------------------------------------------------------------------------------------
 
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ep_rt tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m ep_rt tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--tokens", type=int, default=4096, help="tokens per rank (default 4096)")
     parser.add_argument("--hidden", type=int, default=7168, help="hidden size (default 7168)")
     parser.add_argument("--topk", type=int, default=8, help="experts per token (default 8)")
     parser.add_argument("--experts", type=int, default=256, help="experts in all (default 256)")
     parser.add_argument("--dtype", choices=("bf16", "fp8"), default="bf16", help="what dispatch sends (default bf16)")
     parser.add_argument("--ranks", type=int, default=0, help="ranks (default: one per local GPU)")
-    parser.add_argument("--sms", type=parse_sms, default=None,
-                        help="SM counts to try, comma-separated (default: 4, 8, ... up to the GPU's SMs, at most 64)")
+    parser.add_argument(
+        "--sms",
+        type=parse_sms,
+        default=None,
+        help="SM counts to try, comma-separated (default: 4, 8, ... up to the GPU's SMs, at most 64)",
+    )
     parser.add_argument("--warmup", type=int, default=3, help="untimed calls per point (default 3)")
     parser.add_argument("--iters", type=int, default=10, help="timed calls per point (default 10)")
-    parser.add_argument("--output", type=Path, default=Path("ep_rt_config.json"),
-                        help="config file to write or update (default ep_rt_config.json)")
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=Path("ep_rt_config.json"),
+        help="config file to write or update (default ep_rt_config.json)",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="PNG path (default: the output's name with .png)")
     parser.add_argument("--no-plot", action="store_true", help="do not draw the PNG")
     args = parser.parse_args(argv)
@@ -153,24 +174,40 @@ def main(argv=None) -> int:
     num_ranks = args.ranks or num_gpus
     check_shape(args, num_ranks)
     if num_ranks > num_gpus:
-        print(f"tune: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times will not be those of "
-              f"{num_ranks} GPUs")
+        print(
+            f"tune: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times will not be those of "
+            f"{num_ranks} GPUs"
+        )
     sms = args.sms or default_sms(torch.cuda.get_device_properties(0).multi_processor_count)
     from ..testing import tune_ht
     from ..testing.spawn import run_ranks
 
-    per_rank = run_ranks(tune_ht.sweep_rank, num_ranks, timeout_s=3600,
-                         args=(args.tokens, args.hidden, args.topk, args.experts, args.dtype, sms, args.warmup,
-                               args.iters))
+    per_rank = run_ranks(
+        tune_ht.sweep_rank,
+        num_ranks,
+        timeout_s=3600,
+        args=(args.tokens, args.hidden, args.topk, args.experts, args.dtype, sms, args.warmup, args.iters),
+    )
     rows = merge_ranks(per_rank)
     chosen = best(rows)
     shape = f"{args.tokens} x {args.hidden} {args.dtype}, top-{args.topk}, {args.experts} experts"
     print(f"ep_rt tune: {num_ranks} ranks on {num_gpus} x {torch.cuda.get_device_name(0)}, {shape}")
     print(format_table(rows, chosen))
-    tuned = {"by": "python -m ep_rt tune", "ep_rt": __version__, "gpu": torch.cuda.get_device_name(0),
-             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-             "shape": {"tokens": args.tokens, "hidden": args.hidden, "topk": args.topk, "experts": args.experts,
-                       "dtype": args.dtype}, "num_sms": chosen["num_sms"], "sweep": rows}
+    tuned = {
+        "by": "python -m ep_rt tune",
+        "ep_rt": __version__,
+        "gpu": torch.cuda.get_device_name(0),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "shape": {
+            "tokens": args.tokens,
+            "hidden": args.hidden,
+            "topk": args.topk,
+            "experts": args.experts,
+            "dtype": args.dtype,
+        },
+        "num_sms": chosen["num_sms"],
+        "sweep": rows,
+    }
     write_config(args.output, num_ranks, chosen["num_sms"], tuned)
     print(f"wrote {args.output}: use it with EP_RT_CONFIG_FILE={os.path.abspath(args.output)}")
     if not args.no_plot:

@@ -1,4 +1,5 @@
 """Argument checks of Buffer.dispatch and Buffer.combine (everything is checked before any kernel runs)."""
+
 from __future__ import annotations
 
 from typing import NamedTuple, Optional
@@ -24,8 +25,9 @@ def check_handle(handle, num_ranks: int, device, owner: int | None = None, what:
     validate.tensor("handle[0] (rank_prefix_matrix)", rpm, dtype=torch.int32, ndim=2, device=device)
     if tuple(rpm.shape) != (num_ranks, num_ranks):
         raise ValueError(f"handle[0] must be [{num_ranks}, {num_ranks}]; this handle is from another group")
-    validate.tensor("handle[2] (recv_channel_prefix_matrix)", rcpm, dtype=torch.int32, ndim=2, device=device,
-                    rows=num_ranks)
+    validate.tensor(
+        "handle[2] (recv_channel_prefix_matrix)", rcpm, dtype=torch.int32, ndim=2, device=device, rows=num_ranks
+    )
     if not 0 < rcpm.size(1) <= nvl_layout.MAX_CHANNELS:
         raise ValueError("handle[2] has an invalid channel count")
     validate.tensor("handle[3] (recv_src_idx)", recv_src_idx, dtype=torch.int32, ndim=1, device=device)
@@ -36,8 +38,9 @@ def check_handle(handle, num_ranks: int, device, owner: int | None = None, what:
     return handle
 
 
-def check_internode_handle(handle, num_ranks: int, num_nodes: int, device, owner: int | None = None,
-                           what: str = "combine") -> InternodeHandle:
+def check_internode_handle(
+    handle, num_ranks: int, num_nodes: int, device, owner: int | None = None, what: str = "combine"
+) -> InternodeHandle:
     """An internode handle's kind, dtypes and shapes, and (when ep_rt made it) identity."""
     handle = as_handle(InternodeHandle, handle, what, owner)
     R, N = num_ranks, num_nodes
@@ -49,13 +52,15 @@ def check_internode_handle(handle, num_ranks: int, num_nodes: int, device, owner
     C = handle.rdma_channel_prefix_matrix.size(1) if handle.rdma_channel_prefix_matrix.dim() == 2 else 0
     if not 0 < C <= nvl_layout.MAX_CHANNELS:
         raise ValueError("handle[1] (rdma_channel_prefix_matrix) has an invalid channel count")
-    shapes = (("handle[1] (rdma_channel_prefix_matrix)", handle.rdma_channel_prefix_matrix, (N, C)),
-              ("handle[2] (gbl_channel_prefix_matrix)", handle.gbl_channel_prefix_matrix, (R, C)),
-              ("handle[3] (recv_rdma_channel_prefix_matrix)", handle.recv_rdma_channel_prefix_matrix, (N, C)),
-              ("handle[4] (recv_rdma_rank_prefix_sum)", handle.recv_rdma_rank_prefix_sum, (N,)),
-              ("handle[5] (recv_gbl_channel_prefix_matrix)", handle.recv_gbl_channel_prefix_matrix, (R, C)),
-              ("handle[6] (recv_gbl_rank_prefix_sum)", handle.recv_gbl_rank_prefix_sum, (R,)),
-              ("handle[8] (send_rdma_head)", handle.send_rdma_head, (T, N)))
+    shapes = (
+        ("handle[1] (rdma_channel_prefix_matrix)", handle.rdma_channel_prefix_matrix, (N, C)),
+        ("handle[2] (gbl_channel_prefix_matrix)", handle.gbl_channel_prefix_matrix, (R, C)),
+        ("handle[3] (recv_rdma_channel_prefix_matrix)", handle.recv_rdma_channel_prefix_matrix, (N, C)),
+        ("handle[4] (recv_rdma_rank_prefix_sum)", handle.recv_rdma_rank_prefix_sum, (N,)),
+        ("handle[5] (recv_gbl_channel_prefix_matrix)", handle.recv_gbl_channel_prefix_matrix, (R, C)),
+        ("handle[6] (recv_gbl_rank_prefix_sum)", handle.recv_gbl_rank_prefix_sum, (R,)),
+        ("handle[8] (send_rdma_head)", handle.send_rdma_head, (T, N)),
+    )
     for name, t, shape in shapes:
         validate.tensor(name, t, dtype=torch.int32, ndim=len(shape), device=device)
         if tuple(t.shape) != shape:
@@ -71,13 +76,23 @@ def check_internode_handle(handle, num_ranks: int, num_nodes: int, device, owner
 
 def _handle_for(buf, handle, what: str):
     if buf.is_internode:
-        return check_internode_handle(handle, buf.group_size, buf.topology.num_nodes, buf.device, buf.ht_serial,
-                                      what)
+        return check_internode_handle(handle, buf.group_size, buf.topology.num_nodes, buf.device, buf.ht_serial, what)
     return check_handle(handle, buf.group_size, buf.device, buf.ht_serial, what)
 
 
-def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert, topk_idx, topk_weights,
-          expert_alignment, num_worst_tokens, config) -> DispatchArgs:
+def check(
+    buf,
+    x,
+    handle,
+    num_tokens_per_rank,
+    is_token_in_rank,
+    num_tokens_per_expert,
+    topk_idx,
+    topk_weights,
+    expert_alignment,
+    num_worst_tokens,
+    config,
+) -> DispatchArgs:
     R, dev = buf.group_size, buf.device
     data, scales = validate.dispatch_x(x, dev)
     N = data.size(0)
@@ -97,8 +112,9 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
         return DispatchArgs(data, scales)
 
     if num_tokens_per_rank is None or is_token_in_rank is None:
-        raise ValueError("dispatch needs num_tokens_per_rank and is_token_in_rank (from get_dispatch_layout) "
-                         "or a handle")
+        raise ValueError(
+            "dispatch needs num_tokens_per_rank and is_token_in_rank (from get_dispatch_layout) or a handle"
+        )
     validate.tensor("num_tokens_per_rank", num_tokens_per_rank, dtype=torch.int32, ndim=1, device=dev, rows=R)
     validate.tensor("is_token_in_rank", is_token_in_rank, dtype=torch.bool, ndim=2, device=dev, rows=N)
     if is_token_in_rank.size(1) != R:
@@ -110,8 +126,10 @@ def check(buf, x, handle, num_tokens_per_rank, is_token_in_rank, num_tokens_per_
     # As DeepEP: every dispatch that is not cached takes the per-expert counts (with or without top-k); they
     # give num_recv_tokens_per_expert_list and the number of experts.
     if num_tokens_per_expert is None:
-        raise ValueError("dispatch needs num_tokens_per_expert (from get_dispatch_layout), with or without "
-                         "topk_idx, as DeepEP does; or a handle (cached dispatch)")
+        raise ValueError(
+            "dispatch needs num_tokens_per_expert (from get_dispatch_layout), with or without "
+            "topk_idx, as DeepEP does; or a handle (cached dispatch)"
+        )
     validate.tensor("num_tokens_per_expert", num_tokens_per_expert, dtype=torch.int32, ndim=1, device=dev)
     num_experts = num_tokens_per_expert.numel()
     validate.experts(num_experts, R)

@@ -9,6 +9,7 @@ combine input rows).
 With num_worst_tokens nothing waits on the host, so dispatch, cached dispatch and combine can be captured in a CUDA
 graph: the kernels number their calls in device memory.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -49,6 +50,7 @@ class _Plan:
     layout of the symmetric and NVL areas for the shape's record size, and the shape's sizes and flags; with the
     capacities the host checks. A call copies it into its first kernel's struct and patches its tensors' pointers and
     token counts; the kernels after it get that struct (one memmove each), as they take the same fields."""
+
     __slots__ = ("params", "cap", "record", "records_rows", "combine_cap", "combine_rows", "combine_record")
 
 
@@ -67,16 +69,29 @@ class InternodeOp:
     def symmetric_bytes(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> int:
         return lay_mod.control_offsets(num_rdma_bytes, num_ranks, num_nodes)["end"]
 
-    def __init__(self, topology: Topology, sym: SymmetricBuffer, nvl: NvlBuffer, module, num_rdma_bytes: int,
-                 device_index: int, net_timeout_s: float, errors: ErrorRecords, pe_base: Optional[int] = None,
-                 pe_stride: Optional[int] = None, qp_rule_num_qps: Optional[int] = None):
+    def __init__(
+        self,
+        topology: Topology,
+        sym: SymmetricBuffer,
+        nvl: NvlBuffer,
+        module,
+        num_rdma_bytes: int,
+        device_index: int,
+        net_timeout_s: float,
+        errors: ErrorRecords,
+        pe_base: Optional[int] = None,
+        pe_stride: Optional[int] = None,
+        qp_rule_num_qps: Optional[int] = None,
+    ):
         """qp_rule_num_qps: the Buffer's num_qps_per_rank where IBGDA queue pairs carry the calls (DeepEP's rule
         between it and config.num_sms is checked on every dispatch); None: no such rule."""
         R, G = topology.num_ranks, topology.node_size
         N = R // G
         if R > lay_mod.MAX_RANKS or N > lay_mod.MAX_NODES:
-            raise NotImplementedError(f"ep_rt's internode kernels serve at most {lay_mod.MAX_RANKS} ranks and "
-                                      f"{lay_mod.MAX_NODES} nodes; this group has {R} ranks on {N} nodes")
+            raise NotImplementedError(
+                f"ep_rt's internode kernels serve at most {lay_mod.MAX_RANKS} ranks and "
+                f"{lay_mod.MAX_NODES} nodes; this group has {R} ranks on {N} nodes"
+            )
         self.topology, self.rank, self.num_ranks, self.G, self.N = topology, topology.rank, R, G, N
         self.device = torch.device("cuda", device_index)
         self.nvl = nvl
@@ -90,7 +105,8 @@ class InternodeOp:
             raise BufferTooSmallError(
                 f"rank {self.rank}: internode calls keep {self.nvl_control['records']} bytes of control data in the "
                 f"NVL buffer ({nvl.num_nvl_bytes} bytes); create the Buffer with num_nvl_bytes above that (see "
-                f"Config.get_nvl_buffer_size_hint)")
+                f"Config.get_nvl_buffer_size_hint)"
+            )
         # The network reaches my rail peer on node n as PE pe_base + n * pe_stride (a world of all ranks by default:
         # PE = rank). No mapping of any other rank's symmetric buffer is passed to the kernels: only the GPU the NIC
         # wrote into reads those bytes; inside a node everything goes through the NVL buffers.
@@ -103,8 +119,11 @@ class InternodeOp:
         self.net_stats = net_stats.charged(module, self.device, N if self.pe_stride == 1 else R)
         self.workspace = torch.zeros(abi.EP_RT_IN_WS_WORDS, dtype=torch.int64, device=self.device)
         self.scratch = torch.zeros(abi.EP_RT_MAX_CHANNELS * (R + N), dtype=torch.int32, device=self.device)
-        self.consumed = torch.zeros(2 * abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS * abi.EP_RT_IN_STREAM_CHUNKS,
-                                    dtype=torch.int64, device=self.device)
+        self.consumed = torch.zeros(
+            2 * abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS * abi.EP_RT_IN_STREAM_CHUNKS,
+            dtype=torch.int64,
+            device=self.device,
+        )
         self.host_ptr, host_dev_ptr = driver.host_alloc_mapped(abi.EP_RT_IN_HOST_WORDS * 4)
         self.counters = (ctypes.c_int32 * abi.EP_RT_IN_HOST_WORDS).from_address(self.host_ptr)
         ctypes.memset(self.host_ptr, 0, abi.EP_RT_IN_HOST_WORDS * 4)
@@ -209,8 +228,16 @@ class InternodeOp:
 
     def _wait_counters(self, token: int) -> None:
         # (the notify's waits for my node's words have twice the network deadline: see node_timeout_ns)
-        wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, 2 * self.net_timeout_s, self.errors, SLOT,
-                       f"rank {self.rank} (node {self.topology.node})", "internode dispatch notify")
+        wait_for_token(
+            self.counters,
+            abi.EP_RT_IN_HOST_TOKEN,
+            token,
+            2 * self.net_timeout_s,
+            self.errors,
+            SLOT,
+            f"rank {self.rank} (node {self.topology.node})",
+            "internode dispatch notify",
+        )
 
     def _too_small(self, what: str, need_rows: int, cap: int, record_bytes: int, nvl: bool) -> BufferTooSmallError:
         if nvl:
@@ -218,12 +245,14 @@ class InternodeOp:
             return BufferTooSmallError(
                 f"rank {self.rank}: this {what} needs {need_rows} rows of {record_bytes} bytes in the NVL buffer of "
                 f"some rank but the NVL buffer ({self.nvl.num_nvl_bytes} bytes) holds {cap}; create the Buffer with "
-                f"num_nvl_bytes >= {need} (nothing more was launched; the Buffer stays usable)")
+                f"num_nvl_bytes >= {need} (nothing more was launched; the Buffer stays usable)"
+            )
         need = lay_mod.rdma_bytes_for(record_bytes, self.N, need_rows)
         return BufferTooSmallError(
             f"rank {self.rank}: this {what} sends up to {need_rows} tokens from one rank to one node but the RDMA "
             f"buffer ({self.num_rdma_bytes} bytes) holds {cap} per node at {record_bytes} bytes a token; create the "
-            f"Buffer with num_rdma_bytes >= {need} (nothing more was launched; the Buffer stays usable)")
+            f"Buffer with num_rdma_bytes >= {need} (nothing more was launched; the Buffer stays usable)"
+        )
 
     def _nvl_rows(self, hidden: int, K: int) -> int:
         """Combine rows of this shape the NVL records region holds."""
@@ -245,8 +274,14 @@ class InternodeOp:
         """DeepEP's kernels read num_tokens_per_rdma_rank; ep_rt's derive the same counts, but a wrong one is still
         the caller's error."""
         if call.handle is None and call.num_tokens_per_rdma_rank is not None:
-            validate.tensor("num_tokens_per_rdma_rank", call.num_tokens_per_rdma_rank, dtype=torch.int32, ndim=1,
-                            device=self.device, rows=self.N)
+            validate.tensor(
+                "num_tokens_per_rdma_rank",
+                call.num_tokens_per_rdma_rank,
+                dtype=torch.int32,
+                ndim=1,
+                device=self.device,
+                rows=self.N,
+            )
 
     def run_dispatch(self, call: DispatchCall, alloc_stream, comm_stream) -> DispatchResult:
         if self.qp_rule_num_qps is not None:  # DeepEP's queue-pair rule, where queue pairs carry the calls
@@ -255,21 +290,43 @@ class InternodeOp:
             check_ht_num_qps(self.qp_rule_num_qps, call.num_channels)
         if call.handle is not None:
             handle = as_handle(InternodeHandle, call.handle, "cached dispatch")  # a rebuilt plain tuple too
-            recv_x, recv_scales, tensors = self.cached_dispatch(call.x, call.x_scales, handle, alloc_stream,
-                                                                comm_stream)
+            recv_x, recv_scales, tensors = self.cached_dispatch(
+                call.x, call.x_scales, handle, alloc_stream, comm_stream
+            )
             return DispatchResult(recv_x, recv_scales, None, None, None, None, tensors)
-        return self.dispatch(call.x, call.x_scales, call.topk_idx, call.topk_weights, call.is_token_in_rank,
-                             call.num_tokens_per_expert, call.expert_alignment, call.num_worst_tokens,
-                             call.num_channels, alloc_stream, comm_stream)
+        return self.dispatch(
+            call.x,
+            call.x_scales,
+            call.topk_idx,
+            call.topk_weights,
+            call.is_token_in_rank,
+            call.num_tokens_per_expert,
+            call.expert_alignment,
+            call.num_worst_tokens,
+            call.num_channels,
+            alloc_stream,
+            comm_stream,
+        )
 
     def combine_handle(self, x, handle, topk_weights) -> InternodeHandle:
         """Its combine checks the handle's rows itself (check_handle_capacity)."""
         return as_handle(InternodeHandle, handle, "combine")
 
     # ---- dispatch -------------------------------------------------------------------------------
-    def dispatch(self, x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert,
-                 expert_alignment: int, num_worst_tokens: int, num_channels: int, alloc_stream,
-                 comm_stream) -> DispatchResult:
+    def dispatch(
+        self,
+        x,
+        x_scales,
+        topk_idx,
+        topk_weights,
+        is_token_in_rank,
+        num_tokens_per_expert,
+        expert_alignment: int,
+        num_worst_tokens: int,
+        num_channels: int,
+        alloc_stream,
+        comm_stream,
+    ) -> DispatchResult:
         """alloc_stream None: allocate on the current stream (no stream context)."""
         R, N, G, C = self.num_ranks, self.N, self.G, num_channels
         T, hidden = x.shape
@@ -325,11 +382,13 @@ class InternodeOp:
             if max_recv > plan.records_rows:
                 raise self._too_small("dispatch", max_recv, plan.records_rows, plan.record, nvl=True)
             if max_stream > plan.combine_cap:
-                raise self._too_small("dispatch (its combine)", max_stream, plan.combine_cap, plan.combine_record,
-                                      nvl=False)
+                raise self._too_small(
+                    "dispatch (its combine)", max_stream, plan.combine_cap, plan.combine_record, nvl=False
+                )
             if max_recv > plan.combine_rows:
-                raise self._too_small("dispatch (its combine)", max_recv, plan.combine_rows, plan.combine_record,
-                                      nvl=True)
+                raise self._too_small(
+                    "dispatch (its combine)", max_recv, plan.combine_rows, plan.combine_record, nvl=True
+                )
             facts = dict(max_dispatch_rows=max_recv, max_combine_rows=max_recv, max_stream=max_stream)
 
         with allocating_on(alloc_stream):
@@ -348,12 +407,32 @@ class InternodeOp:
         # With or without top-k, as DeepEP (its test_internode.py checks them in its first case). Read after the
         # launches: only notify writes the host counters, and this call's is done.
         base = abi.EP_RT_IN_HOST_EXPERT_COUNTS
-        per_expert = [] if worst else self.counters[base:base + L]
-        handle = InternodeHandle(is_token_in_rank, rdma_cpm, gbl_cpm, recv_rdma_cpm, recv_rdma_prefix, recv_gbl_cpm,
-                                 recv_gbl_prefix, recv_src_meta, send_rdma_head, send_nvl_head)
+        per_expert = [] if worst else self.counters[base : base + L]
+        handle = InternodeHandle(
+            is_token_in_rank,
+            rdma_cpm,
+            gbl_cpm,
+            recv_rdma_cpm,
+            recv_rdma_prefix,
+            recv_gbl_cpm,
+            recv_gbl_prefix,
+            recv_src_meta,
+            send_rdma_head,
+            send_nvl_head,
+        )
         with_facts(handle, HandleFacts.of(handle, self.serial, **facts))
-        tensors = [x, x_scales, topk_idx, topk_weights, num_tokens_per_expert, recv_x, recv_x_scales, recv_topk_idx,
-                   recv_topk_weights, *handle]
+        tensors = [
+            x,
+            x_scales,
+            topk_idx,
+            topk_weights,
+            num_tokens_per_expert,
+            recv_x,
+            recv_x_scales,
+            recv_topk_idx,
+            recv_topk_weights,
+            *handle,
+        ]
         return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
 
     def _launch_data_kernels(self, first, later, C: int, stream) -> None:
@@ -403,7 +482,10 @@ class InternodeOp:
         p = self.kernels["send"].params
         _copy(p, plan.params)
         p.x, p.x_scales, p.is_token_in_rank = x.data_ptr(), ptr(x_scales), handle.is_token_in_rank.data_ptr()
-        p.rdma_cpm, p.gbl_cpm = handle.rdma_channel_prefix_matrix.data_ptr(), handle.gbl_channel_prefix_matrix.data_ptr()
+        p.rdma_cpm, p.gbl_cpm = (
+            handle.rdma_channel_prefix_matrix.data_ptr(),
+            handle.gbl_channel_prefix_matrix.data_ptr(),
+        )
         p.recv_rdma_cpm = handle.recv_rdma_channel_prefix_matrix.data_ptr()
         p.recv_rdma_prefix = handle.recv_rdma_rank_prefix_sum.data_ptr()
         p.recv_gbl_cpm = handle.recv_gbl_channel_prefix_matrix.data_ptr()
@@ -433,8 +515,10 @@ class InternodeOp:
         p = self.kernels["combine_publish"].params
         _copy(p, plan.params)
         p.x, p.topk_weights, p.bias0, p.bias1 = x.data_ptr(), ptr(topk_weights), ptr(bias0), ptr(bias1)
-        p.rdma_cpm, p.recv_rdma_cpm = (handle.rdma_channel_prefix_matrix.data_ptr(),
-                                       handle.recv_rdma_channel_prefix_matrix.data_ptr())
+        p.rdma_cpm, p.recv_rdma_cpm = (
+            handle.rdma_channel_prefix_matrix.data_ptr(),
+            handle.recv_rdma_channel_prefix_matrix.data_ptr(),
+        )
         p.recv_rdma_prefix = handle.recv_rdma_rank_prefix_sum.data_ptr()
         p.recv_gbl_prefix = handle.recv_gbl_rank_prefix_sum.data_ptr()
         p.send_rdma_head, p.send_nvl_head = handle.send_rdma_head.data_ptr(), handle.send_nvl_head.data_ptr()

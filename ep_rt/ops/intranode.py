@@ -9,6 +9,7 @@ recv_channel_prefix_matrix [R,C], recv_src_idx [rows], is_token_in_rank [N,R], s
 In ep_rt every column of rank_prefix_matrix is valid, and the last entry holds each token's
 position among those sent to a rank (-1 if not sent) instead of DeepEP's ring-slot counters.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -27,7 +28,6 @@ from ..transport import nvl_layout
 from ..transport.nvl import NvlBuffer
 
 
-
 def _copy(dst, src) -> None:
     """A call plan's struct into a launcher's (the launcher's fixed fields are in the plan too)."""
     ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
@@ -42,11 +42,13 @@ class _DispatchPlan:
     kernels' fields that depend only on (hidden bytes, hidden, scales, top-k, experts, channels, alignment,
     num_worst_tokens or not), with the NVL layout of the call and the row capacities of it and of its combine. A
     call copies them into the launchers' structs and patches its tensors' pointers and token counts."""
+
     __slots__ = ("notify", "dispatch", "capacity", "combine_capacity")
 
 
 class _CombinePlan:
     """One combine shape's (hidden, top-k, channels) parameter struct, filled once."""
+
     __slots__ = ("combine",)
 
 
@@ -67,14 +69,15 @@ class IntranodeOp:
         self.timer = None  # ep_rt.testing.bench.KernelTimer while benchmarking
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has them too).
-    call_plans = None      # (kind, shape...) -> _DispatchPlan / _CombinePlan
+    call_plans = None  # (kind, shape...) -> _DispatchPlan / _CombinePlan
     _capacities = None  # check_handle_capacity's (hidden bytes, scales, combine hidden, top-k) -> rows
 
     def _plan_for(self, key):
         return plan_for(self, key, self._dispatch_plan if key[0] != "combine" else self._combine_plan)
 
-    def _dispatch_plan(self, kind, hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment,
-                       worst) -> _DispatchPlan:
+    def _dispatch_plan(
+        self, kind, hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment, worst
+    ) -> _DispatchPlan:
         """kind "dispatch" (after a notify) or "cached" (from a handle: K and num_experts 0, alignment 1)."""
         nvl = self.nvl
         plan = _DispatchPlan()
@@ -84,8 +87,9 @@ class IntranodeOp:
         d.num_channels, d.hidden_bytes, d.num_scales, d.num_topk = num_channels, hidden_bytes, S, K
         d.num_local_experts = num_experts // nvl.num_ranks
         d.fill_unused_rows, d.handshake = int(worst), int(kind == "cached")
-        d.recv_topk_idx_bits = validate.bits(None) if kind == "cached" or not K else \
-            torch.iinfo(validate.topk_idx_t).bits
+        d.recv_topk_idx_bits = (
+            validate.bits(None) if kind == "cached" or not K else torch.iinfo(validate.topk_idx_t).bits
+        )
         if kind == "cached":
             d.topk_idx = d.topk_weights = d.recv_topk_idx = d.recv_topk_weights = 0
             d.topk_idx_bits = validate.bits(None)
@@ -123,22 +127,46 @@ class IntranodeOp:
     def run_dispatch(self, call: DispatchCall, alloc_stream, comm_stream) -> DispatchResult:
         if call.handle is not None:
             x, x_scales = call.x, call.x_scales
-            self.check_handle_capacity(call.handle, x.size(1) * x.element_size(),
-                                       x_scales.size(1) if x_scales is not None else 0, None, 0)
+            self.check_handle_capacity(
+                call.handle, x.size(1) * x.element_size(), x_scales.size(1) if x_scales is not None else 0, None, 0
+            )
             recv_x, recv_scales, tensors = self.cached_dispatch(x, x_scales, call.handle, alloc_stream, comm_stream)
             return DispatchResult(recv_x, recv_scales, None, None, None, None, tensors)
-        return self.dispatch(call.x, call.x_scales, call.topk_idx, call.topk_weights, call.num_tokens_per_rank,
-                             call.is_token_in_rank, call.num_tokens_per_expert, call.expert_alignment,
-                             call.num_worst_tokens, call.num_channels, alloc_stream, comm_stream)
+        return self.dispatch(
+            call.x,
+            call.x_scales,
+            call.topk_idx,
+            call.topk_weights,
+            call.num_tokens_per_rank,
+            call.is_token_in_rank,
+            call.num_tokens_per_expert,
+            call.expert_alignment,
+            call.num_worst_tokens,
+            call.num_channels,
+            alloc_stream,
+            comm_stream,
+        )
 
     def combine_handle(self, x, handle, topk_weights):
         self.check_handle_capacity(handle, 0, 0, x.size(1), topk_weights.size(1) if topk_weights is not None else 0)
         return handle
 
     # ---- dispatch -------------------------------------------------------------------------------
-    def dispatch(self, x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, is_token_in_rank,
-                 num_tokens_per_expert, expert_alignment: int, num_worst_tokens: int, num_channels: int,
-                 alloc_stream, comm_stream) -> DispatchResult:
+    def dispatch(
+        self,
+        x,
+        x_scales,
+        topk_idx,
+        topk_weights,
+        num_tokens_per_rank,
+        is_token_in_rank,
+        num_tokens_per_expert,
+        expert_alignment: int,
+        num_worst_tokens: int,
+        num_channels: int,
+        alloc_stream,
+        comm_stream,
+    ) -> DispatchResult:
         """alloc_stream None: allocate on the current stream (no stream context)."""
         nvl, R, me = self.nvl, self.nvl.num_ranks, self.nvl.rank
         N, hidden = x.shape
@@ -149,8 +177,9 @@ class IntranodeOp:
         L = num_experts // R
         dev = x.device
         worst = num_worst_tokens > 0
-        plan = self._plan_for(("dispatch", hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment,
-                               worst))
+        plan = self._plan_for(
+            ("dispatch", hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment, worst)
+        )
         # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them).
         host_token = 0 if worst else nvl.next_host_token()
 
@@ -199,7 +228,8 @@ class IntranodeOp:
                 raise BufferTooSmallError(
                     f"rank {me}: this dispatch needs room for {max_dispatch} received rows (and {max_combine} rows "
                     f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {plan.capacity} "
-                    f"({plan.combine_capacity}); create the Buffer with num_nvl_bytes >= {need}")
+                    f"({plan.combine_capacity}); create the Buffer with num_nvl_bytes >= {need}"
+                )
 
         with allocating_on(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
@@ -215,17 +245,36 @@ class IntranodeOp:
         # Read after the launch (only notify writes the host counters; this call's is done): the GPU is busy already.
         # notify publishes them whenever num_tokens_per_expert is given (always: ht_args requires it).
         base = abi.EP_RT_HOST_EXPERT_COUNTS
-        per_expert = [] if worst else counters[base:base + L]
-        handle = IntranodeHandle(rank_prefix_matrix, channel_prefix_matrix, recv_channel_prefix_matrix, recv_src_idx,
-                                 is_token_in_rank, send_pos)
-        with_facts(handle, HandleFacts.of(handle, self.serial, max_dispatch_rows=max_dispatch,
-                                          max_combine_rows=max_combine))
-        tensors = [x, x_scales, topk_idx, topk_weights, num_tokens_per_rank, num_tokens_per_expert, recv_x,
-                   recv_x_scales, recv_topk_idx, recv_topk_weights, *handle]
+        per_expert = [] if worst else counters[base : base + L]
+        handle = IntranodeHandle(
+            rank_prefix_matrix,
+            channel_prefix_matrix,
+            recv_channel_prefix_matrix,
+            recv_src_idx,
+            is_token_in_rank,
+            send_pos,
+        )
+        with_facts(
+            handle, HandleFacts.of(handle, self.serial, max_dispatch_rows=max_dispatch, max_combine_rows=max_combine)
+        )
+        tensors = [
+            x,
+            x_scales,
+            topk_idx,
+            topk_weights,
+            num_tokens_per_rank,
+            num_tokens_per_expert,
+            recv_x,
+            recv_x_scales,
+            recv_topk_idx,
+            recv_topk_weights,
+            *handle,
+        ]
         return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
 
-    def check_handle_capacity(self, handle, hidden_bytes: int, num_scales: int, combine_hidden: int | None,
-                              combine_topk: int) -> None:
+    def check_handle_capacity(
+        self, handle, hidden_bytes: int, num_scales: int, combine_hidden: int | None, combine_topk: int
+    ) -> None:
         """A cached dispatch (combine_hidden None) or a combine whose rows would not fit the NVL buffer, refused on
         every rank alike: the maxima in the handle's facts are the same on all ranks. Without facts (a rebuilt
         handle, or num_worst_tokens) the kernels check, report on every rank concerned, and the Buffer stays usable."""
@@ -245,7 +294,8 @@ class IntranodeOp:
             raise BufferTooSmallError(
                 f"rank {self.nvl.rank}: this {what} needs room for {rows} rows on some rank but the NVL buffer "
                 f"({nbytes} bytes) holds {capacity}; create the Buffer with num_nvl_bytes >= "
-                f"{nvl_layout.nvl_bytes_for(row_bytes, rows)} (nothing was launched; the Buffer stays usable)")
+                f"{nvl_layout.nvl_bytes_for(row_bytes, rows)} (nothing was launched; the Buffer stays usable)"
+            )
 
     def cached_dispatch(self, x, x_scales, handle, alloc_stream, comm_stream):
         rank_prefix_matrix, _, recv_channel_prefix_matrix, recv_src_idx, is_token_in_rank, send_pos = handle

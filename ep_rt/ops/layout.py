@@ -1,4 +1,5 @@
 """get_dispatch_layout on the GPU (kernels_src/layout.cu)."""
+
 from __future__ import annotations
 
 import ctypes
@@ -40,19 +41,27 @@ class LayoutOp:
         p.tokens_per_block, p.topk_idx_bits, p.num_ranks_per_node = (num_tokens + blocks - 1) // blocks, bits, G
         return p, blocks, smem, num_nodes
 
-    def __call__(self, topk_idx: torch.Tensor, num_experts: int, num_ranks: int, alloc_stream, comm_stream,
-                 num_ranks_per_node: int = 8):
+    def __call__(
+        self,
+        topk_idx: torch.Tensor,
+        num_experts: int,
+        num_ranks: int,
+        alloc_stream,
+        comm_stream,
+        num_ranks_per_node: int = 8,
+    ):
         """num_tokens_per_rdma_rank (per node) is returned when the ranks span several nodes of
         num_ranks_per_node ranks (DeepEP: more than 8 ranks), else None. alloc_stream None: the current stream."""
         num_tokens, num_topk = topk_idx.shape
-        params, blocks, smem, num_nodes = self._plan(num_tokens, num_topk, num_experts, num_ranks,
-                                                     num_ranks_per_node, topk_idx.element_size() * 8)
+        params, blocks, smem, num_nodes = self._plan(
+            num_tokens, num_topk, num_experts, num_ranks, num_ranks_per_node, topk_idx.element_size() * 8
+        )
         with allocating_on(alloc_stream):
             counts = torch.empty(num_ranks + num_nodes + num_experts, dtype=torch.int32, device=topk_idx.device)
             is_token_in_rank = torch.empty(num_tokens, num_ranks, dtype=torch.bool, device=topk_idx.device)
         per_rank = counts[:num_ranks]
-        per_node = counts[num_ranks:num_ranks + num_nodes] if num_nodes else None
-        per_expert = counts[num_ranks + num_nodes:]
+        per_node = counts[num_ranks : num_ranks + num_nodes] if num_nodes else None
+        per_expert = counts[num_ranks + num_nodes :]
         with torch.cuda.stream(comm_stream):  # the kernel adds into the counts on the comm stream
             counts.zero_()
         if num_tokens > 0:

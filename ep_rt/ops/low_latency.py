@@ -5,6 +5,7 @@ Each call is a send kernel and a receive kernel; with `return_recv_hook` the sen
 current stream and the hook launches the receive kernel. Nothing here synchronises with the host, so
 the calls can be captured in CUDA graphs.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -33,6 +34,7 @@ class _Plan:
     """One call shape's parameter struct, filled once (issue 23): the buffer's areas and signal words, sizes, shape
     digest, format and the op's fixed pointers. A call copies it into the send kernel's struct and patches only its
     own tensors' pointers, token count, top-k and flags."""
+
     __slots__ = ("params", "address", "size")
 
     def __init__(self, params):
@@ -43,6 +45,7 @@ class _ReceiveLaunch:
     """The receive kernel of one call, launched now or from a hook, exactly once, with the parameters its send kernel
     had. They stay in the receive launcher's struct until a later call of the same kind overwrites it; only then
     (a hook still held) are they copied into a snapshot of their own, so an eager call makes no copy."""
+
     __slots__ = ("op", "kind", "launcher", "grid", "buffer", "frozen", "launched")
 
     def __init__(self, op, kind, launcher, grid, buffer):
@@ -77,18 +80,20 @@ class LowLatencyOp:
     (pointers, rank, timeout) when they are built."""
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has them too).
-    _fit = None        # (T, hidden, num_experts) shapes check_shape accepted
-    call_plans = None      # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
-    _unfrozen = None   # kind -> the _ReceiveLaunch still reading its receive launcher's struct
+    _fit = None  # (T, hidden, num_experts) shapes check_shape accepted
+    call_plans = None  # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
+    _unfrozen = None  # kind -> the _ReceiveLaunch still reading its receive launcher's struct
 
     @staticmethod
     def require_arch(cc: tuple[int, int]) -> None:
         """The LL kernels use programmatic dependent launch (griddepcontrol), which needs sm_90 or newer."""
         if cc < MIN_CC:
-            raise EpRtError(f"low-latency mode needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]} or newer "
-                            f"(its kernels use programmatic dependent launch, an sm_90 feature); this GPU is "
-                            f"{cc[0]}.{cc[1]} (sm_{cc[0]}{cc[1]}). The high-throughput intranode mode runs on it: "
-                            f"Buffer(group, num_nvl_bytes) without low_latency_mode.")
+            raise EpRtError(
+                f"low-latency mode needs a GPU of compute capability {MIN_CC[0]}.{MIN_CC[1]} or newer "
+                f"(its kernels use programmatic dependent launch, an sm_90 feature); this GPU is "
+                f"{cc[0]}.{cc[1]} (sm_{cc[0]}{cc[1]}). The high-throughput intranode mode runs on it: "
+                f"Buffer(group, num_nvl_bytes) without low_latency_mode."
+            )
 
     @staticmethod
     def cubin_entry(device_index: int, nvshmem_flavour: str | None, chaos: bool | None = None) -> dict:
@@ -102,8 +107,17 @@ class LowLatencyOp:
         """The symmetric allocation: the caller's num_rdma_bytes, then ep_rt's control area (ll_layout)."""
         return ll_layout.control_offsets(num_rdma_bytes, num_ranks)["end"]
 
-    def __init__(self, topology: Topology, sym: SymmetricBuffer, module, num_rdma_bytes: int, device_index: int,
-                 timeout_s: float, errors: ErrorRecords, enable_shrink: bool):
+    def __init__(
+        self,
+        topology: Topology,
+        sym: SymmetricBuffer,
+        module,
+        num_rdma_bytes: int,
+        device_index: int,
+        timeout_s: float,
+        errors: ErrorRecords,
+        enable_shrink: bool,
+    ):
         self.rank, self.num_ranks = topology.rank, topology.num_ranks
         if self.num_ranks > 256:
             raise NotImplementedError("ep_rt's low-latency kernels serve at most 256 ranks")
@@ -136,8 +150,10 @@ class LowLatencyOp:
         self.pending_recv = [False, False]
         self.workspace = torch.zeros(abi.EP_RT_LL_WS_COUNTERS + _MAX_EXPERTS, dtype=torch.int32, device=self.device)
         self.mask = torch.zeros(self.num_ranks, dtype=torch.int32, device=self.device) if enable_shrink else None
-        self.kernels = {name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams)
-                        for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
+        self.kernels = {
+            name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams)
+            for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+        }
         self._barrier = Launcher(module, "ep_rt_ll_barrier", abi.LowLatencyParams)
         self.barrier_seq = 0
         self.timeout_s = timeout_s
@@ -167,7 +183,8 @@ class LowLatencyOp:
             raise EpRtError(
                 "the receive hook of the low-latency call before the previous one was never called; it used the "
                 "same buffer as this call (ep_rt alternates two buffers, as DeepEP). Call every hook before the "
-                "next-but-one low-latency call; nothing was launched, so calling it now and retrying works.")
+                "next-but-one low-latency call; nothing was launched, so calling it now and retrying works."
+            )
         self.idx = b ^ 1
         return b
 
@@ -178,19 +195,36 @@ class LowLatencyOp:
         p = abi.LowLatencyParams()
         if kind == "dispatch":
             use_fp8 = message_format == 1
-            self._common(p, T, hidden, num_experts, ll_layout.dispatch_slot_bytes(hidden, use_fp8),
-                         combine=False, message_format=message_format, b=b)
+            self._common(
+                p,
+                T,
+                hidden,
+                num_experts,
+                ll_layout.dispatch_slot_bytes(hidden, use_fp8),
+                combine=False,
+                message_format=message_format,
+                b=b,
+            )
             p.topk_weights, p.use_fp8, p.zero_copy, p.use_logfmt = 0, int(use_fp8), 0, 0
         else:
             use_logfmt = message_format == 3
-            self._common(p, T, hidden, num_experts, ll_layout.combine_slot_bytes(hidden, use_logfmt),
-                         combine=True, message_format=message_format, b=b)
+            self._common(
+                p,
+                T,
+                hidden,
+                num_experts,
+                ll_layout.combine_slot_bytes(hidden, use_logfmt),
+                combine=True,
+                message_format=message_format,
+                b=b,
+            )
             p.recv_x_scales, p.recv_count, p.cumulative_stats = 0, 0, 0
             p.use_fp8, p.round_scale, p.use_ue8m0, p.use_logfmt = 0, 0, 0, int(use_logfmt)
         return _Plan(p)
 
-    def _common(self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool,
-                message_format: int, b: int = 0) -> None:
+    def _common(
+        self, p, T: int, hidden: int, num_experts: int, msg_bytes: int, combine: bool, message_format: int, b: int = 0
+    ) -> None:
         """Fill the fields every LL kernel shares for buffer `b` and this shape (a call plan's, built once)."""
         offsets = self._offsets(T, hidden, num_experts)
         p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
@@ -204,7 +238,13 @@ class LowLatencyOp:
         p.msg_bytes, p.timeout_ns = msg_bytes, self.timeout_ns
         p.has_remote_peers = int(self.nvlink_peers < self.num_ranks)
         p.rank, p.num_ranks, p.max_tokens, p.hidden, p.num_experts, p.buffer_idx = (
-            self.rank, self.num_ranks, T, hidden, num_experts, b)
+            self.rank,
+            self.num_ranks,
+            T,
+            hidden,
+            num_experts,
+            b,
+        )
         p.shape_digest = ll_layout.shape_digest(T, hidden, num_experts, message_format)
 
     def check_shape(self, T: int, hidden: int, num_experts: int) -> None:
@@ -216,11 +256,13 @@ class LowLatencyOp:
         if not 1 <= T <= abi.EP_RT_LL_MAX_TOKENS:
             raise ValueError(f"num_max_dispatch_tokens_per_rank must be in 1..{abi.EP_RT_LL_MAX_TOKENS}, got {T}")
         if hidden % 128 or not 0 < hidden <= abi.EP_RT_LL_MAX_HIDDEN:
-            raise ValueError(f"low-latency hidden size must be a multiple of 128 in [128, "
-                             f"{abi.EP_RT_LL_MAX_HIDDEN}], got {hidden}")
+            raise ValueError(
+                f"low-latency hidden size must be a multiple of 128 in [128, {abi.EP_RT_LL_MAX_HIDDEN}], got {hidden}"
+            )
         if num_experts <= 0 or num_experts % R or num_experts > _MAX_EXPERTS:
-            raise ValueError(f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, "
-                             f"got {num_experts!r}")
+            raise ValueError(
+                f"num_experts must be a positive multiple of {R} ranks up to {_MAX_EXPERTS}, got {num_experts!r}"
+            )
         self._offsets(T, hidden, num_experts)
 
     def _check_shape_once(self, T, hidden: int, num_experts) -> None:
@@ -241,7 +283,8 @@ class LowLatencyOp:
             raise BufferTooSmallError(
                 f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
                 f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
-                f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}")
+                f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}"
+            )
         return offsets
 
     def _check(self, x, topk_idx, T, num_experts):
@@ -273,8 +316,19 @@ class LowLatencyOp:
         return launch
 
     # ---- dispatch -------------------------------------------------------------------------------
-    def dispatch(self, x, topk_idx, T, num_experts, cumulative_stats, wait_stats, use_fp8, round_scale, use_ue8m0,
-                 stream_for_send):
+    def dispatch(
+        self,
+        x,
+        topk_idx,
+        T,
+        num_experts,
+        cumulative_stats,
+        wait_stats,
+        use_fp8,
+        round_scale,
+        use_ue8m0,
+        stream_for_send,
+    ):
         """Launch the send kernel on `stream_for_send`; returns outputs and a launcher for the receive kernel."""
         self.raise_if_failed()
         R = self.num_ranks
@@ -285,11 +339,18 @@ class LowLatencyOp:
             raise ValueError(f"use_ue8m0 packs 4 scales per int32: hidden must be a multiple of 512, got {H}")
         L = num_experts // R
         if cumulative_stats is not None:
-            validate.tensor("cumulative_local_expert_recv_stats", cumulative_stats, dtype=torch.int32, ndim=1,
-                            device=self.device, rows=L)
+            validate.tensor(
+                "cumulative_local_expert_recv_stats",
+                cumulative_stats,
+                dtype=torch.int32,
+                ndim=1,
+                device=self.device,
+                rows=L,
+            )
         if wait_stats is not None:
-            validate.tensor("dispatch_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1,
-                            device=self.device, rows=R)
+            validate.tensor(
+                "dispatch_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1, device=self.device, rows=R
+            )
         plan = self._plan("dispatch", T, H, num_experts, int(use_fp8), self.idx)
         b = self._take_buffer()
         send = self.kernels["dispatch_send"]
@@ -301,8 +362,9 @@ class LowLatencyOp:
         scales = None
         if use_fp8:
             cols = S // 4 if use_ue8m0 else S
-            scales = torch.empty(L, cols, RT, dtype=torch.int32 if use_ue8m0 else torch.float32,
-                                 device=dev).transpose(1, 2)
+            scales = torch.empty(L, cols, RT, dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev).transpose(
+                1, 2
+            )
             p.recv_x_scales = scales.data_ptr()
         else:
             p.recv_x_scales = 0
@@ -310,19 +372,37 @@ class LowLatencyOp:
         layout_range = torch.empty(L, R, dtype=torch.int64, device=dev)
         count = torch.empty(L, dtype=torch.int32, device=dev)
         p.x, p.topk_idx, p.recv_x = x.data_ptr(), topk_idx.data_ptr(), recv_x.data_ptr()
-        p.recv_src_info, p.recv_layout_range, p.recv_count = (src_info.data_ptr(), layout_range.data_ptr(),
-                                                              count.data_ptr())
+        p.recv_src_info, p.recv_layout_range, p.recv_count = (
+            src_info.data_ptr(),
+            layout_range.data_ptr(),
+            count.data_ptr(),
+        )
         p.cumulative_stats = cumulative_stats.data_ptr() if cumulative_stats is not None else 0
         p.wait_stats = wait_stats.data_ptr() if wait_stats is not None else 0
         p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
         p.round_scale, p.use_ue8m0 = int(round_scale), int(use_ue8m0)
         send(max(1, min(N, self.num_sms)), stream_for_send)
         return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(
-            "dispatch", send, self.kernels["dispatch_recv"], self.dispatch_recv_grid, b)
+            "dispatch", send, self.kernels["dispatch_recv"], self.dispatch_recv_grid, b
+        )
 
     # ---- combine --------------------------------------------------------------------------------
-    def combine(self, x, topk_idx, topk_weights, src_info, layout_range, T, hidden, num_experts, out, wait_stats,
-                zero_copy, use_logfmt, stream_for_send):
+    def combine(
+        self,
+        x,
+        topk_idx,
+        topk_weights,
+        src_info,
+        layout_range,
+        T,
+        hidden,
+        num_experts,
+        out,
+        wait_stats,
+        zero_copy,
+        use_logfmt,
+        stream_for_send,
+    ):
         """Launch the send kernel on `stream_for_send`; returns `out` and a launcher for the receive kernel. With
         `use_logfmt` rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh), in the same slots."""
         self.raise_if_failed()
@@ -330,8 +410,9 @@ class LowLatencyOp:
         L = num_experts // R
         validate.tensor("x", x, dtype=torch.bfloat16, ndim=3, device=self.device)
         if tuple(x.shape) != (L, R * T, hidden):
-            raise ValueError(f"x must be [{L}, {R * T}, {hidden}] (local experts, ranks x max tokens, hidden), "
-                             f"got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must be [{L}, {R * T}, {hidden}] (local experts, ranks x max tokens, hidden), got {tuple(x.shape)}"
+            )
         validate.tensor("topk_idx", topk_idx, dtypes=validate.TOPK_IDX_DTYPES, ndim=2, device=self.device)
         N = topk_idx.size(0)
         if N > T or topk_idx.size(1) > abi.EP_RT_LL_MAX_TOPK:
@@ -348,15 +429,20 @@ class LowLatencyOp:
             if out.size(1) != hidden:
                 raise ValueError(f"out must be [{N}, {hidden}]")
         if wait_stats is not None:
-            validate.tensor("combine_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1, device=self.device,
-                            rows=R)
+            validate.tensor(
+                "combine_wait_recv_cost_stats", wait_stats, dtype=torch.int64, ndim=1, device=self.device, rows=R
+            )
         plan = self._plan("combine", T, hidden, num_experts, 2 + int(use_logfmt), self.idx)
         b = self._take_buffer()
         send = self.kernels["combine_send"]
         p = send.params
         ctypes.memmove(ctypes.addressof(p), plan.address, plan.size)
-        p.x, p.topk_idx, p.topk_weights, p.recv_x = (x.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(),
-                                                     out.data_ptr())
+        p.x, p.topk_idx, p.topk_weights, p.recv_x = (
+            x.data_ptr(),
+            topk_idx.data_ptr(),
+            topk_weights.data_ptr(),
+            out.data_ptr(),
+        )
         p.recv_src_info, p.recv_layout_range = src_info.data_ptr(), layout_range.data_ptr()
         p.wait_stats = wait_stats.data_ptr() if wait_stats is not None else 0
         p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
@@ -364,8 +450,9 @@ class LowLatencyOp:
         send(self.combine_send_grid, stream_for_send)  # even shares of the rows
         # Receive work items are (token, chunk of one block's threads' int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * self.kernels["combine_recv"].block))
-        return out, self._receive_launcher("combine", send, self.kernels["combine_recv"],
-                                           max(1, min(items, 2 * self.num_sms)), b)
+        return out, self._receive_launcher(
+            "combine", send, self.kernels["combine_recv"], max(1, min(items, 2 * self.num_sms)), b
+        )
 
     # ---- buffers --------------------------------------------------------------------------------
     def rdma_tensor(self) -> torch.Tensor:

@@ -1,5 +1,7 @@
 """Argument checks shared by the reference modules (the oracle validates its inputs like the real API)."""
+
 import torch
+
 
 # ----------------------------------------------------------------------------------------
 # Validation helpers
@@ -16,8 +18,9 @@ def _check_tensor(t, name, dtype=None, ndim=None):
 def _check_topk_idx(topk_idx, num_experts, name="topk_idx"):
     _check_tensor(topk_idx, name, (torch.int64, torch.int32), 2)
     if topk_idx.numel() > 0 and (topk_idx.min() < -1 or topk_idx.max() >= num_experts):
-        raise ValueError(f"{name} values must lie in [-1, {num_experts}), got range "
-                         f"[{int(topk_idx.min())}, {int(topk_idx.max())}]")
+        raise ValueError(
+            f"{name} values must lie in [-1, {num_experts}), got range [{int(topk_idx.min())}, {int(topk_idx.max())}]"
+        )
 
 
 def _check_experts(num_experts, num_ranks):
@@ -40,6 +43,7 @@ def _split_x(x, name):
         return data, scales
     _check_tensor(x, name, torch.bfloat16, 2)
     return x, None
+
 
 # ----------------------------------------------------------------------------------------
 # Validation helpers
@@ -69,8 +73,9 @@ def _given_expert_counts(num_tokens_per_experts, derived, num_ranks, num_experts
     if num_tokens_per_experts is None:
         return derived
     if len(num_tokens_per_experts) != num_ranks:
-        raise ValueError(f"num_tokens_per_experts must have one entry per rank ({num_ranks}), got "
-                         f"{len(num_tokens_per_experts)}")
+        raise ValueError(
+            f"num_tokens_per_experts must have one entry per rank ({num_ranks}), got {len(num_tokens_per_experts)}"
+        )
     for r, counts in enumerate(num_tokens_per_experts):
         _check_tensor(counts, f"num_tokens_per_experts[{r}]", torch.int32, 1)
         if counts.shape != (num_experts,):

@@ -1,4 +1,5 @@
 """Reference FP8 casts: e4m3 with one scale per 128 channels, UE8M0 packing (deepep-v1-reference.md 2.7)."""
+
 import torch
 
 from ._checks import _check_tensor
@@ -68,7 +69,7 @@ def pack_ue8m0(scale_inv):
         raise ValueError("pack_ue8m0 requires positive, normal, power-of-two scales")
     b = exp.to(torch.int64).reshape(*scale_inv.shape[:-1], -1, 4)
     word = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)  # in [0, 2**32)
-    return torch.where(word >= 2 ** 31, word - 2 ** 32, word).to(torch.int32)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
 
 
 def unpack_ue8m0(packed):
@@ -90,7 +91,8 @@ def per_token_cast_back(x_fp8, scales):
         scales = unpack_ue8m0(scales)
     H = x_fp8.shape[-1]
     if H % 128 != 0 or tuple(scales.shape) != tuple(x_fp8.shape[:-1]) + (H // 128,):
-        raise ValueError(f"scales shape {tuple(scales.shape)} does not match x {tuple(x_fp8.shape)} "
-                         f"(one scale per 128 channels)")
+        raise ValueError(
+            f"scales shape {tuple(scales.shape)} does not match x {tuple(x_fp8.shape)} (one scale per 128 channels)"
+        )
     groups = x_fp8.float().reshape(*x_fp8.shape[:-1], H // 128, 128)
     return (groups * scales.unsqueeze(-1)).reshape(x_fp8.shape).to(torch.bfloat16)

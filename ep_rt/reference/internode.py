@@ -71,15 +71,23 @@ combined_topk_weights[t] has the same two-level order in f32 without any roundin
     w = +0; for n ascending: q = +0; for l ascending: q += topk_weights_{n*G+l}[row]; w += q.
 A token sent nowhere gets bf16(f32(b0) + f32(b1)) and weights 0.
 """
+
 import torch
 
 from ._checks import _check_tensor, _given_expert_counts, _split_x
 from .layout import NUM_RANKS_PER_NODE, channel_ranges, dispatch_inputs
 
 INTERNODE_HANDLE_FIELDS = (
-    "is_token_in_rank", "rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix",
-    "recv_rdma_channel_prefix_matrix", "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix",
-    "recv_gbl_rank_prefix_sum", "recv_src_meta", "send_rdma_head", "send_nvl_head",
+    "is_token_in_rank",
+    "rdma_channel_prefix_matrix",
+    "gbl_channel_prefix_matrix",
+    "recv_rdma_channel_prefix_matrix",
+    "recv_rdma_rank_prefix_sum",
+    "recv_gbl_channel_prefix_matrix",
+    "recv_gbl_rank_prefix_sum",
+    "recv_src_meta",
+    "send_rdma_head",
+    "send_nvl_head",
 )
 SOURCE_META_BYTES = 8
 
@@ -105,8 +113,12 @@ def _node_hits(is_token_in_rank, G):
 def _channel_prefix(flags, num_channels):
     """int32 [X, C]: [x][c] = number of tokens t in channels 0..c with flags[t, x] (flags bool [T, X])."""
     ends = [end for _, end in channel_ranges(flags.shape[0], num_channels)]
-    prefix = torch.cat([torch.zeros(1, flags.shape[1], dtype=torch.int32, device=flags.device),
-                        torch.cumsum(flags.to(torch.int32), dim=0, dtype=torch.int32)])
+    prefix = torch.cat(
+        [
+            torch.zeros(1, flags.shape[1], dtype=torch.int32, device=flags.device),
+            torch.cumsum(flags.to(torch.int32), dim=0, dtype=torch.int32),
+        ]
+    )
     return prefix[ends].t().contiguous()
 
 
@@ -139,7 +151,7 @@ def decode_source_meta(meta):
     b = meta.to(torch.int64).view(-1, 2, 4)
     shifts = torch.arange(4, dtype=torch.int64, device=meta.device) * 8
     words = (b << shifts).sum(dim=2)
-    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
     return words[:, 0], words[:, 1]
 
 
@@ -170,8 +182,18 @@ def _fields(handle, r):
 # ----------------------------------------------------------------------------------------
 # Dispatch
 # ----------------------------------------------------------------------------------------
-def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, num_ranks_per_node,
-                       expert_alignment=1, num_worst_tokens=0, is_token_in_ranks=None, num_tokens_per_experts=None):
+def internode_dispatch(
+    xs,
+    topk_idxs,
+    topk_weights,
+    num_experts,
+    num_channels,
+    num_ranks_per_node,
+    expert_alignment=1,
+    num_worst_tokens=0,
+    is_token_in_ranks=None,
+    num_tokens_per_experts=None,
+):
     """Simulates a (non-cached) internode dispatch on all R = len(xs) ranks, G = num_ranks_per_node per node.
 
     xs[r]: bf16 [T_r, H] or (fp8 e4m3 [T_r, H], scales f32 or UE8M0-packed int32 [T_r, S], any strides).
@@ -190,59 +212,64 @@ def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, n
     NN = _num_nodes(R, num_ranks_per_node)
     G = num_ranks_per_node
     R, L, datas, scaless, has_topk, H, K, routes, tokens_per_expert, topk_idxs, topk_weights = dispatch_inputs(
-        xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens,
-        G)
+        xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens, G
+    )
     tokens_per_expert = _given_expert_counts(num_tokens_per_experts, tokens_per_expert, R, num_experts)
     dev = datas[0].device
 
     # ---- sender-side fields of every rank --------------------------------------------
-    hits = [_node_hits(rt, G) for rt in routes]                                  # [T_r, NN]
-    rdma_cpm = [_channel_prefix(h, num_channels) for h in hits]                  # [NN, C]
-    gbl_cpm = [_channel_prefix(rt, num_channels) for rt in routes]               # [R, C]
+    hits = [_node_hits(rt, G) for rt in routes]  # [T_r, NN]
+    rdma_cpm = [_channel_prefix(h, num_channels) for h in hits]  # [NN, C]
+    gbl_cpm = [_channel_prefix(rt, num_channels) for rt in routes]  # [R, C]
     send_rdma_head = [_channel_stream_positions(h, num_channels) for h in hits]  # [T_r, NN]
 
     # ---- one table of every rank's tokens, in (source rank, source token) order ----------
     # Selecting rows of it keeps that order, which is the receive order.
-    all_route = torch.cat(routes)                                                # [sum T, R]
-    all_hits = torch.cat(hits)                                                   # [sum T, NN]
-    all_src = torch.cat([torch.full((d.shape[0],), r, dtype=torch.int64, device=dev)
-                         for r, d in enumerate(datas)])                          # source rank
-    all_pos = torch.cat([_stream_positions(rt) for rt in routes])                # [sum T, R]: position in
+    all_route = torch.cat(routes)  # [sum T, R]
+    all_hits = torch.cat(hits)  # [sum T, NN]
+    all_src = torch.cat(
+        [torch.full((d.shape[0],), r, dtype=torch.int64, device=dev) for r, d in enumerate(datas)]
+    )  # source rank
+    all_pos = torch.cat([_stream_positions(rt) for rt in routes])  # [sum T, R]: position in
     #                                                                              (source -> rank) stream
     bits = 2 ** torch.arange(G, dtype=torch.int64, device=dev)
-    all_mask = (all_route.view(-1, NN, G).to(torch.int64) * bits).sum(dim=2)     # [sum T, NN]: local ranks
-    sent = torch.stack([rt.sum(dim=0) for rt in routes]).to(torch.int32)         # [src, dst] tokens sent
-    node_sent = torch.stack([h.sum(dim=0) for h in hits]).to(torch.int32)        # [src, node] tokens sent
-    all_gbl_cpm = torch.stack(gbl_cpm)                                           # [src, dst, C]
-    all_rdma_cpm = torch.stack(rdma_cpm)                                         # [src, node, C]
+    all_mask = (all_route.view(-1, NN, G).to(torch.int64) * bits).sum(dim=2)  # [sum T, NN]: local ranks
+    sent = torch.stack([rt.sum(dim=0) for rt in routes]).to(torch.int32)  # [src, dst] tokens sent
+    node_sent = torch.stack([h.sum(dim=0) for h in hits]).to(torch.int32)  # [src, node] tokens sent
+    all_gbl_cpm = torch.stack(gbl_cpm)  # [src, dst, C]
+    all_rdma_cpm = torch.stack(rdma_cpm)  # [src, node, C]
 
-    table = {"x": torch.cat(list(datas)),
-             "scales": torch.cat(list(scaless)) if scaless[0] is not None else None,
-             "idx": torch.cat(topk_idxs) if has_topk else None,
-             "weights": torch.cat(topk_weights) if has_topk else None}
+    table = {
+        "x": torch.cat(list(datas)),
+        "scales": torch.cat(list(scaless)) if scaless[0] is not None else None,
+        "idx": torch.cat(topk_idxs) if has_topk else None,
+        "weights": torch.cat(topk_weights) if has_topk else None,
+    }
 
     results = []
     for me in range(R):
         m, j = divmod(me, G)
 
         # -- receiver role: rows by source rank ascending, then source token ascending --
-        rows = all_route[:, me].nonzero().flatten()                              # rows of the table
+        rows = all_route[:, me].nonzero().flatten()  # rows of the table
         num_recv = len(rows)
         recv_gbl_rank_prefix_sum = torch.cumsum(sent[:, me], dim=0, dtype=torch.int32)
         recv_gbl_cpm = torch.zeros(R, num_channels, dtype=torch.int32, device=dev)
-        recv_gbl_cpm[1:] += recv_gbl_rank_prefix_sum[:-1].unsqueeze(1)           # the source's block start
-        recv_gbl_cpm[:, 1:] += all_gbl_cpm[:, me, :-1]                           # + its earlier channels
+        recv_gbl_cpm[1:] += recv_gbl_rank_prefix_sum[:-1].unsqueeze(1)  # the source's block start
+        recv_gbl_cpm[:, 1:] += all_gbl_cpm[:, me, :-1]  # + its earlier channels
 
         # -- forwarder role: the tokens of my rail peers (s*G + j) that hit my node -------
-        fwd = (all_hits[:, m] & (all_src % G == j)).nonzero().flatten()          # by source node, token
+        fwd = (all_hits[:, m] & (all_src % G == j)).nonzero().flatten()  # by source node, token
         num_rdma_recv = len(fwd)
         recv_rdma_rank_prefix_sum = torch.cumsum(node_sent[j::G, m], dim=0, dtype=torch.int32)
         recv_rdma_cpm = all_rdma_cpm[j::G, m].contiguous()
-        send_nvl_head = all_pos[fwd, m * G:(m + 1) * G].contiguous()
+        send_nvl_head = all_pos[fwd, m * G : (m + 1) * G].contiguous()
 
         if num_worst_tokens > 0 and max(num_recv, num_rdma_recv) > num_worst_tokens:
-            raise ValueError(f"rank {me} receives {num_recv} tokens and forwards {num_rdma_recv} > "
-                             f"num_worst_tokens ({num_worst_tokens})")
+            raise ValueError(
+                f"rank {me} receives {num_recv} tokens and forwards {num_rdma_recv} > "
+                f"num_worst_tokens ({num_worst_tokens})"
+            )
         num_rows = num_worst_tokens if num_worst_tokens > 0 else num_recv
 
         def gather(name, fill=0):
@@ -252,8 +279,13 @@ def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, n
         src_node = (all_src[rows] // G).to(torch.int32)
         recv_src_meta = _pad_rows(encode_source_meta(src_node, all_mask[rows, m]), num_rows, 0)
 
-        res = {"recv_x": gather("x"), "recv_x_scales": None, "recv_topk_idx": None,
-               "recv_topk_weights": None, "num_recv_tokens_per_expert_list": []}
+        res = {
+            "recv_x": gather("x"),
+            "recv_x_scales": None,
+            "recv_topk_idx": None,
+            "recv_topk_weights": None,
+            "num_recv_tokens_per_expert_list": [],
+        }
         if scaless[0] is not None:
             res["recv_x_scales"] = gather("scales")
         if has_topk:
@@ -263,23 +295,25 @@ def internode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, n
             w = gather("weights")
             res["recv_topk_weights"] = torch.where(local, w, torch.zeros_like(w))
         if num_worst_tokens == 0 and tokens_per_expert:  # with or without top-k, as DeepEP (and intranode)
-            counts = torch.stack([tpe[me * L:(me + 1) * L].cpu() for tpe in tokens_per_expert]).sum(0)
+            counts = torch.stack([tpe[me * L : (me + 1) * L].cpu() for tpe in tokens_per_expert]).sum(0)
             a = expert_alignment
             res["num_recv_tokens_per_expert_list"] = [(int(c) + a - 1) // a * a for c in counts]
-        res.update({
-            "is_token_in_rank": routes[me].clone(),
-            "rdma_channel_prefix_matrix": rdma_cpm[me].clone(),
-            "gbl_channel_prefix_matrix": gbl_cpm[me].clone(),
-            "recv_rdma_channel_prefix_matrix": recv_rdma_cpm,
-            "recv_rdma_rank_prefix_sum": recv_rdma_rank_prefix_sum,
-            "recv_gbl_channel_prefix_matrix": recv_gbl_cpm,
-            "recv_gbl_rank_prefix_sum": recv_gbl_rank_prefix_sum,
-            "recv_src_meta": recv_src_meta,
-            "send_rdma_head": send_rdma_head[me].clone(),
-            "send_nvl_head": _pad_rows(send_nvl_head, num_worst_tokens, -1),
-            "num_recv": num_recv,
-            "num_rdma_recv": num_rdma_recv,
-        })
+        res.update(
+            {
+                "is_token_in_rank": routes[me].clone(),
+                "rdma_channel_prefix_matrix": rdma_cpm[me].clone(),
+                "gbl_channel_prefix_matrix": gbl_cpm[me].clone(),
+                "recv_rdma_channel_prefix_matrix": recv_rdma_cpm,
+                "recv_rdma_rank_prefix_sum": recv_rdma_rank_prefix_sum,
+                "recv_gbl_channel_prefix_matrix": recv_gbl_cpm,
+                "recv_gbl_rank_prefix_sum": recv_gbl_rank_prefix_sum,
+                "recv_src_meta": recv_src_meta,
+                "send_rdma_head": send_rdma_head[me].clone(),
+                "send_nvl_head": _pad_rows(send_nvl_head, num_worst_tokens, -1),
+                "num_recv": num_recv,
+                "num_rdma_recv": num_rdma_recv,
+            }
+        )
         res["handle"] = handle_tuple(res)
         results.append(res)
     return results
@@ -301,10 +335,16 @@ def _check_handles(handles):
     G = R // NN
     for r, h in enumerate(hs):
         T = h["is_token_in_rank"].shape[0]
-        shapes = {"is_token_in_rank": (T, R), "rdma_channel_prefix_matrix": (NN, C),
-                  "gbl_channel_prefix_matrix": (R, C), "recv_rdma_channel_prefix_matrix": (NN, C),
-                  "recv_rdma_rank_prefix_sum": (NN,), "recv_gbl_channel_prefix_matrix": (R, C),
-                  "recv_gbl_rank_prefix_sum": (R,), "send_rdma_head": (T, NN)}
+        shapes = {
+            "is_token_in_rank": (T, R),
+            "rdma_channel_prefix_matrix": (NN, C),
+            "gbl_channel_prefix_matrix": (R, C),
+            "recv_rdma_channel_prefix_matrix": (NN, C),
+            "recv_rdma_rank_prefix_sum": (NN,),
+            "recv_gbl_channel_prefix_matrix": (R, C),
+            "recv_gbl_rank_prefix_sum": (R,),
+            "send_rdma_head": (T, NN),
+        }
         for name, shape in shapes.items():
             if tuple(h[name].shape) != shape:
                 raise ValueError(f"handles[{r}].{name} shape {tuple(h[name].shape)} != {shape}")
@@ -320,8 +360,14 @@ def _check_handles(handles):
 
 def _as_lists(hs):
     """The handle fields the chain reads, as Python lists (read once per call)."""
-    names = ("is_token_in_rank", "send_rdma_head", "recv_rdma_rank_prefix_sum", "recv_rdma_channel_prefix_matrix",
-             "send_nvl_head", "recv_gbl_rank_prefix_sum")
+    names = (
+        "is_token_in_rank",
+        "send_rdma_head",
+        "recv_rdma_rank_prefix_sum",
+        "recv_rdma_channel_prefix_matrix",
+        "send_nvl_head",
+        "recv_gbl_rank_prefix_sum",
+    )
     return [{name: h[name].tolist() for name in names} for h in hs]
 
 
@@ -341,8 +387,11 @@ def _destination_rows(hs, lists, src, G, C):
                 if p < 0:
                     continue
                 f = lists[n * G + src_local]  # the forwarder: my rail peer on node n
-                i = (f["recv_rdma_rank_prefix_sum"][s - 1] if s > 0 else 0) + \
-                    (f["recv_rdma_channel_prefix_matrix"][s][c - 1] if c > 0 else 0) + p
+                i = (
+                    (f["recv_rdma_rank_prefix_sum"][s - 1] if s > 0 else 0)
+                    + (f["recv_rdma_channel_prefix_matrix"][s][c - 1] if c > 0 else 0)
+                    + p
+                )
                 for l in range(G):
                     q = f["send_nvl_head"][i][l]
                     if q >= 0:
@@ -350,8 +399,10 @@ def _destination_rows(hs, lists, src, G, C):
                         prefix = lists[d]["recv_gbl_rank_prefix_sum"]
                         rows[t][d] = (prefix[src - 1] if src > 0 else 0) + q
     if [[r >= 0 for r in row] for row in rows] != lists[src]["is_token_in_rank"]:
-        raise ValueError(f"handles: the chain of rank {src}'s send_rdma_head / send_nvl_head does not reach "
-                         f"exactly the ranks of its is_token_in_rank")
+        raise ValueError(
+            f"handles: the chain of rank {src}'s send_rdma_head / send_nvl_head does not reach "
+            f"exactly the ranks of its is_token_in_rank"
+        )
     return torch.tensor(rows, dtype=torch.int64).reshape(T, R).to(hs[src]["is_token_in_rank"].device)
 
 
@@ -372,16 +423,20 @@ def internode_cached_dispatch(xs, handles):
     datas, scaless = zip(*[_split_x(x, f"xs[{r}]") for r, x in enumerate(xs)])
     for r in range(R):
         if datas[r].shape[0] != hs[r]["is_token_in_rank"].shape[0]:
-            raise ValueError(f"xs[{r}] has {datas[r].shape[0]} tokens, its handle "
-                             f"{hs[r]['is_token_in_rank'].shape[0]}")
-        if datas[r].dtype != datas[0].dtype or datas[r].shape[1] != datas[0].shape[1] or \
-                (scaless[r] is None) != (scaless[0] is None):
+            raise ValueError(f"xs[{r}] has {datas[r].shape[0]} tokens, its handle {hs[r]['is_token_in_rank'].shape[0]}")
+        if (
+            datas[r].dtype != datas[0].dtype
+            or datas[r].shape[1] != datas[0].shape[1]
+            or (scaless[r] is None) != (scaless[0] is None)
+        ):
             raise ValueError(f"xs[{r}] dtype/hidden/scales differ from xs[0]")
     lists = _as_lists(hs)
     # Every rank's tokens in one table (source rank, token order), with each token's row on every rank.
     dest = torch.cat([_destination_rows(hs, lists, src, G, C) for src in range(R)])  # [sum T, R]
-    tables = {"recv_x": torch.cat(list(datas)),
-              "recv_x_scales": torch.cat(list(scaless)) if scaless[0] is not None else None}
+    tables = {
+        "recv_x": torch.cat(list(datas)),
+        "recv_x_scales": torch.cat(list(scaless)) if scaless[0] is not None else None,
+    }
     results = []
     for me in range(R):
         num_rows = hs[me]["recv_src_meta"].shape[0]
@@ -453,7 +508,7 @@ def internode_combine(xs, handles, topk_weights=None, biases=None):
         if topk_weights is not None:
             w_acc = torch.zeros(T, topk_weights[0].shape[1], dtype=torch.float32, device=dev)
         for n in range(NN):  # nodes ascending
-            node_mask = (rows[:, n * G:(n + 1) * G] >= 0).any(dim=1)
+            node_mask = (rows[:, n * G : (n + 1) * G] >= 0).any(dim=1)
             partial = torch.zeros(T, H, dtype=torch.float32, device=dev)
             w_partial = torch.zeros_like(w_acc) if w_acc is not None else None
             for l in range(G):  # local ranks ascending: the forwarder's sum

@@ -1,4 +1,5 @@
 """Reference intranode dispatch, cached dispatch and combine (deepep-v1-reference.md 2.2-2.3)."""
+
 import torch
 
 from ._checks import _check_tensor, _given_expert_counts, _split_x
@@ -15,8 +16,17 @@ def _send_pos(is_token_in_rank):
     return torch.where(is_token_in_rank, pos, torch.full_like(pos, -1))
 
 
-def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, expert_alignment=1,
-                       num_worst_tokens=0, is_token_in_ranks=None, num_tokens_per_experts=None):
+def intranode_dispatch(
+    xs,
+    topk_idxs,
+    topk_weights,
+    num_experts,
+    num_channels,
+    expert_alignment=1,
+    num_worst_tokens=0,
+    is_token_in_ranks=None,
+    num_tokens_per_experts=None,
+):
     """Simulates a (non-cached) intranode dispatch on all R = len(xs) ranks.
 
     xs[r]: bf16 [N_r, H] or (fp8 e4m3 [N_r, H], scales f32/int32 [N_r, S]).
@@ -30,7 +40,8 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
     Returns one dict per rank (see module docs / DeepEP handle semantics).
     """
     R, L, datas, scaless, has_topk, H, K, routes, tokens_per_expert, topk_idxs, topk_weights = dispatch_inputs(
-        xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens)
+        xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment, num_worst_tokens
+    )
     tokens_per_expert = _given_expert_counts(num_tokens_per_experts, tokens_per_expert, R, num_experts)
 
     dev = datas[0].device
@@ -41,8 +52,12 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
     cpms = []
     for r in range(R):
         ends = [end for _, end in channel_ranges(routes[r].shape[0], num_channels)]
-        prefix = torch.cat([torch.zeros(1, R, dtype=torch.int32, device=dev),
-                            torch.cumsum(routes[r].to(torch.int32), dim=0, dtype=torch.int32)])
+        prefix = torch.cat(
+            [
+                torch.zeros(1, R, dtype=torch.int32, device=dev),
+                torch.cumsum(routes[r].to(torch.int32), dim=0, dtype=torch.int32),
+            ]
+        )
         cpms.append(prefix[ends].t().contiguous())  # [R(dst), C]
 
     results = []
@@ -57,13 +72,19 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
             """Concatenate rows of tensors[src] selected by rows[src], padded to num_rows."""
             out = torch.cat([t.index_select(0, ix) for t, ix in zip(tensors, rows)]).contiguous()
             if num_rows > num_recv:
-                pad = torch.full((num_rows - num_recv,) + tuple(out.shape[1:]), fill, dtype=out.dtype,
-                                 device=out.device)
+                pad = torch.full(
+                    (num_rows - num_recv,) + tuple(out.shape[1:]), fill, dtype=out.dtype, device=out.device
+                )
                 out = torch.cat([out, pad])
             return out
 
-        res = {"recv_x": gather(datas), "recv_x_scales": None, "recv_topk_idx": None,
-               "recv_topk_weights": None, "num_recv_tokens_per_expert_list": []}
+        res = {
+            "recv_x": gather(datas),
+            "recv_x_scales": None,
+            "recv_topk_idx": None,
+            "recv_topk_weights": None,
+            "num_recv_tokens_per_expert_list": [],
+        }
         if scaless[0] is not None:
             res["recv_x_scales"] = gather(scaless)
         if has_topk:
@@ -73,21 +94,23 @@ def intranode_dispatch(xs, topk_idxs, topk_weights, num_experts, num_channels, e
             w = gather(topk_weights)
             res["recv_topk_weights"] = torch.where(local, w, torch.zeros_like(w))
         if num_worst_tokens == 0 and tokens_per_expert:
-            counts = torch.stack([tpe[me * L:(me + 1) * L].cpu() for tpe in tokens_per_expert]).sum(0)
+            counts = torch.stack([tpe[me * L : (me + 1) * L].cpu() for tpe in tokens_per_expert]).sum(0)
             a = expert_alignment
             res["num_recv_tokens_per_expert_list"] = [(int(c) + a - 1) // a * a for c in counts]
         recv_cpm = torch.zeros(R, num_channels, dtype=torch.int32, device=dev)
         for src in range(R):
             recv_cpm[src, 1:] = cpms[src][me, :-1]
-        res.update({
-            "rank_prefix_matrix": rank_prefix_matrix.clone(),
-            "channel_prefix_matrix": cpms[me].clone(),
-            "recv_channel_prefix_matrix": recv_cpm,
-            "recv_src_idx": gather([torch.arange(d.shape[0], dtype=torch.int32, device=dev) for d in datas]),
-            "is_token_in_rank": routes[me].clone(),
-            "send_pos": _send_pos(routes[me]),
-            "num_recv": num_recv,
-        })
+        res.update(
+            {
+                "rank_prefix_matrix": rank_prefix_matrix.clone(),
+                "channel_prefix_matrix": cpms[me].clone(),
+                "recv_channel_prefix_matrix": recv_cpm,
+                "recv_src_idx": gather([torch.arange(d.shape[0], dtype=torch.int32, device=dev) for d in datas]),
+                "is_token_in_rank": routes[me].clone(),
+                "send_pos": _send_pos(routes[me]),
+                "num_recv": num_recv,
+            }
+        )
         results.append(res)
     return results
 
@@ -105,8 +128,9 @@ def intranode_cached_dispatch(xs, handles):
     for r in range(R):
         itr = handles[r]["is_token_in_rank"]
         if itr.shape != (datas[r].shape[0], R):
-            raise ValueError(f"handles[{r}] is_token_in_rank shape {tuple(itr.shape)} does not match "
-                             f"{(datas[r].shape[0], R)}")
+            raise ValueError(
+                f"handles[{r}] is_token_in_rank shape {tuple(itr.shape)} does not match {(datas[r].shape[0], R)}"
+            )
     results = []
     for me in range(R):
         rpm = handles[me]["rank_prefix_matrix"]
@@ -115,8 +139,9 @@ def intranode_cached_dispatch(xs, handles):
         for key, tensors in (("recv_x", datas), ("recv_x_scales", scaless)):
             if tensors[0] is None:
                 continue
-            out = torch.zeros((num_recv,) + tuple(tensors[0].shape[1:]), dtype=tensors[0].dtype,
-                              device=tensors[0].device)
+            out = torch.zeros(
+                (num_recv,) + tuple(tensors[0].shape[1:]), dtype=tensors[0].dtype, device=tensors[0].device
+            )
             for src in range(R):
                 mask = handles[src]["is_token_in_rank"][:, me]
                 base = int(rpm[src - 1, me]) if src > 0 else 0
@@ -153,8 +178,10 @@ def intranode_combine(xs, handles, topk_weights=None, biases=None):
             raise ValueError(f"xs[{r}] has {xs[r].shape[0]} rows < num_recv {handles[r]['num_recv']}")
         if topk_weights is not None:
             _check_tensor(topk_weights[r], f"topk_weights[{r}]", torch.float32, 2)
-            if topk_weights[r].shape[0] < handles[r]["num_recv"] or \
-                    topk_weights[r].shape[1] != topk_weights[0].shape[1]:
+            if (
+                topk_weights[r].shape[0] < handles[r]["num_recv"]
+                or topk_weights[r].shape[1] != topk_weights[0].shape[1]
+            ):
                 raise ValueError(f"topk_weights[{r}] shape {tuple(topk_weights[r].shape)} is invalid")
 
     results = []

@@ -1,4 +1,5 @@
 """Reference get_dispatch_layout (deepep-v1-reference.md 2.1; INTERNODE.md 1.3 for the per-node counts)."""
+
 from typing import NamedTuple
 
 import torch
@@ -55,19 +56,28 @@ def channel_ranges(num_tokens, num_channels):
 class DispatchInputs(NamedTuple):
     R: int
     L: int
-    datas: tuple            # the x of every rank (fp8 or bf16)
-    scaless: tuple          # its scales, or None
+    datas: tuple  # the x of every rank (fp8 or bf16)
+    scaless: tuple  # its scales, or None
     has_topk: bool
     H: int
     K: int
-    routes: list            # bool [N_r, R] per rank: the routing
+    routes: list  # bool [N_r, R] per rank: the routing
     tokens_per_expert: list  # int32 [E] per rank, from topk_idxs (empty without)
     topk_idxs: list
     topk_weights: list
 
 
-def dispatch_inputs(xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts, num_channels, expert_alignment,
-                    num_worst_tokens, num_ranks_per_node=NUM_RANKS_PER_NODE) -> DispatchInputs:
+def dispatch_inputs(
+    xs,
+    topk_idxs,
+    topk_weights,
+    is_token_in_ranks,
+    num_experts,
+    num_channels,
+    expert_alignment,
+    num_worst_tokens,
+    num_ranks_per_node=NUM_RANKS_PER_NODE,
+) -> DispatchInputs:
     """The argument checks every reference dispatch makes (as the real calls do), and each source's routing:
     is_token_in_ranks[r] when given (DeepEP routes by it), else derived from topk_idxs[r]."""
     R = len(xs)
@@ -80,8 +90,11 @@ def dispatch_inputs(xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts,
         raise ValueError(f"expert_alignment must be >= 1, got {expert_alignment}")
     if num_worst_tokens < 0:
         raise ValueError(f"num_worst_tokens must be >= 0, got {num_worst_tokens}")
-    for name, lst in (("topk_idxs", topk_idxs), ("topk_weights", topk_weights),
-                      ("is_token_in_ranks", is_token_in_ranks)):
+    for name, lst in (
+        ("topk_idxs", topk_idxs),
+        ("topk_weights", topk_weights),
+        ("is_token_in_ranks", is_token_in_ranks),
+    ):
         if lst is not None and len(lst) != R:
             raise ValueError(f"{name} must have one entry per rank ({R}), got {len(lst)}")
     topk_idxs = list(topk_idxs) if topk_idxs is not None else [None] * R
@@ -98,11 +111,13 @@ def dispatch_inputs(xs, topk_idxs, topk_weights, is_token_in_ranks, num_experts,
     for r in range(R):
         n = datas[r].shape[0]
         if datas[r].dtype != datas[0].dtype or datas[r].shape[1] != H:
-            raise ValueError(f"xs[{r}] dtype/hidden {datas[r].dtype}/{datas[r].shape[1]} differs from "
-                             f"xs[0] {datas[0].dtype}/{H}")
+            raise ValueError(
+                f"xs[{r}] dtype/hidden {datas[r].dtype}/{datas[r].shape[1]} differs from xs[0] {datas[0].dtype}/{H}"
+            )
         if (scaless[r] is None) != (scaless[0] is None) or (
-                scaless[r] is not None and (scaless[r].dtype != scaless[0].dtype
-                                            or scaless[r].shape[1] != scaless[0].shape[1])):
+            scaless[r] is not None
+            and (scaless[r].dtype != scaless[0].dtype or scaless[r].shape[1] != scaless[0].shape[1])
+        ):
             raise ValueError(f"xs[{r}] scales dtype/shape differ from xs[0]")
         if (topk_idxs[r] is not None) != has_topk:
             raise ValueError("topk_idxs must be given on all ranks or on none")

@@ -1,11 +1,12 @@
 """Reference LogFMT-10 codec (per 128-channel division along the last dim; deepep-v1-reference.md 2.8)."""
+
 import torch
 
 from ._checks import _check_tensor
 
-LOGFMT_DIVISION = 128     # channels per LogFMT division (and per FP8 scale)
-LOGFMT_MAX_CODE = 511     # 9-bit codes; code 0 encodes zero
-LOGFMT_NUM_STEPS = 510    # step = (log2 amax - log_amin) / 510
+LOGFMT_DIVISION = 128  # channels per LogFMT division (and per FP8 scale)
+LOGFMT_MAX_CODE = 511  # 9-bit codes; code 0 encodes zero
+LOGFMT_NUM_STEPS = 510  # step = (log2 amax - log_amin) / 510
 LOGFMT_MAX_LOG_RANGE = 32.0
 
 
@@ -51,14 +52,20 @@ def logfmt_encode(x):
     castable, log_amin, step = logfmt_params(amax, amin)
     step_, log_amin_ = step.unsqueeze(-1), log_amin.unsqueeze(-1)
     rho = 2 - torch.log2((1 + torch.exp2(step_)) / 2) / step_
-    q = (torch.log2(a) - log_amin_) / step_ + rho                    # -inf for zeros
+    q = (torch.log2(a) - log_amin_) / step_ + rho  # -inf for zeros
     code = torch.floor(torch.clamp(q, min=0)).clamp(max=LOGFMT_MAX_CODE)
     code = torch.where(castable.unsqueeze(-1), code, torch.zeros_like(code)).to(torch.int16)
     signs = torch.signbit(g) & castable.unsqueeze(-1)
     keep = (~castable).unsqueeze(-1).expand_as(g).reshape(x.shape)
     fallback = torch.where(keep, x, torch.zeros_like(x))
-    return {"castable": castable, "amax": amax.to(torch.bfloat16), "amin": amin.to(torch.bfloat16),
-            "codes": code, "signs": signs, "fallback": fallback}
+    return {
+        "castable": castable,
+        "amax": amax.to(torch.bfloat16),
+        "amin": amin.to(torch.bfloat16),
+        "codes": code,
+        "signs": signs,
+        "fallback": fallback,
+    }
 
 
 def logfmt_decode(enc):

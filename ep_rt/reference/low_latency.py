@@ -23,6 +23,7 @@ Differences to the GPU that tests must respect:
 * LogFMT: the GPU uses the approximate ``lg2.approx`` / ``ex2.approx`` instructions, so GPU LogFMT
   results are to be compared against this reference with a tolerance, not bit for bit.
 """
+
 import torch
 
 from ._checks import _check_experts, _check_masked, _check_per_rank, _check_tensor, _check_topk_idx, _pack_range
@@ -33,8 +34,16 @@ from .logfmt import LOGFMT_DIVISION, logfmt_roundtrip
 # ----------------------------------------------------------------------------------------
 # LL dispatch
 # ----------------------------------------------------------------------------------------
-def low_latency_dispatch(xs, topk_idxs, num_max_dispatch_tokens_per_rank, num_experts, use_fp8=True,
-                         round_scale=False, use_ue8m0=False, masked_ranks=()):
+def low_latency_dispatch(
+    xs,
+    topk_idxs,
+    num_max_dispatch_tokens_per_rank,
+    num_experts,
+    use_fp8=True,
+    round_scale=False,
+    use_ue8m0=False,
+    masked_ranks=(),
+):
     """Simulates an LL dispatch on all R = len(xs) ranks.
 
     xs[r]: bf16 [N_r, H]; topk_idxs[r]: int64 or int32 [N_r, K] with values in [-1, E) (-1 = no selection).
@@ -99,8 +108,9 @@ def low_latency_dispatch(xs, topk_idxs, num_max_dispatch_tokens_per_rank, num_ex
     for s in range(R):
         if use_fp8 and xs[s].shape[0] == 0:  # (pack_ue8m0 cannot reshape an empty tensor)
             data = torch.zeros(0, H, dtype=torch.float8_e4m3fn, device=dev)
-            scales = torch.zeros(0, S // 4 if use_ue8m0 else S,
-                                 dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev)
+            scales = torch.zeros(
+                0, S // 4 if use_ue8m0 else S, dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev
+            )
         elif use_fp8:
             data, scales = per_token_cast_to_fp8(xs[s], round_scale=round_scale, use_ue8m0=use_ue8m0)
         else:
@@ -114,8 +124,9 @@ def low_latency_dispatch(xs, topk_idxs, num_max_dispatch_tokens_per_rank, num_ex
         recv_x = torch.zeros(L, R * T, H, dtype=x_dtype, device=dev)
         recv_scales = None
         if use_fp8:
-            recv_scales = torch.zeros(L, R * T, S // 4 if use_ue8m0 else S,
-                                      dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev)
+            recv_scales = torch.zeros(
+                L, R * T, S // 4 if use_ue8m0 else S, dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev
+            )
         src_info = torch.zeros(L, R * T, dtype=torch.int32, device=dev)
         layout_range = torch.zeros(L, R, dtype=torch.int64, device=dev)
         counts = torch.zeros(L, R, dtype=torch.int32, device=dev)
@@ -140,14 +151,16 @@ def low_latency_dispatch(xs, topk_idxs, num_max_dispatch_tokens_per_rank, num_ex
                 counts[l, s] = n
                 begin += n
             recv_count[l] = begin
-        results.append({
-            "packed_recv_x": recv_x,
-            "packed_recv_x_scales": recv_scales,
-            "packed_recv_src_info": src_info,
-            "packed_recv_layout_range": layout_range,
-            "packed_recv_count": recv_count,
-            "num_recv_per_expert_and_source": counts,
-        })
+        results.append(
+            {
+                "packed_recv_x": recv_x,
+                "packed_recv_x_scales": recv_scales,
+                "packed_recv_src_info": src_info,
+                "packed_recv_layout_range": layout_range,
+                "packed_recv_count": recv_count,
+                "num_recv_per_expert_and_source": counts,
+            }
+        )
     return results
 
 
@@ -160,14 +173,13 @@ def _position_in_block(topk_idx, num_experts):
     N, K = topk_idx.shape
     flat = topk_idx.reshape(-1)
     experts = torch.arange(num_experts, device=topk_idx.device)
-    onehot = (flat.unsqueeze(1) == experts).to(torch.int64)           # [N*K, E]
-    csum = torch.cumsum(onehot, dim=0)                                 # inclusive counts
+    onehot = (flat.unsqueeze(1) == experts).to(torch.int64)  # [N*K, E]
+    csum = torch.cumsum(onehot, dim=0)  # inclusive counts
     pos = csum.gather(1, flat.clamp(min=0).unsqueeze(1)).squeeze(1) - 1
     return torch.where(flat >= 0, pos, torch.full_like(pos, -1)).reshape(N, K)
 
 
-def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, masked_ranks=(),
-                        use_logfmt=False):
+def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, masked_ranks=(), use_logfmt=False):
     """Simulates an LL combine on all R = len(expert_outs) ranks (weighted sum, unlike HT combine).
 
     expert_outs[r]: bf16 [L, R*T, H] in rank r's packed receive layout (dispatch_results[r]).
@@ -195,8 +207,7 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
     _check_tensor(expert_outs[0], "expert_outs[0]", torch.bfloat16, 3)
     L, RT, H = expert_outs[0].shape
     if L < 1 or RT % R != 0 or RT < R:
-        raise ValueError(f"expert_outs[0] shape {tuple(expert_outs[0].shape)} is not [L, R*T, H] "
-                         f"for R = {R}")
+        raise ValueError(f"expert_outs[0] shape {tuple(expert_outs[0].shape)} is not [L, R*T, H] for R = {R}")
     T = RT // R
     E = L * R
     if use_logfmt and H % LOGFMT_DIVISION != 0:
@@ -219,13 +230,11 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
         lr = dispatch_results[r]["packed_recv_layout_range"]
         _check_tensor(lr, f"dispatch_results[{r}]['packed_recv_layout_range']", torch.int64, 2)
         if tuple(lr.shape) != (L, R):
-            raise ValueError(f"dispatch_results[{r}]['packed_recv_layout_range'] shape {tuple(lr.shape)} "
-                             f"!= {(L, R)}")
+            raise ValueError(f"dispatch_results[{r}]['packed_recv_layout_range'] shape {tuple(lr.shape)} != {(L, R)}")
         si = dispatch_results[r]["packed_recv_src_info"]
         _check_tensor(si, f"dispatch_results[{r}]['packed_recv_src_info']", torch.int32, 2)
         if tuple(si.shape) != (L, RT):
-            raise ValueError(f"dispatch_results[{r}]['packed_recv_src_info'] shape {tuple(si.shape)} "
-                             f"!= {(L, RT)}")
+            raise ValueError(f"dispatch_results[{r}]['packed_recv_src_info'] shape {tuple(si.shape)} != {(L, RT)}")
 
     ys = [logfmt_roundtrip(o) if use_logfmt else o for o in expert_outs]
     results = []
@@ -255,10 +264,12 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
                 row = begin + p
                 src = dispatch_results[o]["packed_recv_src_info"].to(dev)
                 if not bool((p < count).all()) or not bool((src[l, row] == t.to(torch.int32)).all()):
-                    raise ValueError(f"dispatch_results[{o}] does not match topk_idxs[{me}] (block of source "
-                                     f"rank {me} is missing rows or is not in ascending (t, k) order)")
-                y = ys[o][l, row].float()                   # [n_sel, H]
-                prod = w[sel, k].unsqueeze(1) * y           # f32 multiply, rounded to f32
-                acc[t] = acc[t] + prod                      # separate f32 add (no FMA)
+                    raise ValueError(
+                        f"dispatch_results[{o}] does not match topk_idxs[{me}] (block of source "
+                        f"rank {me} is missing rows or is not in ascending (t, k) order)"
+                    )
+                y = ys[o][l, row].float()  # [n_sel, H]
+                prod = w[sel, k].unsqueeze(1) * y  # f32 multiply, rounded to f32
+                acc[t] = acc[t] + prod  # separate f32 add (no FMA)
         results.append({"combined_x": acc.to(torch.bfloat16)})
     return results

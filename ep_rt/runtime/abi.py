@@ -6,6 +6,7 @@ from params.h (cubins/manifest.json). Device pointers are plain integers (c_uint
 Every struct is a Mirror with `__slots__ = ()`: assigning a name that is not one of its fields raises AttributeError
 (plain ctypes would add an attribute, so a misspelt field would silently never reach the kernel).
 """
+
 import ctypes
 import difflib
 
@@ -96,7 +97,7 @@ EP_RT_IN_HOST_MAX_STREAM = 3
 EP_RT_IN_HOST_MAX_RECV = 4
 EP_RT_IN_HOST_MAX_FWD = 5
 EP_RT_IN_HOST_EXPERT_COUNTS = 8
-EP_RT_IN_HOST_WORDS = (8 + EP_RT_MAX_LOCAL_EXPERTS)
+EP_RT_IN_HOST_WORDS = 8 + EP_RT_MAX_LOCAL_EXPERTS
 EP_RT_PHASE_IN_NOTIFY = 12
 EP_RT_PHASE_IN_HANDSHAKE = 13
 EP_RT_PHASE_IN_FORWARD = 14
@@ -119,8 +120,7 @@ def unknown_field(struct_type: type, name: str) -> AttributeError:
     """The error for assigning `name`, which is no field of struct_type: it names the struct and the nearest fields."""
     fields = sorted(field_names(struct_type))
     near = difflib.get_close_matches(name, fields, n=3, cutoff=0.6)
-    hint = (f"did you mean {' or '.join(repr(n) for n in near)}?" if near else
-            f"its fields: {', '.join(fields)}")
+    hint = f"did you mean {' or '.join(repr(n) for n in near)}?" if near else f"its fields: {', '.join(fields)}"
     return AttributeError(f"{struct_type.__name__} has no field {name!r} (kernels_src/include/ep_rt/params.h): {hint}")
 
 
@@ -129,6 +129,7 @@ class Mirror(ctypes.Structure):
     itself refuses a name that is not a field, at no cost to field writes (a Python __setattr__ would add about
     0.14 us to each, and the low-latency and internode calls write dozens per call). CPython's message names the
     struct; Launcher.set adds the nearest field names (unknown_field)."""
+
     __slots__ = ()
 
 

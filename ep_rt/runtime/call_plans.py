@@ -1,5 +1,6 @@
 """The call plans an op keeps (issue 23, docs/HOST_PATH.md): a call's parameter structs for one shape, built once
 and reused; at most MAX_PLANS per op, past that dropped and rebuilt as calls need them."""
+
 MAX_PLANS = 64
 
 

@@ -8,6 +8,7 @@ Z >= Y (an `a` target, sm_XYa, only on X.Y itself); the closest minor wins. Vari
 "aggressive" when asked); for an NVSHMEM-linked family with the chaos transport asked for (EP_RT_CHAOS_TRANSPORT),
 "chaos" or an error, never a silent fallback to the real transport.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +48,10 @@ def arch_distance(arch: str, cc: tuple[int, int]) -> int | None:
 
 def require_cuda12_driver(driver_version: int) -> None:
     if driver_version < MIN_CUDA_DRIVER:
-        raise CudaDriverError(f"this CUDA driver supports {describe_driver(driver_version)}; ep_rt needs a driver "
-                              f"for CUDA 12.0 or newer (r525+)")
+        raise CudaDriverError(
+            f"this CUDA driver supports {describe_driver(driver_version)}; ep_rt needs a driver "
+            f"for CUDA 12.0 or newer (r525+)"
+        )
 
 
 def check_bindings(bindings_version: str, driver_version: int) -> None:
@@ -59,7 +62,8 @@ def check_bindings(bindings_version: str, driver_version: int) -> None:
         raise CudaDriverError(
             f"cuda-bindings {bindings_version} needs a driver for CUDA {major}; this driver supports "
             f"{describe_driver(driver_version)}: pip install 'cuda-bindings>=12.9,<13' (or ep_rt's cu12 extra: "
-            f"{installing.extra_hint('cu12')}), or update the driver")
+            f"{installing.extra_hint('cu12')}), or update the driver"
+        )
 
 
 def runnable_flavours(driver_version: int, forced: str | None) -> list[str]:
@@ -69,9 +73,11 @@ def runnable_flavours(driver_version: int, forced: str | None) -> list[str]:
     if forced is None:
         return flavours
     if forced not in flavours:
-        raise CubinNotFoundError(f"EP_RT_CUBIN_FLAVOUR={forced} needs a driver for CUDA {FLAVOUR_CUDA[forced]} "
-                                 f"(r580+); this one supports {describe_driver(driver_version)}: unset it or use "
-                                 f"EP_RT_CUBIN_FLAVOUR=cu12")
+        raise CubinNotFoundError(
+            f"EP_RT_CUBIN_FLAVOUR={forced} needs a driver for CUDA {FLAVOUR_CUDA[forced]} "
+            f"(r580+); this one supports {describe_driver(driver_version)}: unset it or use "
+            f"EP_RT_CUBIN_FLAVOUR=cu12"
+        )
     return [forced]
 
 
@@ -79,21 +85,25 @@ def nvshmem_flavours(flavours: list[str], nvshmem_flavour: str | None, forced: s
     """Narrow `flavours` to the NVSHMEM host library's flavour (an NVSHMEM-linked cubin must match it)."""
     if nvshmem_flavour is None:
         if forced is None:
-            raise CubinNotFoundError("cannot tell whether the NVSHMEM host library is nvidia-nvshmem-cu12 or -cu13 "
-                                     "(no installed distribution owns it): set EP_RT_CUBIN_FLAVOUR=cu12 or cu13 to "
-                                     "say which")
+            raise CubinNotFoundError(
+                "cannot tell whether the NVSHMEM host library is nvidia-nvshmem-cu12 or -cu13 "
+                "(no installed distribution owns it): set EP_RT_CUBIN_FLAVOUR=cu12 or cu13 to "
+                "say which"
+            )
         return flavours
     if forced is not None and forced != nvshmem_flavour:
         raise CubinNotFoundError(
             f"EP_RT_CUBIN_FLAVOUR={forced}, but the NVSHMEM host library in this process is "
             f"nvidia-nvshmem-{nvshmem_flavour}; NVSHMEM-linked cubins must match it: unset EP_RT_CUBIN_FLAVOUR, "
             f"or install the {forced} extra ({installing.extra_hint(forced)}) beside a CUDA {FLAVOUR_CUDA[forced]} "
-            f"torch")
+            f"torch"
+        )
     if nvshmem_flavour not in flavours:
         raise CubinNotFoundError(
             f"the NVSHMEM host library is nvidia-nvshmem-{nvshmem_flavour} (CUDA {FLAVOUR_CUDA[nvshmem_flavour]}), "
             f"but this driver runs only {', '.join(flavours)} cubins: update the driver, or use a torch built "
-            f"for CUDA 12 with ep_rt's cu12 extra ({installing.extra_hint('cu12')})")
+            f"for CUDA 12 with ep_rt's cu12 extra ({installing.extra_hint('cu12')})"
+        )
     return [nvshmem_flavour]
 
 
@@ -113,19 +123,30 @@ def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = F
         raise CubinNotFoundError(
             f"EP_RT_CHAOS_TRANSPORT=1, but {family!r} has no chaos variant for {where} (it has {sorted(by_variant)}; "
             f"the chaos transport is a test build, made for sm_90 only): unset EP_RT_CHAOS_TRANSPORT, or add chaos to "
-            f"the variants= of the ep_rt-build line of kernels_src/{family}.cu and rebuild with tools/build_cubins.py")
+            f"the variants= of the ep_rt-build line of kernels_src/{family}.cu and rebuild with tools/build_cubins.py"
+        )
     for variant in ("default", "aggressive" if aggressive else "safe"):
         if variant in by_variant:
             return by_variant[variant]
     where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
     if aggressive and "safe" in by_variant:
-        raise CubinNotFoundError(f"EP_RT_AGGRESSIVE_PTX=1, but {family!r} has no aggressive variant for {where} (its "
-                                 f"non-coherent loads are validated on sm_90 only): unset EP_RT_AGGRESSIVE_PTX")
+        raise CubinNotFoundError(
+            f"EP_RT_AGGRESSIVE_PTX=1, but {family!r} has no aggressive variant for {where} (its "
+            f"non-coherent loads are validated on sm_90 only): unset EP_RT_AGGRESSIVE_PTX"
+        )
     raise CubinNotFoundError(f"family {family!r} on {where} has variants {sorted(by_variant)}, none usable")
 
 
-def choose_entry(manifest: dict, family: str, cc: tuple[int, int], aggressive: bool, driver_version: int,
-                 forced: str | None = None, nvshmem_flavour: str | None = None, chaos: bool = False) -> dict:
+def choose_entry(
+    manifest: dict,
+    family: str,
+    cc: tuple[int, int],
+    aggressive: bool,
+    driver_version: int,
+    forced: str | None = None,
+    nvshmem_flavour: str | None = None,
+    chaos: bool = False,
+) -> dict:
     """The manifest entry to load for `family` on a GPU of compute capability `cc` (see the module doc). `chaos`
     (EP_RT_CHAOS_TRANSPORT) asks NVSHMEM-linked families for their chaos variant; the others have no network traffic
     and ignore it."""
@@ -138,8 +159,11 @@ def choose_entry(manifest: dict, family: str, cc: tuple[int, int], aggressive: b
     if networked:
         flavours = nvshmem_flavours(flavours, nvshmem_flavour, forced)
     for flavour in flavours:
-        fits = [(arch_distance(e["arch"], cc), e) for e in entries
-                if e["flavour"] == flavour and e["min_driver"] <= driver_version]
+        fits = [
+            (arch_distance(e["arch"], cc), e)
+            for e in entries
+            if e["flavour"] == flavour and e["min_driver"] <= driver_version
+        ]
         fits = [(d, e) for d, e in fits if d is not None]
         if fits:
             best = min(d for d, _ in fits)
@@ -148,4 +172,5 @@ def choose_entry(manifest: dict, family: str, cc: tuple[int, int], aggressive: b
         f"ep_rt ships no {family!r} cubin for this GPU (compute capability {cc[0]}.{cc[1]}, {arch_name(cc)}) in the "
         f"flavour(s) this process can use ({', '.join(flavours)}, driver {describe_driver(driver_version)}); it has "
         f"{_inventory(entries)}. A cubin for sm_XY runs on X.Z for Z >= Y: use such a GPU, or rebuild with "
-        f"tools/build_cubins.py for {arch_name(cc)}.")
+        f"tools/build_cubins.py for {arch_name(cc)}."
+    )

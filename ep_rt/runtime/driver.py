@@ -3,6 +3,7 @@
 Every call goes through `check`, so a failure names the call and the CUDA error. The bindings are
 imported on first use: `import ep_rt` works on machines without a GPU or driver.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -70,8 +71,12 @@ def compute_capability(device_index: int) -> tuple[int, int]:
     cu = _cu()
     dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
     attr = cu.CUdevice_attribute
-    major = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute")
-    minor = check(cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute")
+    major = check(
+        cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute"
+    )
+    minor = check(
+        cu.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute"
+    )
     return int(major), int(minor)
 
 
@@ -163,6 +168,7 @@ def ipc_close_handle(ptr: int) -> None:
 
 # ---- modules and launches -----------------------------------------------------------------------
 
+
 def module_load(image: bytes):
     """Load a cubin image; the image bytes must stay alive only for the duration of this call."""
     buf = ctypes.create_string_buffer(image, len(image))
@@ -190,8 +196,10 @@ def set_max_dynamic_smem(function, nbytes: int) -> None:
 
 def max_active_blocks(function, block: int, smem: int) -> int:
     """How many blocks of `function` one SM holds at once (registers, shared memory, threads)."""
-    return check(_cu().cuOccupancyMaxActiveBlocksPerMultiprocessor(function, block, smem),
-                 "cuOccupancyMaxActiveBlocksPerMultiprocessor")
+    return check(
+        _cu().cuOccupancyMaxActiveBlocksPerMultiprocessor(function, block, smem),
+        "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+    )
 
 
 def make_stream(handle: int):
@@ -199,8 +207,10 @@ def make_stream(handle: int):
 
 
 def launch(function, grid: int, block: int, smem: int, stream, params_address: int, name: str) -> None:
-    check(_cu().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, smem, stream, params_address, 0),
-          f"cuLaunchKernel({name})")
+    check(
+        _cu().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, smem, stream, params_address, 0),
+        f"cuLaunchKernel({name})",
+    )
 
 
 def make_launch_config(cooperative: bool, cluster: int, programmatic: bool = False):
@@ -244,11 +254,15 @@ def gpudirect_rdma_attributes(device_index: int) -> dict:
     cu = _cu()
     dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
     attr = cu.CUdevice_attribute
-    names = {"supported": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED",
-             "ordering": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
-             "flush_options": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS"}
-    return {key: int(check(cu.cuDeviceGetAttribute(getattr(attr, name), dev), f"cuDeviceGetAttribute({name})"))
-            for key, name in names.items()}
+    names = {
+        "supported": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED",
+        "ordering": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
+        "flush_options": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS",
+    }
+    return {
+        key: int(check(cu.cuDeviceGetAttribute(getattr(attr, name), dev), f"cuDeviceGetAttribute({name})"))
+        for key, name in names.items()
+    }
 
 
 def pci_bus_id(device_index: int) -> str:

@@ -7,6 +7,7 @@ struct at launch time, so it can be reused at once). Launch attributes (cooperat
 through cuLaunchKernelEx with a config built once. The block size is the one the kernel is compiled for, from its
 cubin's manifest entry (modules.kernel_block): no caller names it.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -40,8 +41,15 @@ def driver_stream(torch_stream) -> object:
 
 
 class Launcher:
-    def __init__(self, module: LoadedModule, name: str, params_type: type, smem: int = 0,
-                 cooperative: bool = False, cluster: int = 1):
+    def __init__(
+        self,
+        module: LoadedModule,
+        name: str,
+        params_type: type,
+        smem: int = 0,
+        cooperative: bool = False,
+        cluster: int = 1,
+    ):
         self.name = name
         self.block = kernel_block(module.entry, name)  # threads per block (grid arithmetic reads it here too)
         self.function = module.function(name)
@@ -77,13 +85,29 @@ class Launcher:
         if early:
             if self._early_config is None:
                 self._early_config = driver.make_launch_config(False, 1, programmatic=True)
-            driver.launch_ex(self._early_config, self.function, grid, self.block, smem, driver_stream(stream),
-                              self._args_address, self.name)
+            driver.launch_ex(
+                self._early_config,
+                self.function,
+                grid,
+                self.block,
+                smem,
+                driver_stream(stream),
+                self._args_address,
+                self.name,
+            )
         elif self._config is None:
             driver.launch(self.function, grid, self.block, smem, driver_stream(stream), self._args_address, self.name)
         else:
-            driver.launch_ex(self._config, self.function, grid, self.block, smem, driver_stream(stream),
-                              self._args_address, self.name)
+            driver.launch_ex(
+                self._config,
+                self.function,
+                grid,
+                self.block,
+                smem,
+                driver_stream(stream),
+                self._args_address,
+                self.name,
+            )
         _counted()
 
     def snapshot(self):
@@ -101,8 +125,9 @@ class Launcher:
 
         def launch(grid: int, stream, early: bool = False, _keep=(params, args)):
             if early:
-                driver.launch_ex(early_config, function, grid, block, 0, driver_stream(stream),
-                                  ctypes.addressof(args), name)
+                driver.launch_ex(
+                    early_config, function, grid, block, 0, driver_stream(stream), ctypes.addressof(args), name
+                )
             else:
                 driver.launch(function, grid, block, 0, driver_stream(stream), ctypes.addressof(args), name)
             _counted()

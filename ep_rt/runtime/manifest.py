@@ -9,6 +9,7 @@ Schema 2: every entry has a `flavour` (cu12: NVRTC/nvJitLink 12.9 build, cu13: n
 kernel to the threads per block it is compiled for (its __launch_bounds__, read from the cubin's .nv.info): the one
 source of block sizes, the runtime launches with it.
 """
+
 import hashlib
 import json
 import os
@@ -26,14 +27,14 @@ def load_manifest(path):
         with open(path, encoding="utf-8") as f:
             manifest = json.load(f)
     except FileNotFoundError:
-        raise ManifestError(
-            f"no cubin manifest at {path}: build one with python tools/build_cubins.py") from None
+        raise ManifestError(f"no cubin manifest at {path}: build one with python tools/build_cubins.py") from None
     except (OSError, ValueError) as e:
         raise ManifestError(f"cannot read cubin manifest {path}: {e}") from None
     if manifest.get("schema") != SCHEMA:
         raise ManifestError(
             f"cubin manifest {path} has schema {manifest.get('schema')!r}, this ep_rt reads "
-            f"schema {SCHEMA}: rebuild with python tools/build_cubins.py")
+            f"schema {SCHEMA}: rebuild with python tools/build_cubins.py"
+        )
     return manifest
 
 
@@ -70,12 +71,16 @@ def source_digest(src_root, family_file, include_files, flags, arch, toolchain):
 def find_cubin_entries(manifest, family, arch=None, variant=None, flavour=None):
     """Manifest entries of `family`, narrowed to `arch` / `variant` / `flavour` when given, sorted by path."""
     return sorted(
-        (e for e in manifest.get("cubins", [])
-         if e["family"] == family
-         and (arch is None or e["arch"] == arch)
-         and (variant is None or e["variant"] == variant)
-         and (flavour is None or e["flavour"] == flavour)),
-        key=lambda e: e["path"])
+        (
+            e
+            for e in manifest.get("cubins", [])
+            if e["family"] == family
+            and (arch is None or e["arch"] == arch)
+            and (variant is None or e["variant"] == variant)
+            and (flavour is None or e["flavour"] == flavour)
+        ),
+        key=lambda e: e["path"],
+    )
 
 
 def kernel_block(entry, name):
@@ -85,7 +90,8 @@ def kernel_block(entry, name):
     if not isinstance(block, int) or isinstance(block, bool) or block <= 0:
         raise ManifestError(
             f"the cubin manifest entry {entry.get('path')!r} has no block size for kernel {name!r} (its 'blocks' "
-            f"field: {entry.get('blocks')!r}): rebuild the manifest with python tools/build_cubins.py")
+            f"field: {entry.get('blocks')!r}): rebuild the manifest with python tools/build_cubins.py"
+        )
     return block
 
 

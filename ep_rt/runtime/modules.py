@@ -6,6 +6,7 @@ driver and EP_RT_CUBIN_FLAVOUR; its sha256 is verified before loading, and a mis
 error that lists what exists. Lookup order: $EP_RT_CUBIN_DIR, the installed wheel's package data
 (ep_rt/cubins), then the source checkout's cubins/.
 """
+
 from __future__ import annotations
 
 import functools
@@ -61,15 +62,29 @@ def kernel_block(entry: dict, name: str) -> int:
         raise CubinNotFoundError(str(e)) from None
 
 
-def choose_entry(manifest: dict, family: str, device_index: int, aggressive: bool,
-                 nvshmem_flavour: str | None = None, chaos: bool | None = None) -> dict:
+def choose_entry(
+    manifest: dict,
+    family: str,
+    device_index: int,
+    aggressive: bool,
+    nvshmem_flavour: str | None = None,
+    chaos: bool | None = None,
+) -> dict:
     """The manifest entry of `family` for this device, this driver and EP_RT_CUBIN_FLAVOUR (runtime/choice.py);
     `nvshmem_flavour` (cu12 / cu13) is the NVSHMEM host library's, for NVSHMEM-linked families, which get their
     chaos variant when `chaos` (default: EP_RT_CHAOS_TRANSPORT) says so."""
     if chaos is None:
         chaos = env.chaos_transport()
-    return choice.choose_entry(manifest, family, driver.compute_capability(device_index), aggressive,
-                               driver.driver_version(), env.cubin_flavour(), nvshmem_flavour, chaos)
+    return choice.choose_entry(
+        manifest,
+        family,
+        driver.compute_capability(device_index),
+        aggressive,
+        driver.driver_version(),
+        env.cubin_flavour(),
+        nvshmem_flavour,
+        chaos,
+    )
 
 
 def read_verified(root: Path, entry: dict) -> bytes:
@@ -93,8 +108,9 @@ class LoadedModule:
     def function(self, name: str):
         if name not in self.functions:
             if name not in self.entry["kernels"]:
-                raise CubinNotFoundError(f"kernel {name!r} is not in {self.entry['path']} "
-                                         f"(it has {self.entry['kernels']})")
+                raise CubinNotFoundError(
+                    f"kernel {name!r} is not in {self.entry['path']} (it has {self.entry['kernels']})"
+                )
             self.functions[name] = driver.module_function(self.handle, name)
         return self.functions[name]
 
@@ -123,8 +139,10 @@ def load_family(device_index: int, family: str, aggressive: bool | None = None) 
             root = cubin_root()
             entry = choose_entry(manifest(), family, device_index, aggressive)
             if entry.get("needs_nvshmem"):
-                raise CubinNotFoundError(f"{family!r} is NVSHMEM-linked: load it once per NVSHMEM session with "
-                                         f"load_entry and register it with NVSHMEM")
+                raise CubinNotFoundError(
+                    f"{family!r} is NVSHMEM-linked: load it once per NVSHMEM session with "
+                    f"load_entry and register it with NVSHMEM"
+                )
             _modules[key] = LoadedModule(entry, driver.module_load(read_verified(root, entry)))
         return _modules[key]
 

@@ -10,6 +10,7 @@ usable), and the internode dispatch whose stream sizes only its notify kernel ca
 After every batch of cases a good high-throughput and low-latency round is checked against the reference: the
 Buffer stayed usable.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ from .. import Buffer, Config
 from ..errors import BufferTooSmallError, EpRtError, GroupError, KernelError
 from ..runtime.launch import launch_count
 
-N, H, K, E = 64, 256, 4, 16          # the HT inputs of the catalogue
-LL_T, LL_H, LL_E = 128, 1024, 32      # the LL inputs (selfcheck_ll's default case shape)
+N, H, K, E = 64, 256, 4, 16  # the HT inputs of the catalogue
+LL_T, LL_H, LL_E = 128, 1024, 32  # the LL inputs (selfcheck_ll's default case shape)
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class BadInput:
     name: str
     call: Callable  # call(ctx) makes the bad call
     error: type
-    match: str      # a fragment of the message
+    match: str  # a fragment of the message
     completes: bool = False  # the call runs; the error comes from the kernel at the next call (raise_if_failed)
     only_rank0: bool = False  # only rank 0's input is bad (the others must see no error)
     launches: str = ""  # why ep_rt kernels run between the bad call and its error, by design; empty: none may
@@ -78,8 +79,13 @@ class Ctx:
             raise
 
     def dispatch_kwargs(self, **over):
-        kw = dict(num_tokens_per_rank=self.per_rank, is_token_in_rank=self.in_rank,
-                  num_tokens_per_expert=self.per_expert, topk_idx=self.idx, topk_weights=self.w)
+        kw = dict(
+            num_tokens_per_rank=self.per_rank,
+            is_token_in_rank=self.in_rank,
+            num_tokens_per_expert=self.per_expert,
+            topk_idx=self.idx,
+            topk_weights=self.w,
+        )
         if self.internode:
             kw["num_tokens_per_rdma_rank"] = self.per_node
         kw.update(over)
@@ -92,13 +98,18 @@ class Ctx:
         return self.buf.combine(self.y if x is None else x, self.handle if handle is None else handle, **over)
 
     def ll_dispatch(self, x=None, idx=None, T=LL_T, E_=LL_E, **over):
-        return self.buf.low_latency_dispatch(self.ll_x if x is None else x, self.ll_idx if idx is None else idx,
-                                             T, E_, **over)
+        return self.buf.low_latency_dispatch(
+            self.ll_x if x is None else x, self.ll_idx if idx is None else idx, T, E_, **over
+        )
 
     def ll_combine(self, x=None, idx=None, w=None, handle=None, **over):
-        return self.buf.low_latency_combine(self.ll_y if x is None else x, self.ll_idx if idx is None else idx,
-                                            self.ll_w if w is None else w, self.ll_handle if handle is None else handle,
-                                            **over)
+        return self.buf.low_latency_combine(
+            self.ll_y if x is None else x,
+            self.ll_idx if idx is None else idx,
+            self.ll_w if w is None else w,
+            self.ll_handle if handle is None else handle,
+            **over,
+        )
 
 
 def _replaced(handle, i):
@@ -127,14 +138,22 @@ def _cases() -> list[BadInput]:
         BadInput("Buffer(num_nvl_bytes=100)", lambda c: Buffer(c.buf.group, 100), V, "multiple of 128"),
         BadInput("Buffer(num_nvl_bytes=1.5e6)", lambda c: Buffer(c.buf.group, 1.5e6), V, "num_nvl_bytes"),
         BadInput("Buffer(num_rdma_bytes=-1)", lambda c: Buffer(c.buf.group, 0, -1), V, "num_rdma_bytes"),
-        BadInput("Buffer(rdma without LL, one node)", lambda c: Buffer(c.buf.group, 0, 1 << 20), V,
-                 "num_rdma_bytes=0"),
-        BadInput("Buffer(LL, rdma 0)", lambda c: Buffer(c.buf.group, 0, 0, low_latency_mode=True), V,
-                 "num_rdma_bytes > 0"),
-        BadInput("Buffer(num_qps_per_rank=0)", lambda c: Buffer(c.buf.group, 0, 1 << 20, low_latency_mode=True,
-                                                                num_qps_per_rank=0), V, "num_qps_per_rank"),
-        BadInput("Buffer(num_qps_per_rank=2.0)", lambda c: Buffer(c.buf.group, 0, 1 << 20, low_latency_mode=True,
-                                                                  num_qps_per_rank=2.0), V, "num_qps_per_rank"),
+        BadInput("Buffer(rdma without LL, one node)", lambda c: Buffer(c.buf.group, 0, 1 << 20), V, "num_rdma_bytes=0"),
+        BadInput(
+            "Buffer(LL, rdma 0)", lambda c: Buffer(c.buf.group, 0, 0, low_latency_mode=True), V, "num_rdma_bytes > 0"
+        ),
+        BadInput(
+            "Buffer(num_qps_per_rank=0)",
+            lambda c: Buffer(c.buf.group, 0, 1 << 20, low_latency_mode=True, num_qps_per_rank=0),
+            V,
+            "num_qps_per_rank",
+        ),
+        BadInput(
+            "Buffer(num_qps_per_rank=2.0)",
+            lambda c: Buffer(c.buf.group, 0, 1 << 20, low_latency_mode=True, num_qps_per_rank=2.0),
+            V,
+            "num_qps_per_rank",
+        ),
         BadInput("Buffer(use_fabric=True)", lambda c: Buffer(c.buf.group, 1 << 20, use_fabric=True), NI, "fabric"),
         BadInput("Buffer(timeout_s=0)", lambda c: Buffer(c.buf.group, 1 << 20, timeout_s=0), V, "timeout_s"),
         BadInput("Buffer(timeout_s=-5)", lambda c: Buffer(c.buf.group, 1 << 20, timeout_s=-5), V, "timeout_s"),
@@ -143,16 +162,30 @@ def _cases() -> list[BadInput]:
         BadInput("set_num_sms(3)", lambda c: Buffer.set_num_sms(3), V, "even"),
         BadInput("set_num_sms(2.0)", lambda c: Buffer.set_num_sms(2.0), V, "num_sms"),
         BadInput("rdma hint tokens 0", lambda c: Buffer.get_low_latency_rdma_size_hint(0, 7168, 2, 16), V, "positive"),
-        BadInput("rdma hint ranks -2", lambda c: Buffer.get_low_latency_rdma_size_hint(128, 7168, -2, 16), V,
-                 "positive"),
-        BadInput("rdma hint experts 0", lambda c: Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 0), V,
-                 "positive"),
-        BadInput("rdma hint hidden 100", lambda c: Buffer.get_low_latency_rdma_size_hint(128, 100, 2, 16), V,
-                 "multiple of 128"),
-        BadInput("rdma hint float tokens", lambda c: Buffer.get_low_latency_rdma_size_hint(128.0, 7168, 2, 16), V,
-                 "positive int"),
-        BadInput("dispatch config for 12 ranks in nodes of 8",
-                 lambda c: Buffer.get_dispatch_config(12, num_ranks_per_node=8), V, "multiple of the ranks per node"),
+        BadInput(
+            "rdma hint ranks -2", lambda c: Buffer.get_low_latency_rdma_size_hint(128, 7168, -2, 16), V, "positive"
+        ),
+        BadInput(
+            "rdma hint experts 0", lambda c: Buffer.get_low_latency_rdma_size_hint(128, 7168, 2, 0), V, "positive"
+        ),
+        BadInput(
+            "rdma hint hidden 100",
+            lambda c: Buffer.get_low_latency_rdma_size_hint(128, 100, 2, 16),
+            V,
+            "multiple of 128",
+        ),
+        BadInput(
+            "rdma hint float tokens",
+            lambda c: Buffer.get_low_latency_rdma_size_hint(128.0, 7168, 2, 16),
+            V,
+            "positive int",
+        ),
+        BadInput(
+            "dispatch config for 12 ranks in nodes of 8",
+            lambda c: Buffer.get_dispatch_config(12, num_ranks_per_node=8),
+            V,
+            "multiple of the ranks per node",
+        ),
         BadInput("combine config for 0 ranks", lambda c: Buffer.get_combine_config(0), V, "positive int"),
         BadInput("Config(num_sms=0)", lambda c: Config(0), V, "num_sms"),
         BadInput("Config(num_sms=129)", lambda c: Config(129), V, "num_sms"),
@@ -163,41 +196,80 @@ def _cases() -> list[BadInput]:
         BadInput("nvl hint tokens 0", lambda c: Config().get_nvl_buffer_size_hint(256, 2, 0), V, "positive"),
         BadInput("nvl hint hidden 15", lambda c: Config().get_nvl_buffer_size_hint(15, 2), V, "multiple of 16"),
         BadInput("nvl hint hidden -16", lambda c: Config().get_nvl_buffer_size_hint(-16, 2), V, "positive"),
-        BadInput("nvl hint 9 ranks", lambda c: Config().get_nvl_buffer_size_hint(256, 9, num_ranks_per_node=8), V,
-                 "multiple of the ranks per node"),
+        BadInput(
+            "nvl hint 9 ranks",
+            lambda c: Config().get_nvl_buffer_size_hint(256, 9, num_ranks_per_node=8),
+            V,
+            "multiple of the ranks per node",
+        ),
         BadInput("rdma hint (Config) -1", lambda c: Config().get_rdma_buffer_size_hint(-1, 2), V, "positive"),
         # ---- get_local_buffer_tensor ----
-        BadInput("local tensor offset -1", lambda c: c.buf.get_local_buffer_tensor(torch.int32, offset=-1), V,
-                 "outside"),
-        BadInput("local tensor offset past the end", lambda c: c.buf.get_local_buffer_tensor(
-            torch.int32, offset=c.buf.num_nvl_bytes + 1), V, "outside"),
-        BadInput("local tensor too large", lambda c: c.buf.get_local_buffer_tensor(
-            torch.int32, size=(c.buf.num_nvl_bytes,)), V, "needs"),
+        BadInput(
+            "local tensor offset -1", lambda c: c.buf.get_local_buffer_tensor(torch.int32, offset=-1), V, "outside"
+        ),
+        BadInput(
+            "local tensor offset past the end",
+            lambda c: c.buf.get_local_buffer_tensor(torch.int32, offset=c.buf.num_nvl_bytes + 1),
+            V,
+            "outside",
+        ),
+        BadInput(
+            "local tensor too large",
+            lambda c: c.buf.get_local_buffer_tensor(torch.int32, size=(c.buf.num_nvl_bytes,)),
+            V,
+            "needs",
+        ),
         BadInput("local tensor dtype 'int32'", lambda c: c.buf.get_local_buffer_tensor("int32"), T, "torch.dtype"),
-        BadInput("local tensor offset 1.0", lambda c: c.buf.get_local_buffer_tensor(torch.int32, offset=1.0), T,
-                 "offset"),
-        BadInput("rdma local tensor too large", lambda c: c.buf.get_local_buffer_tensor(
-            torch.int32, size=(c.buf.num_rdma_bytes,), use_rdma_buffer=True), V, "needs"),
+        BadInput(
+            "local tensor offset 1.0", lambda c: c.buf.get_local_buffer_tensor(torch.int32, offset=1.0), T, "offset"
+        ),
+        BadInput(
+            "rdma local tensor too large",
+            lambda c: c.buf.get_local_buffer_tensor(torch.int32, size=(c.buf.num_rdma_bytes,), use_rdma_buffer=True),
+            V,
+            "needs",
+        ),
         # ---- get_dispatch_layout ----
         BadInput("layout int16 topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.short(), E), T, "dtype"),
         BadInput("layout 1-D topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx[:, 0].contiguous(), E), V, "2-D"),
         BadInput("layout strided topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.t(), E), V, "contiguous"),
         BadInput("layout CPU topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.cpu(), E), V, "must be on"),
-        BadInput("layout id == num_experts", lambda c: c.buf.get_dispatch_layout(torch.full_like(c.idx, E), E), V,
-                 "values must be in"),
-        BadInput("layout id -2", lambda c: c.buf.get_dispatch_layout(torch.full_like(c.idx, -2), E), V,
-                 "values must be in"),
+        BadInput(
+            "layout id == num_experts",
+            lambda c: c.buf.get_dispatch_layout(torch.full_like(c.idx, E), E),
+            V,
+            "values must be in",
+        ),
+        BadInput(
+            "layout id -2", lambda c: c.buf.get_dispatch_layout(torch.full_like(c.idx, -2), E), V, "values must be in"
+        ),
         BadInput("layout experts not divisible", lambda c: c.buf.get_dispatch_layout(c.idx, E + 1), V, "divisible"),
         BadInput("layout experts 0", lambda c: c.buf.get_dispatch_layout(c.idx, 0), V, "positive"),
         BadInput("layout experts 16.0", lambda c: c.buf.get_dispatch_layout(c.idx, 16.0), V, "positive int"),
-        BadInput("layout top-33", lambda c: c.buf.get_dispatch_layout(
-            torch.zeros(N, 33, dtype=torch.int64, device=cuda), 64), V, "at most 32"),
-        BadInput("layout 1025 experts per rank", lambda c: c.buf.get_dispatch_layout(c.idx, 1025 * c.buf.group_size),
-                 V, "experts per rank"),
-        BadInput("layout previous_event not an event", lambda c: c.buf.get_dispatch_layout(c.idx, E, previous_event=3),
-                 T, "EventOverlap"),
-        BadInput("layout allocate_on_comm_stream alone", lambda c: c.buf.get_dispatch_layout(
-            c.idx, E, allocate_on_comm_stream=True), V, "allocate_on_comm_stream"),
+        BadInput(
+            "layout top-33",
+            lambda c: c.buf.get_dispatch_layout(torch.zeros(N, 33, dtype=torch.int64, device=cuda), 64),
+            V,
+            "at most 32",
+        ),
+        BadInput(
+            "layout 1025 experts per rank",
+            lambda c: c.buf.get_dispatch_layout(c.idx, 1025 * c.buf.group_size),
+            V,
+            "experts per rank",
+        ),
+        BadInput(
+            "layout previous_event not an event",
+            lambda c: c.buf.get_dispatch_layout(c.idx, E, previous_event=3),
+            T,
+            "EventOverlap",
+        ),
+        BadInput(
+            "layout allocate_on_comm_stream alone",
+            lambda c: c.buf.get_dispatch_layout(c.idx, E, allocate_on_comm_stream=True),
+            V,
+            "allocate_on_comm_stream",
+        ),
         # ---- dispatch ----
         BadInput("dispatch f32 x", lambda c: c.dispatch(x=c.x.float()), T, "dtype"),
         BadInput("dispatch 3-D x", lambda c: c.dispatch(x=c.x.view(N, 2, H // 2)), V, "2-D"),
@@ -206,67 +278,141 @@ def _cases() -> list[BadInput]:
         BadInput("dispatch CPU x", lambda c: c.dispatch(x=c.x.cpu()), V, "must be on"),
         BadInput("dispatch misaligned x", lambda c: c.dispatch(x=_bf16(N * H + 4)[4:].view(N, H)), V, "aligned"),
         BadInput("dispatch fp8 tuple of 1", lambda c: c.dispatch(x=(c.x.to(torch.float8_e4m3fn),)), V, "tuple"),
-        BadInput("dispatch fp8 with f64 scales", lambda c: c.dispatch(
-            x=(c.x.to(torch.float8_e4m3fn), torch.ones(N, H // 128, dtype=torch.float64, device=cuda))), T, "dtypes"),
-        BadInput("dispatch fp8 scales rows", lambda c: c.dispatch(
-            x=(c.x.to(torch.float8_e4m3fn), torch.ones(N + 1, H // 128, device=cuda))), V, "rows"),
-        BadInput("dispatch fp8 scales with 0 columns", lambda c: c.dispatch(
-            x=(c.x.to(torch.float8_e4m3fn), torch.ones(N, 0, device=cuda))), V, "no columns"),
+        BadInput(
+            "dispatch fp8 with f64 scales",
+            lambda c: c.dispatch(
+                x=(c.x.to(torch.float8_e4m3fn), torch.ones(N, H // 128, dtype=torch.float64, device=cuda))
+            ),
+            T,
+            "dtypes",
+        ),
+        BadInput(
+            "dispatch fp8 scales rows",
+            lambda c: c.dispatch(x=(c.x.to(torch.float8_e4m3fn), torch.ones(N + 1, H // 128, device=cuda))),
+            V,
+            "rows",
+        ),
+        BadInput(
+            "dispatch fp8 scales with 0 columns",
+            lambda c: c.dispatch(x=(c.x.to(torch.float8_e4m3fn), torch.ones(N, 0, device=cuda))),
+            V,
+            "no columns",
+        ),
         BadInput("dispatch int16 topk_idx", lambda c: c.dispatch(topk_idx=c.idx.short()), T, "dtype"),
-        BadInput("dispatch topk_idx rows", lambda c: c.dispatch(topk_idx=c.idx[:-1].contiguous(),
-                                                                topk_weights=c.w[:-1].contiguous()), V, "rows"),
-        BadInput("dispatch topk id == num_experts", lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, E)), V,
-                 "values must be in"),
-        BadInput("dispatch topk id -5", lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, -5)), V,
-                 "values must be in"),
+        BadInput(
+            "dispatch topk_idx rows",
+            lambda c: c.dispatch(topk_idx=c.idx[:-1].contiguous(), topk_weights=c.w[:-1].contiguous()),
+            V,
+            "rows",
+        ),
+        BadInput(
+            "dispatch topk id == num_experts",
+            lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, E)),
+            V,
+            "values must be in",
+        ),
+        BadInput(
+            "dispatch topk id -5", lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, -5)), V, "values must be in"
+        ),
         BadInput("dispatch f64 weights", lambda c: c.dispatch(topk_weights=c.w.double()), T, "float32"),
-        BadInput("dispatch weights shape", lambda c: c.dispatch(topk_weights=torch.rand(N, K + 1, device=cuda)), V,
-                 "shape of topk_idx"),
+        BadInput(
+            "dispatch weights shape",
+            lambda c: c.dispatch(topk_weights=torch.rand(N, K + 1, device=cuda)),
+            V,
+            "shape of topk_idx",
+        ),
         BadInput("dispatch weights without ids", lambda c: c.dispatch(topk_idx=None), V, "together"),
-        BadInput("dispatch per-rank counts shape", lambda c: c.dispatch(
-            num_tokens_per_rank=torch.zeros(c.buf.group_size + 1, dtype=torch.int32, device=cuda)), V, "rows"),
-        BadInput("dispatch per-rank counts int64", lambda c: c.dispatch(
-            num_tokens_per_rank=c.per_rank.long()), T, "int32"),
+        BadInput(
+            "dispatch per-rank counts shape",
+            lambda c: c.dispatch(num_tokens_per_rank=torch.zeros(c.buf.group_size + 1, dtype=torch.int32, device=cuda)),
+            V,
+            "rows",
+        ),
+        BadInput(
+            "dispatch per-rank counts int64", lambda c: c.dispatch(num_tokens_per_rank=c.per_rank.long()), T, "int32"
+        ),
         BadInput("dispatch no layout", lambda c: c.dispatch(num_tokens_per_rank=None), V, "get_dispatch_layout"),
         BadInput("dispatch is_token_in_rank int", lambda c: c.dispatch(is_token_in_rank=c.in_rank.int()), T, "bool"),
-        BadInput("dispatch is_token_in_rank columns", lambda c: c.dispatch(
-            is_token_in_rank=torch.zeros(N, c.buf.group_size + 1, dtype=torch.bool, device=cuda)), V,
-            "is_token_in_rank"),
-        BadInput("dispatch per-expert counts missing", lambda c: c.dispatch(num_tokens_per_expert=None), V,
-                 "num_tokens_per_expert"),
-        BadInput("dispatch experts not divisible", lambda c: c.dispatch(
-            num_tokens_per_expert=torch.zeros(E + 1, dtype=torch.int32, device=cuda)), V, "divisible"),
+        BadInput(
+            "dispatch is_token_in_rank columns",
+            lambda c: c.dispatch(is_token_in_rank=torch.zeros(N, c.buf.group_size + 1, dtype=torch.bool, device=cuda)),
+            V,
+            "is_token_in_rank",
+        ),
+        BadInput(
+            "dispatch per-expert counts missing",
+            lambda c: c.dispatch(num_tokens_per_expert=None),
+            V,
+            "num_tokens_per_expert",
+        ),
+        BadInput(
+            "dispatch experts not divisible",
+            lambda c: c.dispatch(num_tokens_per_expert=torch.zeros(E + 1, dtype=torch.int32, device=cuda)),
+            V,
+            "divisible",
+        ),
         BadInput("dispatch expert_alignment 0", lambda c: c.dispatch(expert_alignment=0), V, "expert_alignment"),
         BadInput("dispatch expert_alignment 1.5", lambda c: c.dispatch(expert_alignment=1.5), V, "expert_alignment"),
         BadInput("dispatch num_worst_tokens -1", lambda c: c.dispatch(num_worst_tokens=-1), V, "num_worst_tokens"),
-        BadInput("dispatch num_worst_tokens without top-k", lambda c: c.dispatch(
-            topk_idx=None, topk_weights=None, num_worst_tokens=8), V, "needs topk_idx"),
+        BadInput(
+            "dispatch num_worst_tokens without top-k",
+            lambda c: c.dispatch(topk_idx=None, topk_weights=None, num_worst_tokens=8),
+            V,
+            "needs topk_idx",
+        ),
         BadInput("dispatch config 'fast'", lambda c: c.dispatch(config="fast"), T, "Config"),
         BadInput("dispatch previous_event 'x'", lambda c: c.dispatch(previous_event="x"), T, "EventOverlap"),
-        BadInput("dispatch allocate_on_comm_stream without async", lambda c: c.dispatch(
-            previous_event=Buffer.capture(), allocate_on_comm_stream=True), V, "allocate_on_comm_stream"),
+        BadInput(
+            "dispatch allocate_on_comm_stream without async",
+            lambda c: c.dispatch(previous_event=Buffer.capture(), allocate_on_comm_stream=True),
+            V,
+            "allocate_on_comm_stream",
+        ),
         # ---- cached dispatch ----
-        BadInput("cached dispatch with topk", lambda c: c.buf.dispatch(c.x, handle=c.handle, topk_idx=c.idx,
-                                                                       topk_weights=c.w), V, "no topk_idx"),
-        BadInput("cached dispatch handle of 5", lambda c: c.buf.dispatch(c.x, handle=tuple(c.handle)[:5]), V,
-                 "6-tuple"),
+        BadInput(
+            "cached dispatch with topk",
+            lambda c: c.buf.dispatch(c.x, handle=c.handle, topk_idx=c.idx, topk_weights=c.w),
+            V,
+            "no topk_idx",
+        ),
+        BadInput(
+            "cached dispatch handle of 5", lambda c: c.buf.dispatch(c.x, handle=tuple(c.handle)[:5]), V, "6-tuple"
+        ),
         BadInput("cached dispatch LL handle", lambda c: c.buf.dispatch(c.x, handle=c.ll_handle), V, "low-latency"),
-        BadInput("cached dispatch x rows", lambda c: c.buf.dispatch(c.x[:-1].contiguous(), handle=c.handle), V,
-                 "tokens but the handle"),
-        BadInput("cached dispatch replaced tensor", lambda c: c.buf.dispatch(c.x, handle=_replaced(c.handle, 0)), V,
-                 "replaced"),
-        BadInput("cached dispatch too large for the NVL buffer", lambda c: c.buf.dispatch(
-            _bf16(N, _huge_hidden(c, c.handle.facts.max_dispatch_rows)), handle=c.handle), B, "num_nvl_bytes"),
+        BadInput(
+            "cached dispatch x rows",
+            lambda c: c.buf.dispatch(c.x[:-1].contiguous(), handle=c.handle),
+            V,
+            "tokens but the handle",
+        ),
+        BadInput(
+            "cached dispatch replaced tensor",
+            lambda c: c.buf.dispatch(c.x, handle=_replaced(c.handle, 0)),
+            V,
+            "replaced",
+        ),
+        BadInput(
+            "cached dispatch too large for the NVL buffer",
+            lambda c: c.buf.dispatch(_bf16(N, _huge_hidden(c, c.handle.facts.max_dispatch_rows)), handle=c.handle),
+            B,
+            "num_nvl_bytes",
+        ),
         # ---- combine ----
         BadInput("combine f32 x", lambda c: c.combine(x=c.y.float()), T, "bfloat16"),
         BadInput("combine x rows", lambda c: c.combine(x=_bf16(c.rows + 1, H)), V, "rows"),
         BadInput("combine hidden 12", lambda c: c.combine(x=_bf16(c.rows, 12)), V, "multiple of 8"),
-        BadInput("combine misaligned x", lambda c: c.combine(x=_bf16(c.rows * H + 4)[4:].view(c.rows, H)), V,
-                 "aligned"),
-        BadInput("combine weights rows", lambda c: c.combine(topk_weights=torch.rand(c.rows + 1, K, device=cuda)), V,
-                 "rows"),
-        BadInput("combine f64 weights", lambda c: c.combine(topk_weights=torch.rand(c.rows, K, device=cuda,
-                                                                                    dtype=torch.float64)), T, "float32"),
+        BadInput(
+            "combine misaligned x", lambda c: c.combine(x=_bf16(c.rows * H + 4)[4:].view(c.rows, H)), V, "aligned"
+        ),
+        BadInput(
+            "combine weights rows", lambda c: c.combine(topk_weights=torch.rand(c.rows + 1, K, device=cuda)), V, "rows"
+        ),
+        BadInput(
+            "combine f64 weights",
+            lambda c: c.combine(topk_weights=torch.rand(c.rows, K, device=cuda, dtype=torch.float64)),
+            T,
+            "float32",
+        ),
         BadInput("combine f32 bias", lambda c: c.combine(bias=torch.zeros(N, H, device=cuda)), T, "bfloat16"),
         BadInput("combine bias tuple of 1", lambda c: c.combine(bias=(_bf16(N, H),)), V, "2-tuple"),
         BadInput("combine bias rows", lambda c: c.combine(bias=(None, _bf16(N + 1, H))), V, "rows"),
@@ -276,13 +422,18 @@ def _cases() -> list[BadInput]:
         BadInput("combine handle None", lambda c: c.buf.combine(c.y, None), V, "6-tuple"),
         BadInput("combine replaced tensor", lambda c: c.combine(handle=_replaced(c.handle, 3)), V, "replaced"),
         BadInput("combine config 3", lambda c: c.combine(config=3), T, "Config"),
-        BadInput("combine too large for the NVL buffer", lambda c: c.combine(
-            x=_bf16(c.rows, _huge_hidden(c, c.handle.facts.max_combine_rows))), B, "num_nvl_bytes"),
+        BadInput(
+            "combine too large for the NVL buffer",
+            lambda c: c.combine(x=_bf16(c.rows, _huge_hidden(c, c.handle.facts.max_combine_rows))),
+            B,
+            "num_nvl_bytes",
+        ),
         # ---- low-latency dispatch ----
         BadInput("LL f32 x", lambda c: c.ll_dispatch(x=c.ll_x.float()), T, "bfloat16"),
         BadInput("LL hidden 1000", lambda c: c.ll_dispatch(x=_bf16(100, 1000)), V, "multiple of 128"),
-        BadInput("LL hidden 16512", lambda c: c.ll_dispatch(x=_bf16(4, 16512), idx=c.ll_idx[:4].contiguous()), V,
-                 "16384"),
+        BadInput(
+            "LL hidden 16512", lambda c: c.ll_dispatch(x=_bf16(4, 16512), idx=c.ll_idx[:4].contiguous()), V, "16384"
+        ),
         BadInput("LL T 0", lambda c: c.ll_dispatch(T=0), V, "num_max_dispatch_tokens_per_rank"),
         BadInput("LL T 1025", lambda c: c.ll_dispatch(T=1025), V, "num_max_dispatch_tokens_per_rank"),
         BadInput("LL more tokens than T", lambda c: c.ll_dispatch(T=64), V, "more than"),
@@ -290,67 +441,161 @@ def _cases() -> list[BadInput]:
         BadInput("LL experts 2**17", lambda c: c.ll_dispatch(E_=1 << 17), V, "multiple of"),
         BadInput("LL int16 topk_idx", lambda c: c.ll_dispatch(idx=c.ll_idx.short()), T, "dtype"),
         BadInput("LL topk_idx rows", lambda c: c.ll_dispatch(idx=c.ll_idx[:-1].contiguous()), V, "rows"),
-        BadInput("LL top-17", lambda c: c.ll_dispatch(idx=torch.zeros(100, 17, dtype=torch.int64, device=cuda)), V,
-                 "at most 16"),
+        BadInput(
+            "LL top-17",
+            lambda c: c.ll_dispatch(idx=torch.zeros(100, 17, dtype=torch.int64, device=cuda)),
+            V,
+            "at most 16",
+        ),
         BadInput("LL ue8m0 without round_scale", lambda c: c.ll_dispatch(use_ue8m0=True), V, "round_scale"),
-        BadInput("LL ue8m0 hidden 896", lambda c: c.ll_dispatch(x=_bf16(100, 896), round_scale=True,
-                                                                use_ue8m0=True), V, "multiple of 512"),
-        BadInput("LL stats rows", lambda c: c.ll_dispatch(
-            cumulative_local_expert_recv_stats=torch.zeros(3, dtype=torch.int32, device=cuda)), V, "rows"),
-        BadInput("LL wait stats int32", lambda c: c.ll_dispatch(
-            dispatch_wait_recv_cost_stats=torch.zeros(c.buf.group_size, dtype=torch.int32, device=cuda)), T, "int64"),
-        BadInput("LL async + hook", lambda c: c.ll_dispatch(async_finish=True, return_recv_hook=True), V,
-                 "cannot be used together"),
-        BadInput("LL too large for the RDMA buffer", lambda c: c.ll_dispatch(x=_bf16(100, 8192), E_=4096), B,
-                 "get_low_latency_rdma_size_hint"),
+        BadInput(
+            "LL ue8m0 hidden 896",
+            lambda c: c.ll_dispatch(x=_bf16(100, 896), round_scale=True, use_ue8m0=True),
+            V,
+            "multiple of 512",
+        ),
+        BadInput(
+            "LL stats rows",
+            lambda c: c.ll_dispatch(cumulative_local_expert_recv_stats=torch.zeros(3, dtype=torch.int32, device=cuda)),
+            V,
+            "rows",
+        ),
+        BadInput(
+            "LL wait stats int32",
+            lambda c: c.ll_dispatch(
+                dispatch_wait_recv_cost_stats=torch.zeros(c.buf.group_size, dtype=torch.int32, device=cuda)
+            ),
+            T,
+            "int64",
+        ),
+        BadInput(
+            "LL async + hook",
+            lambda c: c.ll_dispatch(async_finish=True, return_recv_hook=True),
+            V,
+            "cannot be used together",
+        ),
+        BadInput(
+            "LL too large for the RDMA buffer",
+            lambda c: c.ll_dispatch(x=_bf16(100, 8192), E_=4096),
+            B,
+            "get_low_latency_rdma_size_hint",
+        ),
         # ---- low-latency combine ----
         BadInput("LL combine x shape", lambda c: c.ll_combine(x=_bf16(1, 1, LL_H)), V, "must be"),
-        BadInput("LL combine topk rows > T", lambda c: c.ll_combine(
-            idx=torch.zeros(LL_T + 1, 8, dtype=torch.int64, device=cuda),
-            w=torch.zeros(LL_T + 1, 8, device=cuda)), V, "at most"),
-        BadInput("LL combine weights shape", lambda c: c.ll_combine(w=torch.zeros(100, 7, device=cuda)), V,
-                 "shape of topk_idx"),
+        BadInput(
+            "LL combine topk rows > T",
+            lambda c: c.ll_combine(
+                idx=torch.zeros(LL_T + 1, 8, dtype=torch.int64, device=cuda), w=torch.zeros(LL_T + 1, 8, device=cuda)
+            ),
+            V,
+            "at most",
+        ),
+        BadInput(
+            "LL combine weights shape",
+            lambda c: c.ll_combine(w=torch.zeros(100, 7, device=cuda)),
+            V,
+            "shape of topk_idx",
+        ),
         BadInput("LL combine f64 weights", lambda c: c.ll_combine(w=c.ll_w.double()), T, "float32"),
         BadInput("LL combine HT handle", lambda c: c.ll_combine(handle=c.handle), V, "high-throughput"),
         BadInput("LL combine handle of 3", lambda c: c.ll_combine(handle=(1, 2, 3)), V, "5-tuple"),
-        BadInput("LL combine replaced src_info", lambda c: c.ll_combine(handle=_replaced(c.ll_handle, 0)), V,
-                 "replaced"),
+        BadInput(
+            "LL combine replaced src_info", lambda c: c.ll_combine(handle=_replaced(c.ll_handle, 0)), V, "replaced"
+        ),
         BadInput("LL combine out shape", lambda c: c.ll_combine(out=_bf16(100, LL_H + 128)), V, "out must be"),
-        BadInput("LL combine logfmt + zero_copy", lambda c: c.ll_combine(use_logfmt=True, zero_copy=True), V,
-                 "use_logfmt and zero_copy"),
-        BadInput("LL combine async + hook", lambda c: c.ll_combine(async_finish=True, return_recv_hook=True), V,
-                 "cannot be used together"),
-        BadInput("LL combine wait stats rows", lambda c: c.ll_combine(
-            combine_wait_recv_cost_stats=torch.zeros(c.buf.group_size + 1, dtype=torch.int64, device=cuda)), V,
-            "rows"),
-        BadInput("next combine buffer with an HT handle", lambda c: c.buf.get_next_low_latency_combine_buffer(
-            c.handle), V, "high-throughput"),
-        BadInput("next combine buffer with garbage", lambda c: c.buf.get_next_low_latency_combine_buffer(7), V,
-                 "5-tuple"),
+        BadInput(
+            "LL combine logfmt + zero_copy",
+            lambda c: c.ll_combine(use_logfmt=True, zero_copy=True),
+            V,
+            "use_logfmt and zero_copy",
+        ),
+        BadInput(
+            "LL combine async + hook",
+            lambda c: c.ll_combine(async_finish=True, return_recv_hook=True),
+            V,
+            "cannot be used together",
+        ),
+        BadInput(
+            "LL combine wait stats rows",
+            lambda c: c.ll_combine(
+                combine_wait_recv_cost_stats=torch.zeros(c.buf.group_size + 1, dtype=torch.int64, device=cuda)
+            ),
+            V,
+            "rows",
+        ),
+        BadInput(
+            "next combine buffer with an HT handle",
+            lambda c: c.buf.get_next_low_latency_combine_buffer(c.handle),
+            V,
+            "high-throughput",
+        ),
+        BadInput(
+            "next combine buffer with garbage", lambda c: c.buf.get_next_low_latency_combine_buffer(7), V, "5-tuple"
+        ),
         # ---- clean, masks ----
-        BadInput("clean 2**20 experts", lambda c: c.buf.clean_low_latency_buffer(LL_T, LL_H, 1 << 20), V,
-                 "multiple of"),
+        BadInput(
+            "clean 2**20 experts", lambda c: c.buf.clean_low_latency_buffer(LL_T, LL_H, 1 << 20), V, "multiple of"
+        ),
         BadInput("clean hidden 100", lambda c: c.buf.clean_low_latency_buffer(LL_T, 100, LL_E), V, "multiple of 128"),
-        BadInput("clean T 0", lambda c: c.buf.clean_low_latency_buffer(0, LL_H, LL_E), V,
-                 "num_max_dispatch_tokens_per_rank"),
-        BadInput("clean shape too large", lambda c: c.buf.clean_low_latency_buffer(1024, 16384, 4096), B,
-                 "get_low_latency_rdma_size_hint"),
-        BadInput("mask without enable_shrink", lambda c: c.buf.low_latency_update_mask_buffer(0, True), EpRtError,
-                 "enable_shrink"),
-        BadInput("query mask without enable_shrink", lambda c: c.buf.low_latency_query_mask_buffer(
-            torch.zeros(c.buf.group_size, dtype=torch.int32, device=cuda)), EpRtError, "enable_shrink"),
-        BadInput("clean mask without enable_shrink", lambda c: c.buf.low_latency_clean_mask_buffer(), EpRtError,
-                 "enable_shrink"),
+        BadInput(
+            "clean T 0", lambda c: c.buf.clean_low_latency_buffer(0, LL_H, LL_E), V, "num_max_dispatch_tokens_per_rank"
+        ),
+        BadInput(
+            "clean shape too large",
+            lambda c: c.buf.clean_low_latency_buffer(1024, 16384, 4096),
+            B,
+            "get_low_latency_rdma_size_hint",
+        ),
+        BadInput(
+            "mask without enable_shrink",
+            lambda c: c.buf.low_latency_update_mask_buffer(0, True),
+            EpRtError,
+            "enable_shrink",
+        ),
+        BadInput(
+            "query mask without enable_shrink",
+            lambda c: c.buf.low_latency_query_mask_buffer(
+                torch.zeros(c.buf.group_size, dtype=torch.int32, device=cuda)
+            ),
+            EpRtError,
+            "enable_shrink",
+        ),
+        BadInput(
+            "clean mask without enable_shrink",
+            lambda c: c.buf.low_latency_clean_mask_buffer(),
+            EpRtError,
+            "enable_shrink",
+        ),
         # ---- hooks ----
         BadInput("a receive hook called twice", _hook_twice, EpRtError, "already called"),
         BadInput("a call whose buffer still has an uncalled hook", _hook_pending, EpRtError, "never called"),
         # ---- caller errors the kernels report (the call completes on every rank; the Buffer stays usable) ----
-        BadInput("LL expert id == num_experts", lambda c: _ll_bad_id(c, LL_E), KE, "topk_idx holds expert id",
-                 completes=True, only_rank0=True, launches=_LL_IDS),
-        BadInput("LL expert id -3", lambda c: _ll_bad_id(c, -3), KE, "topk_idx holds expert id", completes=True,
-                 only_rank0=True, launches=_LL_IDS),
-        BadInput("num_worst_tokens too small", _worst_too_small, KE, "num_worst_tokens", completes=True,
-                 launches="with num_worst_tokens the host never reads the receive counts: the kernels find it"),
+        BadInput(
+            "LL expert id == num_experts",
+            lambda c: _ll_bad_id(c, LL_E),
+            KE,
+            "topk_idx holds expert id",
+            completes=True,
+            only_rank0=True,
+            launches=_LL_IDS,
+        ),
+        BadInput(
+            "LL expert id -3",
+            lambda c: _ll_bad_id(c, -3),
+            KE,
+            "topk_idx holds expert id",
+            completes=True,
+            only_rank0=True,
+            launches=_LL_IDS,
+        ),
+        BadInput(
+            "num_worst_tokens too small",
+            _worst_too_small,
+            KE,
+            "num_worst_tokens",
+            completes=True,
+            launches="with num_worst_tokens the host never reads the receive counts: the kernels find it",
+        ),
     ]
     return cases
 
@@ -399,11 +644,24 @@ CASES = _cases()
 
 # The cases above that hold for an internode Buffer as they stand; those that name the intranode handle, the NVL
 # buffer's dispatch limit or the LL handle have internode counterparts below.
-_SHARED_PREFIXES = ("local tensor", "rdma local tensor", "layout ", "dispatch ", "cached dispatch ", "combine ",
-                    "num_worst_tokens too small")
-_INTRANODE_ONLY = {"cached dispatch handle of 5", "cached dispatch LL handle",
-                   "cached dispatch too large for the NVL buffer", "combine handle of 5", "combine LL handle",
-                   "combine handle None", "combine too large for the NVL buffer"}
+_SHARED_PREFIXES = (
+    "local tensor",
+    "rdma local tensor",
+    "layout ",
+    "dispatch ",
+    "cached dispatch ",
+    "combine ",
+    "num_worst_tokens too small",
+)
+_INTRANODE_ONLY = {
+    "cached dispatch handle of 5",
+    "cached dispatch LL handle",
+    "cached dispatch too large for the NVL buffer",
+    "combine handle of 5",
+    "combine LL handle",
+    "combine handle None",
+    "combine too large for the NVL buffer",
+}
 
 
 def _rebuilt(handle, i, change):
@@ -438,35 +696,84 @@ def _nvl_hidden(c) -> int:
 def _internode_only_cases() -> list[BadInput]:
     B, V, T, cuda = BufferTooSmallError, ValueError, TypeError, "cuda"
     return [
-        BadInput("internode rdma counts int64", lambda c: c.dispatch(num_tokens_per_rdma_rank=c.per_node.long()), T,
-                 "int32"),
-        BadInput("internode rdma counts rows", lambda c: c.dispatch(num_tokens_per_rdma_rank=torch.zeros(
-            c.buf.topology.num_nodes + 1, dtype=torch.int32, device=cuda)), V, "rows"),
-        BadInput("internode cached dispatch handle of 9", lambda c: c.buf.dispatch(c.x, handle=tuple(c.handle)[:9]), V,
-                 "10-tuple"),
+        BadInput(
+            "internode rdma counts int64", lambda c: c.dispatch(num_tokens_per_rdma_rank=c.per_node.long()), T, "int32"
+        ),
+        BadInput(
+            "internode rdma counts rows",
+            lambda c: c.dispatch(
+                num_tokens_per_rdma_rank=torch.zeros(c.buf.topology.num_nodes + 1, dtype=torch.int32, device=cuda)
+            ),
+            V,
+            "rows",
+        ),
+        BadInput(
+            "internode cached dispatch handle of 9",
+            lambda c: c.buf.dispatch(c.x, handle=tuple(c.handle)[:9]),
+            V,
+            "10-tuple",
+        ),
         BadInput("internode combine handle of 6", lambda c: c.combine(handle=tuple(c.handle)[:6]), V, "10-tuple"),
         BadInput("internode combine handle None", lambda c: c.buf.combine(c.y, None), V, "10-tuple"),
-        BadInput("internode combine intranode handle", lambda c: c.combine(handle=_intranode_handle(c)), V,
-                 "comes from a high-throughput (intranode)"),
-        BadInput("internode cached dispatch rebuilt handle, wrong rows", lambda c: c.buf.dispatch(
-            c.x, handle=_rebuilt(c.handle, 2, lambda t: t[:-1].contiguous())), V, "gbl_channel_prefix_matrix"),
-        BadInput("internode combine rebuilt handle, send_nvl_head columns", lambda c: c.combine(
-            handle=_rebuilt(c.handle, 9, lambda t: t[:, :1].contiguous())), V, "ranks per node"),
-        BadInput("internode dispatch too large for the RDMA buffer", lambda c: c.dispatch(x=_bf16(N, _rdma_hidden(c))),
-                 B, "num_rdma_bytes", launches="the notify kernel counts the (rank -> node) streams; the host raises "
-                                                "on the counts before any data kernel (INTERNODE_DESIGN.md Errors)"),
-        BadInput("internode cached dispatch too large for the RDMA buffer", lambda c: c.buf.dispatch(
-            _bf16(N, _rdma_hidden(c)), handle=c.handle), B, "num_rdma_bytes"),
-        BadInput("internode combine too large for the RDMA buffer", lambda c: c.combine(
-            x=_bf16(c.rows, _rdma_hidden(c))), B, "num_rdma_bytes"),
-        BadInput("internode combine too large for the NVL buffer", lambda c: c.combine(x=_bf16(c.rows, _nvl_hidden(c))),
-                 B, "num_nvl_bytes"),
-        BadInput("internode dispatch too large for the NVL buffer", lambda c: c.dispatch(x=_bf16(N, _nvl_hidden(c))),
-                 B, "num_nvl_bytes", launches="the notify kernel counts the rows each rank receives (the records its "
-                                               "node's forwarders push into its NVL buffer); the host raises on the "
-                                               "counts before any data kernel"),
-        BadInput("internode Buffer without LL: low_latency_dispatch", lambda c: c.buf.low_latency_dispatch(
-            c.x, c.idx, N, E), EpRtError, "low_latency_mode=True"),
+        BadInput(
+            "internode combine intranode handle",
+            lambda c: c.combine(handle=_intranode_handle(c)),
+            V,
+            "comes from a high-throughput (intranode)",
+        ),
+        BadInput(
+            "internode cached dispatch rebuilt handle, wrong rows",
+            lambda c: c.buf.dispatch(c.x, handle=_rebuilt(c.handle, 2, lambda t: t[:-1].contiguous())),
+            V,
+            "gbl_channel_prefix_matrix",
+        ),
+        BadInput(
+            "internode combine rebuilt handle, send_nvl_head columns",
+            lambda c: c.combine(handle=_rebuilt(c.handle, 9, lambda t: t[:, :1].contiguous())),
+            V,
+            "ranks per node",
+        ),
+        BadInput(
+            "internode dispatch too large for the RDMA buffer",
+            lambda c: c.dispatch(x=_bf16(N, _rdma_hidden(c))),
+            B,
+            "num_rdma_bytes",
+            launches="the notify kernel counts the (rank -> node) streams; the host raises "
+            "on the counts before any data kernel (INTERNODE_DESIGN.md Errors)",
+        ),
+        BadInput(
+            "internode cached dispatch too large for the RDMA buffer",
+            lambda c: c.buf.dispatch(_bf16(N, _rdma_hidden(c)), handle=c.handle),
+            B,
+            "num_rdma_bytes",
+        ),
+        BadInput(
+            "internode combine too large for the RDMA buffer",
+            lambda c: c.combine(x=_bf16(c.rows, _rdma_hidden(c))),
+            B,
+            "num_rdma_bytes",
+        ),
+        BadInput(
+            "internode combine too large for the NVL buffer",
+            lambda c: c.combine(x=_bf16(c.rows, _nvl_hidden(c))),
+            B,
+            "num_nvl_bytes",
+        ),
+        BadInput(
+            "internode dispatch too large for the NVL buffer",
+            lambda c: c.dispatch(x=_bf16(N, _nvl_hidden(c))),
+            B,
+            "num_nvl_bytes",
+            launches="the notify kernel counts the rows each rank receives (the records its "
+            "node's forwarders push into its NVL buffer); the host raises on the "
+            "counts before any data kernel",
+        ),
+        BadInput(
+            "internode Buffer without LL: low_latency_dispatch",
+            lambda c: c.buf.low_latency_dispatch(c.x, c.idx, N, E),
+            EpRtError,
+            "low_latency_mode=True",
+        ),
     ]
 
 
@@ -484,8 +791,11 @@ def catalogue_problems(results: list, check_every: int = 25) -> list[str]:
         problems += [f"rank {rank} {name}: {detail}" for name, ok, detail in res["outcomes"] if not ok]
         if len(res["rounds"]) < res["num_cases"] // check_every:
             problems.append(f"rank {rank}: {len(res['rounds'])} good rounds for {res['num_cases']} cases")
-        problems += [f"rank {rank} good round after case {i}: {checks} checks, {failures[:5]}"
-                     for i, checks, failures in res["rounds"] if checks <= 0 or failures]
+        problems += [
+            f"rank {rank} good round after case {i}: {checks} checks, {failures[:5]}"
+            for i, checks, failures in res["rounds"]
+            if checks <= 0 or failures
+        ]
     return problems
 
 
@@ -521,8 +831,9 @@ def run_catalogue(rank: int, num_ranks: int, seed: int, check_every: int = 25, i
         cases = internode_cases()
     else:
         need_ll = Buffer.get_low_latency_rdma_size_hint(LL_T, LL_H, num_ranks, LL_E)
-        buf = Buffer(dist.group.WORLD, 16 << 20, need_ll, low_latency_mode=True, explicitly_destroy=True,
-                     timeout_s=60.0)
+        buf = Buffer(
+            dist.group.WORLD, 16 << 20, need_ll, low_latency_mode=True, explicitly_destroy=True, timeout_s=60.0
+        )
         cases = CASES
     ctx = Ctx(buf, seed)
     outcomes, rounds = [], []

@@ -5,6 +5,7 @@ DeepEP reports it), median over iterations after warm-up, L2 flushed (256 MB wri
 iteration, inputs rotated. Whole-call time: events on the caller's stream around the Python call,
 what a user waits for (includes the notify kernel and the host reading the receive count).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -65,8 +66,17 @@ def ht_inputs(num_tokens, hidden, num_topk, num_experts, device, copies=2, seed=
 HT_WORKLOADS = ("dispatch BF16", "dispatch FP8", "combine BF16")
 
 
-def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=5, iters=30,
-             workloads=HT_WORKLOADS):
+def bench_ht(
+    buffer,
+    num_tokens=4096,
+    hidden=7168,
+    num_topk=8,
+    num_experts=256,
+    num_sms=24,
+    warmup=5,
+    iters=30,
+    workloads=HT_WORKLOADS,
+):
     """Dispatch BF16, dispatch FP8 and combine (of a BF16 dispatch's rows) on the HT reference workload, or those of
     `workloads`; one row each. Kernel times come from events around each kernel, after an L2 flush and a device
     barrier that starts both ranks together; host time from calls without that line-up."""
@@ -84,8 +94,14 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
         """One timed call: (kernel times by name, call us from events, host us, received rows)."""
         x, x_fp8, idx, w = sets[it % len(sets)]
         per_rank, _, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
-        args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                    topk_idx=idx, topk_weights=w, config=config)
+        args = dict(
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            config=config,
+        )
         if name.startswith("combine"):
             recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
         flush.zero_()
@@ -129,22 +145,36 @@ def bench_ht(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, 
         bytes_moved = num_recv * hidden * 2
         if name == "dispatch FP8":
             bytes_moved = bytes_moved * (1 + 4 / 128) / 2
-        rows.append(BenchRow(name, num_sms, kernel_us, notify_us, statistics.median(calls), statistics.median(hosts),
-                             bytes_moved / kernel_us / 1e3, num_recv))
+        rows.append(
+            BenchRow(
+                name,
+                num_sms,
+                kernel_us,
+                notify_us,
+                statistics.median(calls),
+                statistics.median(hosts),
+                bytes_moved / kernel_us / 1e3,
+                num_recv,
+            )
+        )
     return rows
 
 
 def format_rows(rows, rank) -> str:
-    lines = [f"rank {rank}: {'workload':<14} {'SMs':>4} {'kernel us':>10} {'GB/s':>8} {'notify us':>10} "
-             f"{'call us':>9} {'host us':>8} {'recv tokens':>11}"]
+    lines = [
+        f"rank {rank}: {'workload':<14} {'SMs':>4} {'kernel us':>10} {'GB/s':>8} {'notify us':>10} "
+        f"{'call us':>9} {'host us':>8} {'recv tokens':>11}"
+    ]
     for r in rows:
-        lines.append(f"rank {rank}: {r.name:<14} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.gbps:>8.1f} "
-                     f"{r.notify_us:>10.1f} {r.call_us:>9.1f} {r.host_us:>8.1f} {r.num_recv:>11}")
+        lines.append(
+            f"rank {rank}: {r.name:<14} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.gbps:>8.1f} "
+            f"{r.notify_us:>10.1f} {r.call_us:>9.1f} {r.host_us:>8.1f} {r.num_recv:>11}"
+        )
     return "\n".join(lines)
 
 
 _SLEEP_CYCLES_COVER = 4_000_000  # ~2 ms of GPU work: covers the host enqueueing everything timed after it
-_SLEEP_CYCLES_GAP = 400_000      # ~200 us between a send half and its receive half: the peers' sends land
+_SLEEP_CYCLES_GAP = 400_000  # ~200 us between a send half and its receive half: the peers' sends land
 
 
 def ll_inputs(num_tokens, hidden, num_topk, num_experts, num_ranks, device, seed):
@@ -166,8 +196,7 @@ LL_OPS = (("dispatch", "LL dispatch FP8"), ("combine", "LL combine BF16"), ("log
 _ROUND_KERNELS = ["send", "recv"] * (3 + 2 + 3 + 3)
 
 
-def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50,
-             profiled_iters=20):
+def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50, profiled_iters=20):
     """LL dispatch (FP8), combine and LogFMT combine (medians). Each round runs:
 
     * the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP runs a GEMM) so
@@ -184,8 +213,9 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     from torch.profiler import ProfilerActivity, profile
 
     T = num_tokens
-    x, idx, w, y, y_castable = ll_inputs(num_tokens, hidden, num_topk, num_experts, buffer.group_size,
-                                         buffer.device, 1234 + buffer.rank)
+    x, idx, w, y, y_castable = ll_inputs(
+        num_tokens, hidden, num_topk, num_experts, buffer.group_size, buffer.device, 1234 + buffer.rank
+    )
     selections = int((idx >= 0).sum())
     samples = {f"{op} {what}": [] for op, _ in LL_OPS for what in ("kernel", "send", "recv", "call")}
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
@@ -196,8 +226,14 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
             out = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=hook)
             state["handle"] = out[2]
             return out[4]
-        out = buffer.low_latency_combine(y_castable if op == "logfmt" else y, idx, w, state["handle"],
-                                         use_logfmt=op == "logfmt", return_recv_hook=hook)
+        out = buffer.low_latency_combine(
+            y_castable if op == "logfmt" else y,
+            idx,
+            w,
+            state["handle"],
+            use_logfmt=op == "logfmt",
+            return_recv_hook=hook,
+        )
         return out[2]
 
     def timed(pending, key, fn):
@@ -247,8 +283,13 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     rows = []
     for op, name in LL_OPS:
         nbytes = fp8_bytes if op == "dispatch" else bf16_bytes
-        row = {"name": name, "experts": num_experts, "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
-               "call": med[f"{op} call"], "profiler": profiled.get(op)}
+        row = {
+            "name": name,
+            "experts": num_experts,
+            "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
+            "call": med[f"{op} call"],
+            "profiler": profiled.get(op),
+        }
         kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
         row["gbps"] = nbytes / kernel / 1e3
         rows.append(row)
@@ -258,15 +299,18 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
 def _profiled_ll(prof, rounds) -> dict:
     """Medians of the LL kernels' own durations per op: send, recv (hook halves) and kernel (whole call, send
     start to receive end). Empty if the profiler did not see exactly the kernels the rounds launched."""
-    kernels = sorted((e for e in prof.profiler.kineto_results.events() if e.name().startswith("ep_rt_ll_")),
-                     key=lambda e: e.start_ns())
+    kernels = sorted(
+        (e for e in prof.profiler.kineto_results.events() if e.name().startswith("ep_rt_ll_")),
+        key=lambda e: e.start_ns(),
+    )
     if len(kernels) != rounds * len(_ROUND_KERNELS) or any(
-            not k.name().endswith(f"_{half}") for k, half in zip(kernels, _ROUND_KERNELS * rounds)):
+        not k.name().endswith(f"_{half}") for k, half in zip(kernels, _ROUND_KERNELS * rounds)
+    ):
         return {}
     per_round = len(_ROUND_KERNELS)
     out = {op: {"send": [], "recv": [], "kernel": []} for op, _ in LL_OPS}
     for r in range(rounds):
-        ks = kernels[r * per_round:(r + 1) * per_round]
+        ks = kernels[r * per_round : (r + 1) * per_round]
         for i, (op, _) in enumerate(LL_OPS):
             send, recv = ks[2 * i], ks[2 * i + 1]
             out[op]["send"].append(send.duration_ns() / 1e3)
@@ -278,39 +322,54 @@ def _profiled_ll(prof, rounds) -> dict:
 
 def format_ll_rows(rows, rank) -> str:
     nan = {"kernel": float("nan"), "send": float("nan"), "recv": float("nan")}
-    lines = [f"rank {rank}: {'workload':<17} {'experts':>7} {'kernel us':>10} {'GB/s':>7} {'send us':>8} "
-             f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8}"]
+    lines = [
+        f"rank {rank}: {'workload':<17} {'experts':>7} {'kernel us':>10} {'GB/s':>7} {'send us':>8} "
+        f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8}"
+    ]
     for r in rows:
         p, e = r["profiler"] or nan, r["events"]
-        lines.append(f"rank {rank}: {r['name']:<17} {r['experts']:>7} {p['kernel']:>10.1f} {r['gbps']:>7.1f} "
-                     f"{p['send']:>8.1f} "
-                     f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
-                     f"{r['call']:>8.1f}")
+        lines.append(
+            f"rank {rank}: {r['name']:<17} {r['experts']:>7} {p['kernel']:>10.1f} {r['gbps']:>7.1f} "
+            f"{p['send']:>8.1f} "
+            f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
+            f"{r['call']:>8.1f}"
+        )
     return "\n".join(lines)
 
 
 # ---- internode (emulated nodes here: EP_RT_RANKS_PER_NODE) ----------------------------------------------------
 IN_WORKLOADS = ("internode dispatch BF16", "internode dispatch FP8", "internode combine BF16")
-IN_KERNELS = {"dispatch": ("send", "forward", "recv"), "combine": ("combine_publish", "combine_forward",
-                                                                    "combine_reduce")}
+IN_KERNELS = {
+    "dispatch": ("send", "forward", "recv"),
+    "combine": ("combine_publish", "combine_forward", "combine_reduce"),
+}
 
 
 @dataclass
 class InternodeBenchRow:
     name: str
     num_sms: int
-    kernel_us: float    # median over calls of the call's kernels (dispatch: send + forward + receive; notify apart)
+    kernel_us: float  # median over calls of the call's kernels (dispatch: send + forward + receive; notify apart)
     notify_us: float
-    call_us: float      # events around the whole Python call on the caller's stream
-    rdma_gbps: float    # DeepEP's "RDMA" metric: tokens x nodes they reach (own node included) x bytes / kernel time
-    nvl_gbps: float     # DeepEP's "NVL" metric: received rows x bytes / kernel time
+    call_us: float  # events around the whole Python call on the caller's stream
+    rdma_gbps: float  # DeepEP's "RDMA" metric: tokens x nodes they reach (own node included) x bytes / kernel time
+    nvl_gbps: float  # DeepEP's "NVL" metric: received rows x bytes / kernel time
     num_recv: int
     rdma_tokens: int
-    emulated: bool      # nodes emulated on one host: the "RDMA" traffic went over NVLink, not a network
+    emulated: bool  # nodes emulated on one host: the "RDMA" traffic went over NVLink, not a network
 
 
-def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_experts=256, num_sms=24, warmup=3,
-                    iters=20, workloads=IN_WORKLOADS):
+def bench_internode(
+    buffer,
+    num_tokens=4096,
+    hidden=7168,
+    num_topk=8,
+    num_experts=256,
+    num_sms=24,
+    warmup=3,
+    iters=20,
+    workloads=IN_WORKLOADS,
+):
     """DeepEP's internode test workloads (dispatch BF16 / FP8, combine BF16) with DeepEP's metrics. Kernel times are
     CUDA events around each kernel, L2 flushed before each call, the ranks met at a barrier first."""
     unknown = [w for w in workloads if w not in IN_WORKLOADS]
@@ -323,8 +382,15 @@ def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_expert
     sets = ht_inputs(num_tokens, hidden, num_topk, num_experts, dev, copies=1, seed=buffer.rank)
     x, x_fp8, idx, w = sets[0]
     per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx, num_experts)
-    args = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
-                num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, config=config)
+    args = dict(
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_node,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+        config=config,
+    )
     rdma_tokens = int(per_node.sum()) if per_node is not None else 0
     recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
@@ -355,19 +421,36 @@ def bench_internode(buffer, num_tokens=4096, hidden=7168, num_topk=8, num_expert
                 calls.append(start.elapsed_time(end) * 1000.0)
         kernel_us = statistics.median(sums)
         row_bytes = hidden * 2 if "FP8" not in name else hidden * (1 + 4 / 128)
-        rows.append(InternodeBenchRow(name, num_sms, kernel_us, statistics.median(notifies), statistics.median(calls),
-                                      rdma_tokens * row_bytes / kernel_us / 1e3, recv_x.size(0) * row_bytes / kernel_us / 1e3,
-                                      recv_x.size(0), rdma_tokens, buffer.topology.emulated))
+        rows.append(
+            InternodeBenchRow(
+                name,
+                num_sms,
+                kernel_us,
+                statistics.median(notifies),
+                statistics.median(calls),
+                rdma_tokens * row_bytes / kernel_us / 1e3,
+                recv_x.size(0) * row_bytes / kernel_us / 1e3,
+                recv_x.size(0),
+                rdma_tokens,
+                buffer.topology.emulated,
+            )
+        )
     return rows
 
 
 def format_internode_rows(rows, rank) -> str:
-    lines = [f"rank {rank}: {'workload':<24} {'SMs':>4} {'kernel us':>10} {'RDMA GB/s':>10} {'NVL GB/s':>9} "
-             f"{'notify us':>10} {'call us':>9} {'recv':>6}"]
+    lines = [
+        f"rank {rank}: {'workload':<24} {'SMs':>4} {'kernel us':>10} {'RDMA GB/s':>10} {'NVL GB/s':>9} "
+        f"{'notify us':>10} {'call us':>9} {'recv':>6}"
+    ]
     for r in rows:
-        lines.append(f"rank {rank}: {r.name:<24} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.rdma_gbps:>10.1f} "
-                     f"{r.nvl_gbps:>9.1f} {r.notify_us:>10.1f} {r.call_us:>9.1f} {r.num_recv:>6}")
+        lines.append(
+            f"rank {rank}: {r.name:<24} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.rdma_gbps:>10.1f} "
+            f"{r.nvl_gbps:>9.1f} {r.notify_us:>10.1f} {r.call_us:>9.1f} {r.num_recv:>6}"
+        )
     if rows and rows[0].emulated:
-        lines.append(f"rank {rank}: (emulated nodes: the \"RDMA\" traffic crossed NVLink inside one host, not a "
-                     f"network; only correctness and the NVLink side mean anything here)")
+        lines.append(
+            f'rank {rank}: (emulated nodes: the "RDMA" traffic crossed NVLink inside one host, not a '
+            f"network; only correctness and the NVLink side mean anything here)"
+        )
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """The benchmark rounds, shared by `python -m ep_rt bench` (the per-rank body here) and `python -m ep_rt` (check,
 ep_rt.testing.main_check), so both measure with the same code: ep_rt.testing.bench's HT and LL benchmarks on
 DeepEP's reference workloads."""
+
 from __future__ import annotations
 
 from dataclasses import asdict
@@ -12,24 +13,24 @@ from . import bench
 # DeepEP's formulas, as ep_rt.testing.bench applies them (written into --json output beside the numbers).
 FORMULAS = {
     "ht kernel_us": "median of CUDA events around the dispatch (notify excluded, as DeepEP reports it) or combine "
-                    "kernel, L2 flushed and the ranks' GPUs lined up before each call",
+    "kernel, L2 flushed and the ranks' GPUs lined up before each call",
     "ht call_us": "median of events on the caller's stream around the whole Python call (notify and the host's "
-                  "wait for the receive count included); host_us: the call's host time without the line-up",
+    "wait for the receive count included); host_us: the call's host time without the line-up",
     "ht gbps": "received rows x hidden x 2 bytes / kernel time (FP8 dispatch: x (1 + 4/128) / 2, the FP8 row "
-               "and its f32 scales)",
+    "and its f32 scales)",
     "ll kernel_us": "send start to receive end of a whole call, from the kernels' own profiler times (DeepEP's "
-                    "kineto method); 'events' are the CUDA-event figures of the same calls",
+    "kineto method); 'events' are the CUDA-event figures of the same calls",
     "ll call_us": "events around the whole Python call, what a caller waits for",
     "ll gbps": "this rank's valid selections x (hidden + hidden / 128 x 4 + 16) bytes (FP8 dispatch) or x hidden "
-               "x 2 bytes (combine, LogFMT too) / kernel time",
+    "x 2 bytes (combine, LogFMT too) / kernel time",
     "internode kernel_us": "median over calls of the sum of the call's kernels (dispatch: send + forward + receive, "
-                           "notify apart as DeepEP reports it; combine: publish + forward + reduce), L2 flushed, the "
-                           "ranks met at a barrier before each call",
+    "notify apart as DeepEP reports it; combine: publish + forward + reduce), L2 flushed, the "
+    "ranks met at a barrier before each call",
     "internode rdma_gbps": "DeepEP's 'RDMA' metric: sum of num_tokens_per_rdma_rank (tokens x nodes they reach, own "
-                           "node included) x bytes per token / kernel time (bytes: BF16 2H, FP8 H(1 + 4/128))",
+    "node included) x bytes per token / kernel time (bytes: BF16 2H, FP8 H(1 + 4/128))",
     "internode nvl_gbps": "DeepEP's 'NVL' metric: received rows x bytes per token / kernel time",
     "internode emulated": "true: nodes emulated on one host (EP_RT_RANKS_PER_NODE), the 'RDMA' traffic crossed "
-                          "NVLink, not a network",
+    "NVLink, not a network",
 }
 LL_SHAPE = (128, 7168, 288)  # DeepEP's LL reference workload: tokens per rank, hidden, experts (top-8)
 
@@ -51,20 +52,33 @@ def bench_rank(rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: boo
     out = {"rank": rank, "ht": [], "ll": [], "internode": []}
     if internode:
         cfg = Config(num_sms)  # the sizes follow EP_RT_RANKS_PER_NODE (emulated nodes) or 8 ranks per node
-        buffer = Buffer(dist.group.WORLD, cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
-                        cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True)
+        buffer = Buffer(
+            dist.group.WORLD,
+            cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
+            cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096),
+            explicitly_destroy=True,
+        )
         out["internode"] = [asdict(r) for r in bench.bench_internode(buffer, num_sms=num_sms)]
         buffer.destroy()
         return out
     if ht:
-        buffer = Buffer(dist.group.WORLD, Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
-                        explicitly_destroy=True)
+        buffer = Buffer(
+            dist.group.WORLD,
+            Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
+            explicitly_destroy=True,
+        )
         out["ht"] = [asdict(r) for r in ht_round(buffer, num_sms)]
         buffer.destroy()
     if ll:
         T, H, E = LL_SHAPE
-        buffer = Buffer(dist.group.WORLD, 0, Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E),
-                        low_latency_mode=True, num_qps_per_rank=E // num_ranks, explicitly_destroy=True)
+        buffer = Buffer(
+            dist.group.WORLD,
+            0,
+            Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E),
+            low_latency_mode=True,
+            num_qps_per_rank=E // num_ranks,
+            explicitly_destroy=True,
+        )
         out["ll"] = ll_round(buffer)
         buffer.destroy()
     return out

@@ -1,5 +1,6 @@
 """What every GPU check shares: one fresh seed per run, agreed by all ranks, a strict case filter, and a bit-exact
 comparer (dtype and shape first) that collects failures instead of stopping at the first."""
+
 from __future__ import annotations
 
 import os
@@ -27,7 +28,13 @@ def expert_recv_counts(idxs, rank: int, num_local_experts: int, device) -> torch
 
 def _bits(t):
     """The same bytes as integers of the same width, so equal bits compare equal (NaN payloads, -0.0 too)."""
-    return t.contiguous().view(torch.uint8) if t.element_size() == 1 else t.contiguous().view(torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64)
+    return (
+        t.contiguous().view(torch.uint8)
+        if t.element_size() == 1
+        else t.contiguous().view(
+            torch.int16 if t.element_size() == 2 else torch.int32 if t.element_size() == 4 else torch.int64
+        )
+    )
 
 
 def select(cases, names, also=()):
@@ -56,8 +63,10 @@ class Checker:
         self.checks += 1
         if got is None or want is None:
             if (got is None) != (want is None):
-                self.failures.append(f"{what}: got {'None' if got is None else 'a tensor'}, want "
-                                     f"{'None' if want is None else 'a tensor'}")
+                self.failures.append(
+                    f"{what}: got {'None' if got is None else 'a tensor'}, want "
+                    f"{'None' if want is None else 'a tensor'}"
+                )
             return
         if isinstance(want, list):
             if list(got) != want:
@@ -75,8 +84,9 @@ class Checker:
         got = got.to(want.device)
         if rows is not None:
             if want.dim() == 0 or not 0 <= rows <= want.size(0):
-                self.failures.append(f"{what}: {rows} defined rows, but the expected tensor has shape "
-                                     f"{tuple(want.shape)}")
+                self.failures.append(
+                    f"{what}: {rows} defined rows, but the expected tensor has shape {tuple(want.shape)}"
+                )
                 return
             got, want = got[:rows], want[:rows]
         if not torch.equal(_bits(got), _bits(want)):

@@ -2,6 +2,7 @@
 high-throughput and the low-latency calls, with and without shrink mode. Each survivor must raise a clear error
 (or, in shrink mode, mask the peer) within the timeout, its teardown must complete, and where every process is
 still alive a fresh Buffer must work."""
+
 from __future__ import annotations
 
 import os
@@ -23,8 +24,15 @@ def _buffer(kind: str, R: int, timeout_s: float, shrink: bool = False):
     if kind == "ht":
         return Buffer(dist.group.WORLD, 32 << 20, explicitly_destroy=True, timeout_s=timeout_s)
     need = Buffer.get_low_latency_rdma_size_hint(LL_SHAPE["T"], LL_SHAPE["hidden"], R, LL_SHAPE["experts"])
-    return Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, explicitly_destroy=True, timeout_s=timeout_s,
-                  enable_shrink=shrink)
+    return Buffer(
+        dist.group.WORLD,
+        0,
+        need,
+        low_latency_mode=True,
+        explicitly_destroy=True,
+        timeout_s=timeout_s,
+        enable_shrink=shrink,
+    )
 
 
 def _ht_call(buf, seed: int):
@@ -34,8 +42,14 @@ def _ht_call(buf, seed: int):
     idx = torch.topk(torch.rand(s["tokens"], s["experts"], generator=g, device=buf.device), s["topk"]).indices
     w = torch.rand(s["tokens"], s["topk"], generator=g, device=buf.device)
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, s["experts"])
-    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                                                   num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
     buf.combine(recv_x, handle, topk_weights=recv_w)
     torch.cuda.synchronize()
     buf.raise_if_failed()
@@ -65,8 +79,11 @@ def _attempt(fn) -> dict:
         fn()
         return {"error": None, "seconds": time.monotonic() - t0}
     except EpRtError as e:
-        return {"error": f"{type(e).__name__}: {e}", "timeout": isinstance(e, CommTimeoutError),
-                "seconds": time.monotonic() - t0}
+        return {
+            "error": f"{type(e).__name__}: {e}",
+            "timeout": isinstance(e, CommTimeoutError),
+            "seconds": time.monotonic() - t0,
+        }
 
 
 def _fresh_round(kind, R, timeout_s, seed) -> dict:
@@ -77,9 +94,17 @@ def _fresh_round(kind, R, timeout_s, seed) -> dict:
         chk = selfcheck_ht.run_case(buf, selfcheck_ht.Case("fresh Buffer after a fault", num_tokens=128), seed)
     else:
         s = LL_SHAPE
-        chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("fresh Buffer after a fault", max_tokens=s["T"],
-                                                                num_tokens=s["T"], hidden=s["hidden"],
-                                                                num_experts=s["experts"]), seed)
+        chk = selfcheck_ll.run_ll_case(
+            buf,
+            selfcheck_ll.LLCase(
+                "fresh Buffer after a fault",
+                max_tokens=s["T"],
+                num_tokens=s["T"],
+                hidden=s["hidden"],
+                num_experts=s["experts"],
+            ),
+            seed,
+        )
     buf.destroy()
     return {"checks": chk.checks, "failures": chk.failures[:5]}
 
@@ -128,14 +153,16 @@ def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: f
         t0 = time.monotonic()
         recv, count, handle, _, _ = buf.low_latency_dispatch(xs[rank], idxs[rank], T, E)
         ys = [expert_outputs(seed, r, L, R, T, H, buf.device) for r in range(R)]
-        combined, _, _ = buf.low_latency_combine(to_packed(ys[rank], handle[0], handle[1], T), idxs[rank], ws[rank],
-                                                 handle)
+        combined, _, _ = buf.low_latency_combine(
+            to_packed(ys[rank], handle[0], handle[1], T), idxs[rank], ws[rank], handle
+        )
         torch.cuda.synchronize()
         out["seconds"] = time.monotonic() - t0
         masked = (R - 1,)
         want = reference_ll.low_latency_dispatch(xs, idxs, T, E, masked_ranks=masked)
-        ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
-                  for r in range(R)]
+        ref_in = [
+            to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
+        ]
         ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked)[rank]["combined_x"]
         status = torch.zeros(R, dtype=torch.int32, device=buf.device)
         buf.low_latency_query_mask_buffer(status)
@@ -163,9 +190,15 @@ def _internode_call(buf, seed: int, exit_after_dispatch: bool = False):
     idx = torch.topk(torch.rand(s["tokens"], E, generator=g, device=buf.device), s["topk"]).indices
     w = torch.rand(s["tokens"], s["topk"], generator=g, device=buf.device)
     per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
-    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node,
-                                                   is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                                                   topk_idx=idx, topk_weights=w)
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_node,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
     if exit_after_dispatch:
         os._exit(0)  # as a crash would: no teardown, no goodbye, kernels in flight
     buf.combine(recv_x, handle, topk_weights=recv_w)
@@ -183,8 +216,9 @@ def killed_node(rank: int, num_ranks: int, ranks_per_node: int, mid_call: bool, 
 
     # Generous for HT_SHAPE (128 tokens of 512 bf16 to every rank would need under 4 MiB of either).
     buf = Buffer(dist.group.WORLD, 16 << 20, 32 << 20, explicitly_destroy=True)
-    assert buf.topology.num_nodes > 1 and buf.topology.node_size == ranks_per_node, \
+    assert buf.topology.num_nodes > 1 and buf.topology.node_size == ranks_per_node, (
         f"killed_node needs nodes of {ranks_per_node} ranks (EP_RT_RANKS_PER_NODE), got {buf.topology.describe()}"
+    )
     _internode_call(buf, seed)  # a good call first
     dist.barrier()
     dying = buf.topology.node == buf.topology.num_nodes - 1

@@ -18,6 +18,7 @@ Model (per GPU, per direction; T tokens per rank, B bytes per token, G ranks per
   combine moves BF16 rows (2H, + 4K with top-k weights) the same way back.
 Bandwidths are in GB/s = 1e9 bytes/s, times in microseconds.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,14 +26,15 @@ import heapq
 import random
 from dataclasses import dataclass
 
+
 # ----------------------------------------------------------------------------------------
 # Routing statistics
 # ----------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RoutingStats:
-    ranks_per_token: float   # r: mean distinct destination ranks of a token
-    nodes_per_token: float   # n: mean distinct destination nodes of a token
-    own_node: float          # p: probability that a token's own node is a destination
+    ranks_per_token: float  # r: mean distinct destination ranks of a token
+    nodes_per_token: float  # n: mean distinct destination nodes of a token
+    own_node: float  # p: probability that a token's own node is a destination
 
     @property
     def remote_nodes_per_token(self) -> float:
@@ -49,8 +51,15 @@ TABLE_5_1 = {
 }
 
 
-def routing_stats(num_nodes: int, ranks_per_node: int = 8, num_experts: int = 256, num_topk: int = 8,
-                  num_topk_groups: int | None = None, num_tokens: int = 8192, seed: int = 0) -> RoutingStats:
+def routing_stats(
+    num_nodes: int,
+    ranks_per_node: int = 8,
+    num_experts: int = 256,
+    num_topk: int = 8,
+    num_topk_groups: int | None = None,
+    num_tokens: int = 8192,
+    seed: int = 0,
+) -> RoutingStats:
     """Monte Carlo of DeepEP V1's test routing (V1:tests/test_internode.py, num_topk_groups = min(N, 4)).
 
     Per token: every expert gets an iid score; experts form num_nodes groups of E/N consecutive experts (a
@@ -76,7 +85,7 @@ def _routing_stats(num_nodes, ranks_per_node, num_experts, num_topk, num_topk_gr
     ranks_total = nodes_total = 0
     for _ in range(num_tokens):
         scores = [rng.random() for _ in range(num_experts)]
-        group_max = [max(scores[g * per_node:(g + 1) * per_node]) for g in range(num_nodes)]
+        group_max = [max(scores[g * per_node : (g + 1) * per_node]) for g in range(num_nodes)]
         kept = heapq.nlargest(groups, range(num_nodes), key=group_max.__getitem__)
         candidates = [e for g in kept for e in range(g * per_node, (g + 1) * per_node)]
         experts = heapq.nlargest(num_topk, candidates, key=scores.__getitem__)
@@ -92,8 +101,8 @@ def _routing_stats(num_nodes, ranks_per_node, num_experts, num_topk, num_topk_gr
 @dataclass(frozen=True)
 class Cluster:
     name: str
-    nic_gbps: float   # achievable NIC bandwidth per GPU and direction
-    nvl_gbps: float   # NVLink bandwidth per GPU and direction
+    nic_gbps: float  # achievable NIC bandwidth per GPU and direction
+    nvl_gbps: float  # NVLink bandwidth per GPU and direction
 
 
 H800 = Cluster("H800 + CX7 400G", nic_gbps=46.0, nvl_gbps=160.0)
@@ -103,15 +112,15 @@ CLUSTERS = {"H800": H800, "H200": H200}
 
 @dataclass(frozen=True)
 class Prediction:
-    kind: str                # "dispatch_fp8", "dispatch_bf16", "combine_bf16"
+    kind: str  # "dispatch_fp8", "dispatch_bf16", "combine_bf16"
     bytes_per_token: float
-    nic_bytes: float         # D_nic
-    nvl_bytes: float         # D_nvl
+    nic_bytes: float  # D_nic
+    nvl_bytes: float  # D_nvl
     nic_us: float
     nvl_us: float
     notify_us: float
     rdma_metric_bytes: float  # T * n * B: what DeepEP's "RDMA" figure divides by the time
-    nvl_metric_bytes: float   # T * r * B: what its "NVL" figure divides
+    nvl_metric_bytes: float  # T * r * B: what its "NVL" figure divides
 
     @property
     def kernel_us(self) -> float:
@@ -150,10 +159,20 @@ def bytes_per_token(kind: str, hidden: int, num_topk: int = 8, with_weights: boo
 KINDS = ("dispatch_fp8", "dispatch_bf16", "combine_bf16")
 
 
-def predict(nic_gbps: float, nvl_gbps: float, num_nodes: int, ranks_per_node: int = 8, num_tokens: int = 4096,
-            hidden: int = 7168, num_topk: int = 8, num_experts: int = 256, notify_us: float = 0.0,
-            stats: RoutingStats | None = None, combine_with_weights: bool = False,
-            record_overhead_bytes: float = 0.0) -> dict:
+def predict(
+    nic_gbps: float,
+    nvl_gbps: float,
+    num_nodes: int,
+    ranks_per_node: int = 8,
+    num_tokens: int = 4096,
+    hidden: int = 7168,
+    num_topk: int = 8,
+    num_experts: int = 256,
+    notify_us: float = 0.0,
+    stats: RoutingStats | None = None,
+    combine_with_weights: bool = False,
+    record_overhead_bytes: float = 0.0,
+) -> dict:
     """{kind: Prediction} for dispatch FP8, dispatch BF16 and combine BF16 on one GPU of the cluster.
 
     stats: routing statistics (default: ``routing_stats`` for this shape). record_overhead_bytes: extra wire
@@ -170,8 +189,17 @@ def predict(nic_gbps: float, nvl_gbps: float, num_nodes: int, ranks_per_node: in
         wire = B + record_overhead_bytes
         nic_bytes = num_tokens * st.remote_nodes_per_token * wire
         nvl_bytes = num_tokens * st.ranks_per_token * (1 - 1 / G) * wire
-        out[kind] = Prediction(kind, B, nic_bytes, nvl_bytes, nic_bytes / nic_gbps / 1e3, nvl_bytes / nvl_gbps / 1e3,
-                               notify_us, num_tokens * st.nodes_per_token * B, num_tokens * st.ranks_per_token * B)
+        out[kind] = Prediction(
+            kind,
+            B,
+            nic_bytes,
+            nvl_bytes,
+            nic_bytes / nic_gbps / 1e3,
+            nvl_bytes / nvl_gbps / 1e3,
+            notify_us,
+            num_tokens * st.nodes_per_token * B,
+            num_tokens * st.ranks_per_token * B,
+        )
     return out
 
 
@@ -192,7 +220,7 @@ class Published:
     cluster: Cluster
     num_nodes: int
     kind: str
-    rdma_gbps: float         # DeepEP's "RDMA" metric as published
+    rdma_gbps: float  # DeepEP's "RDMA" metric as published
     source: str
     num_tokens: int = 4096
     ranks_per_node: int = 8
@@ -232,12 +260,12 @@ PUBLISHED = (
 @dataclass(frozen=True)
 class Placement:
     published: Published
-    implied_us: float        # the kernel time the published metric implies: T * n * B / metric
-    nic_gbps: float          # NIC bytes / that time
-    nvl_gbps: float          # NVLink bytes (the forwarded share) / that time
-    nic_fraction: float      # of the cluster's NIC bandwidth
-    nvl_fraction: float      # of its NVLink bandwidth
-    bound_us: float          # the model's kernel time on that cluster
+    implied_us: float  # the kernel time the published metric implies: T * n * B / metric
+    nic_gbps: float  # NIC bytes / that time
+    nvl_gbps: float  # NVLink bytes (the forwarded share) / that time
+    nic_fraction: float  # of the cluster's NIC bandwidth
+    nvl_fraction: float  # of its NVLink bandwidth
+    bound_us: float  # the model's kernel time on that cluster
 
     @property
     def reading(self) -> str:
@@ -249,12 +277,22 @@ class Placement:
         return f"{link}-bound ({top:.0%})"
 
 
-def place(pub: Published, stats: RoutingStats | None = None, hidden: int = 7168, num_topk: int = 8,
-          num_experts: int = 256) -> Placement:
+def place(
+    pub: Published, stats: RoutingStats | None = None, hidden: int = 7168, num_topk: int = 8, num_experts: int = 256
+) -> Placement:
     """The time, link loads and reading a published "RDMA" figure implies under the model."""
     st = stats or routing_stats(pub.num_nodes, pub.ranks_per_node, num_experts, num_topk)
-    p = predict(pub.cluster.nic_gbps, pub.cluster.nvl_gbps, pub.num_nodes, pub.ranks_per_node, pub.num_tokens,
-                hidden, num_topk, num_experts, stats=st)[pub.kind]
+    p = predict(
+        pub.cluster.nic_gbps,
+        pub.cluster.nvl_gbps,
+        pub.num_nodes,
+        pub.ranks_per_node,
+        pub.num_tokens,
+        hidden,
+        num_topk,
+        num_experts,
+        stats=st,
+    )[pub.kind]
     t = p.rdma_metric_bytes / pub.rdma_gbps / 1e3
     nic, nvl = p.nic_bytes / t / 1e3, p.nvl_bytes / t / 1e3
     return Placement(pub, t, nic, nvl, nic / pub.cluster.nic_gbps, nvl / pub.cluster.nvl_gbps, p.kernel_us)

@@ -1,5 +1,6 @@
 """The per-rank bodies of `python -m ep_rt` (ep_rt.cli.check): every check against the reference, then the
 benchmarks."""
+
 from __future__ import annotations
 
 import torch.distributed as dist
@@ -31,9 +32,19 @@ def main_rank(rank, num_ranks, quick, bench, num_sms):
     bench_rows = bench_main.ht_round(buffer, num_sms) if bench else []
     buffer.destroy()
     ll_rows, ll_bench, notes = low_latency_round(num_ranks, seed, quick, bench)
-    return {"seed": seed, "rows": rows + ll_rows, "notes": notes,
-            "bench": "\n".join(x for x in (bench_mod.format_rows(bench_rows, rank) if bench_rows else "",
-                                           bench_mod.format_ll_rows(ll_bench, rank) if ll_bench else "") if x)}
+    return {
+        "seed": seed,
+        "rows": rows + ll_rows,
+        "notes": notes,
+        "bench": "\n".join(
+            x
+            for x in (
+                bench_mod.format_rows(bench_rows, rank) if bench_rows else "",
+                bench_mod.format_ll_rows(ll_bench, rank) if ll_bench else "",
+            )
+            if x
+        ),
+    }
 
 
 def internode_rank(rank, num_ranks, quick, bench, num_sms):
@@ -43,8 +54,12 @@ def internode_rank(rank, num_ranks, quick, bench, num_sms):
     from . import selfcheck_internode as sci
 
     cfg = Config(num_sms)
-    buffer = Buffer(dist.group.WORLD, cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
-                    cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True)
+    buffer = Buffer(
+        dist.group.WORLD,
+        cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
+        cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096),
+        explicitly_destroy=True,
+    )
     G = buffer.topology.node_size
     seed = shared_seed(buffer.group)
     cases = select(sci.internode_cases(num_ranks, G), QUICK_INTERNODE if quick else None)
@@ -56,8 +71,11 @@ def internode_rank(rank, num_ranks, quick, bench, num_sms):
     rows.append(("internode cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
     bench_rows = bench_mod.bench_internode(buffer, num_sms=num_sms) if bench else []
     buffer.destroy()
-    return {"seed": seed, "rows": rows,
-            "bench": bench_mod.format_internode_rows(bench_rows, rank) if bench_rows else ""}
+    return {
+        "seed": seed,
+        "rows": rows,
+        "bench": bench_mod.format_internode_rows(bench_rows, rank) if bench_rows else "",
+    }
 
 
 def low_latency_round(num_ranks, seed, quick, bench):

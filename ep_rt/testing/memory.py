@@ -4,6 +4,7 @@ for the process. A soak samples every so many rounds and checks there is no grow
 
 Device-wide used memory is no leak measure when ranks share a GPU: it counts the other processes, and torch's
 caching allocator reserves segments it does not give back; torch_allocated and ep_rt's counters are per process."""
+
 from __future__ import annotations
 
 import os
@@ -15,12 +16,12 @@ import torch
 @dataclass(frozen=True)
 class Sample:
     round: int
-    torch_allocated: int   # bytes held by torch's caching allocator for tensors
-    device_used: int       # total - free on this device (every process on it)
-    nvml_process: int      # this process's GPU memory as NVML reports it (0 if NVML cannot tell)
-    host_rss: int          # resident set size of this process
+    torch_allocated: int  # bytes held by torch's caching allocator for tensors
+    device_used: int  # total - free on this device (every process on it)
+    nvml_process: int  # this process's GPU memory as NVML reports it (0 if NVML cannot tell)
+    host_rss: int  # resident set size of this process
     ep_rt_device: int = 0  # device memory ep_rt allocated through runtime.driver and holds
-    ep_rt_host: int = 0    # pinned host memory ep_rt allocated and holds
+    ep_rt_host: int = 0  # pinned host memory ep_rt allocated and holds
 
 
 def _rss() -> int:
@@ -56,8 +57,9 @@ def sample(round_: int) -> Sample:
     from ..runtime import driver
 
     live = driver.live_bytes()
-    return Sample(round_, torch.cuda.memory_allocated(dev), total - free, _nvml_process(dev), _rss(), live["device"],
-                  live["host"])
+    return Sample(
+        round_, torch.cuda.memory_allocated(dev), total - free, _nvml_process(dev), _rss(), live["device"], live["host"]
+    )
 
 
 PER_PROCESS = ("torch_allocated", "ep_rt_device", "ep_rt_host", "host_rss")
@@ -73,8 +75,14 @@ def growth(samples: list[Sample], warmup_fraction: float = 0.2) -> dict:
 
 # Allowed rises after the warm-up: allocator rounding and Python's heap wander a little; a leak of one buffer or
 # one tensor per call grows without bound over thousands of rounds.
-LIMITS = {"torch_allocated": 64 << 20, "ep_rt_device": 0, "ep_rt_host": 0, "host_rss": 256 << 20,
-          "device_used": 256 << 20, "nvml_process": 256 << 20}
+LIMITS = {
+    "torch_allocated": 64 << 20,
+    "ep_rt_device": 0,
+    "ep_rt_host": 0,
+    "host_rss": 256 << 20,
+    "device_used": 256 << 20,
+    "nvml_process": 256 << 20,
+}
 
 
 def leaks(samples: list[Sample], gpu_shared: bool | None = None) -> list[str]:
@@ -85,5 +93,8 @@ def leaks(samples: list[Sample], gpu_shared: bool | None = None) -> list[str]:
         gpu_shared = dist.is_initialized() and dist.get_world_size() > torch.cuda.device_count()
     names = PER_PROCESS if gpu_shared else PER_PROCESS + DEVICE_WIDE
     g = growth(samples)
-    return [f"{k} grew by {g[k] / 2**20:.1f} MiB after the warm-up (limit {LIMITS[k] / 2**20:.0f})"
-            for k in names if g[k] > LIMITS[k]]
+    return [
+        f"{k} grew by {g[k] / 2**20:.1f} MiB after the warm-up (limit {LIMITS[k] / 2**20:.0f})"
+        for k in names
+        if g[k] > LIMITS[k]
+    ]

@@ -28,6 +28,7 @@ The cost per queue pair polled is an ESTIMATE, never measured: the review behind
 A kernel whose issuing threads quiet concurrently pays at least one sweep on its critical path, at most all of them
 (fully serialised); both bounds are reported.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,13 +37,14 @@ FLAVOURS = ("cu13", "cu12")
 # The issue-21 review's estimate (unmeasured): 0.2-0.35 ms per thread-scope sweep of ~360 queue pairs.
 SWEEP_ESTIMATE_MS, SWEEP_ESTIMATE_QPS = (0.2, 0.35), 360
 QP_POLL_US = tuple(ms * 1e3 / SWEEP_ESTIMATE_QPS for ms in SWEEP_ESTIMATE_MS)
-DCIS = 1            # NVSHMEM_IBGDA_NUM_DCI's default: the DCIs a quiet sweeps besides the RCs
-DEFAULT_QPS = 24    # Buffer(num_qps_per_rank=24): ep_rt's and DeepEP V1's default
+DCIS = 1  # NVSHMEM_IBGDA_NUM_DCI's default: the DCIs a quiet sweeps besides the RCs
+DEFAULT_QPS = 24  # Buffer(num_qps_per_rank=24): ep_rt's and DeepEP V1's default
 CONFIG_CHANNELS = 10  # DeepEP's HT rule num_qps_per_rank == Config.num_sms / 2 with the default num_sms (20)
-STREAM_CHUNKS = 8     # params.h EP_RT_IN_STREAM_CHUNKS: put-with-signals per (channel, node) stream, at most
+STREAM_CHUNKS = 8  # params.h EP_RT_IN_STREAM_CHUNKS: put-with-signals per (channel, node) stream, at most
 
 
 # ---- queue pairs ------------------------------------------------------------------------------------------------
+
 
 def rc_queue_pairs(num_qps: int, npes: int, nics: int = 1) -> int:
     """RC queue pairs one GPU holds on IBGDA in a world of `npes` PEs: num_qps per other PE and NIC (ibgda.cpp creates
@@ -75,8 +77,11 @@ def sweep_us(num_qps: int, npes: int) -> tuple[float, float]:
 
 def qp_table_markdown(eps=(16, 64, 256), ranks_per_node: int = 8, qps=(CONFIG_CHANNELS, DEFAULT_QPS)) -> str:
     """The README's table: RC queue pairs per GPU (one NIC) for each kind of Buffer, with the sweep size."""
-    head = [f"EP (nodes x {ranks_per_node})"] + [f"HT-only Buffer, rail world (N PEs), {q} QPs" for q in qps] + \
-           [f"low_latency_mode Buffer, all R PEs, {q} QPs" for q in qps]
+    head = (
+        [f"EP (nodes x {ranks_per_node})"]
+        + [f"HT-only Buffer, rail world (N PEs), {q} QPs" for q in qps]
+        + [f"low_latency_mode Buffer, all R PEs, {q} QPs" for q in qps]
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for ep in eps:
         cells = [f"EP{ep} ({ep // ranks_per_node} x {ranks_per_node})"]
@@ -89,23 +94,26 @@ def qp_table_markdown(eps=(16, 64, 256), ranks_per_node: int = 8, qps=(CONFIG_CH
 
 # ---- operation counts -------------------------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class Shape:
     ranks: int
     ranks_per_node: int = 8
-    channels: int = 20      # ep_rt's channels = Config.num_sms (Buffer.num_sms, default 20)
+    channels: int = 20  # ep_rt's channels = Config.num_sms (Buffer.num_sms, default 20)
     tokens: int = 4096
     topk: int = 8
     experts: int = 256
-    ll_tokens: int = 128    # tokens per rank of an LL call (DeepEP's decoding shape)
+    ll_tokens: int = 128  # tokens per rank of an LL call (DeepEP's decoding shape)
 
     def __post_init__(self):
         R, G = self.ranks, self.ranks_per_node
         if G < 1 or R < 2 * G or R % G:
             raise ValueError(f"need at least 2 nodes of {G} ranks, got {R} ranks")
         if min(self.channels, self.tokens, self.topk, self.experts) < 1 or self.experts % R:
-            raise ValueError(f"channels, tokens, topk, experts must be positive and experts ({self.experts}) a "
-                             f"multiple of the ranks ({R})")
+            raise ValueError(
+                f"channels, tokens, topk, experts must be positive and experts ({self.experts}) a "
+                f"multiple of the ranks ({R})"
+            )
 
     @property
     def nodes(self) -> int:
@@ -120,10 +128,10 @@ class Shape:
 class KernelOps:
     call: str
     kernel: str
-    put_signals: float   # puts that carry a signal (data before its own signal)
+    put_signals: float  # puts that carry a signal (data before its own signal)
     bare_signals: float  # signal operations without data
-    world: str           # "rail" or "full": which world's queue pairs a sweep of this kernel polls (see sweeps)
-    issuers: str         # who issues them (what a cu12 quiet would serialise)
+    world: str  # "rail" or "full": which world's queue pairs a sweep of this kernel polls (see sweeps)
+    issuers: str  # who issues them (what a cu12 quiet would serialise)
 
     @property
     def puts(self) -> float:
@@ -214,6 +222,7 @@ def sweep_cost_us(ops: list[KernelOps], s: Shape, flavour: str, num_qps: int = D
 
 # ---- the tables of docs/INTERNODE_DESIGN.md --------------------------------------------------------------------
 
+
 def _n(x: float) -> str:
     return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.1f}"
 
@@ -230,29 +239,39 @@ def ops_table_markdown(s: Shape, num_qps: int = DEFAULT_QPS) -> str:
     flavour's critical-path sweep time (estimate) in the rail world (HT-only Buffer) and the full world (LL)."""
     R, G, N = s.ranks, s.ranks_per_node, s.nodes
     rail_q, full_q = sweep_qps(num_qps, N), sweep_qps(num_qps, R)
-    lines = [f"EP{R} ({N} nodes x {G}), C = {s.channels} channels, T = {s.tokens} (LL: {s.ll_tokens}), "
-             f"K = {s.topk}, E = {s.experts}, {num_qps} QPs per peer: a sweep polls {rail_q} queue pairs in the "
-             f"rail world of an HT-only Buffer, {full_q} in the world of all ranks.", "",
-             "| call | kernel | puts | signals | quiets cu13 | fences cu13 | quiets cu12 | fences cu12 | "
-             "cu12 sweep time on the critical path (estimate) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"EP{R} ({N} nodes x {G}), C = {s.channels} channels, T = {s.tokens} (LL: {s.ll_tokens}), "
+        f"K = {s.topk}, E = {s.experts}, {num_qps} QPs per peer: a sweep polls {rail_q} queue pairs in the "
+        f"rail world of an HT-only Buffer, {full_q} in the world of all ranks.",
+        "",
+        "| call | kernel | puts | signals | quiets cu13 | fences cu13 | quiets cu12 | fences cu12 | "
+        "cu12 sweep time on the critical path (estimate) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     ll_shape = Shape(R, G, s.channels, s.ll_tokens, s.topk, s.experts, s.ll_tokens)
     groups = [(ht_ops(s, "rail"), s), (ll_ops(ll_shape), ll_shape)]
     for ops, shape in groups:
         for call in calls(ops):
             mine = [o for o in ops if o.call == call]
             for o in mine:
-                lines.append(f"| {call} | {o.kernel} | {_n(o.puts)} | {_n(o.signals)} | {_n(o.quiets('cu13'))} | "
-                             f"{_n(o.fences('cu13'))} | {_n(o.quiets('cu12'))} | {_n(o.fences('cu12'))} | "
-                             f"{_us(*sweep_cost_us([o], shape, 'cu12', num_qps))} |")
+                lines.append(
+                    f"| {call} | {o.kernel} | {_n(o.puts)} | {_n(o.signals)} | {_n(o.quiets('cu13'))} | "
+                    f"{_n(o.fences('cu13'))} | {_n(o.quiets('cu12'))} | {_n(o.fences('cu12'))} | "
+                    f"{_us(*sweep_cost_us([o], shape, 'cu12', num_qps))} |"
+                )
             tot = lambda f: _n(sum(f(o) for o in mine))  # noqa: E731
-            lines.append(f"| **{call}** | **per call** | **{tot(lambda o: o.puts)}** | **{tot(lambda o: o.signals)}**"
-                         f" | **{tot(lambda o: o.quiets('cu13'))}** | **{tot(lambda o: o.fences('cu13'))}** | "
-                         f"**{tot(lambda o: o.quiets('cu12'))}** | **{tot(lambda o: o.fences('cu12'))}** | "
-                         f"**{_us(*sweep_cost_us(mine, shape, 'cu12', num_qps))}** |")
+            lines.append(
+                f"| **{call}** | **per call** | **{tot(lambda o: o.puts)}** | **{tot(lambda o: o.signals)}**"
+                f" | **{tot(lambda o: o.quiets('cu13'))}** | **{tot(lambda o: o.fences('cu13'))}** | "
+                f"**{tot(lambda o: o.quiets('cu12'))}** | **{tot(lambda o: o.fences('cu12'))}** | "
+                f"**{_us(*sweep_cost_us(mine, shape, 'cu12', num_qps))}** |"
+            )
     full = sweep_cost_us([o for o in ht_ops(s, "full") if o.call == "dispatch"], s, "cu12", num_qps)
-    lines += ["", f"An HT call of a low_latency_mode Buffer (world of all ranks) has the same operations; its cu12 "
-              f"dispatch sweeps cost {_us(*full)}. LL counts are expectations under uniform routing."]
+    lines += [
+        "",
+        f"An HT call of a low_latency_mode Buffer (world of all ranks) has the same operations; its cu12 "
+        f"dispatch sweeps cost {_us(*full)}. LL counts are expectations under uniform routing.",
+    ]
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ plus the fill and drain of the others (tandem_us simulates it); with one chunk p
 bandwidth fairly between the channels' queue pairs completes every channel near the end, so forwarding waits for
 almost all of the network time. The kernels one after another take the sum (serial_us).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -40,12 +41,13 @@ def tandem_us(jobs: list[dict], stations) -> float:
 class Pipeline:
     """One HT call on one GPU as stages (total busy time of each, us). Data of the own node (a share `local` of the
     NVLink and copy work) never crosses the NIC, so it flows from the start; the rest waits for the network."""
+
     kind: str
     stations: tuple
-    busy: dict              # station -> total busy time (us)
-    remote_only: tuple      # stations only the remote share visits
-    local: float            # own-node share of the other stations' work (p / n)
-    latency_us: float       # notify or handshake, and the first signal: outside the pipeline
+    busy: dict  # station -> total busy time (us)
+    remote_only: tuple  # stations only the remote share visits
+    local: float  # own-node share of the other stations' work (p / n)
+    latency_us: float  # notify or handshake, and the first signal: outside the pipeline
     rdma_metric_bytes: float
 
     def jobs(self, chunks: int) -> list[dict]:
@@ -72,9 +74,19 @@ class Pipeline:
         return self.rdma_metric_bytes / us / 1e3
 
 
-def pipeline(kind: str, cluster: Cluster, num_nodes: int, ranks_per_node: int = 8, num_tokens: int = 4096,
-             hidden: int = 7168, num_topk: int = 8, num_experts: int = 256, channels: int = 20,
-             stats: RoutingStats | None = None, record_overhead_bytes: float = 80.0) -> Pipeline:
+def pipeline(
+    kind: str,
+    cluster: Cluster,
+    num_nodes: int,
+    ranks_per_node: int = 8,
+    num_tokens: int = 4096,
+    hidden: int = 7168,
+    num_topk: int = 8,
+    num_experts: int = 256,
+    channels: int = 20,
+    stats: RoutingStats | None = None,
+    record_overhead_bytes: float = 80.0,
+) -> Pipeline:
     """The stages of one HT call of `kind` (dispatch_fp8, dispatch_bf16, combine_bf16) with the issue-21 design:
     dispatch = pack (records into staging) -> NIC -> forward (NVLink pushes into the node's NVL buffers) -> copy
     (each rank from its NVL buffer to its outputs); combine = publish (rows into the own NVL buffer) -> forward
@@ -89,17 +101,27 @@ def pipeline(kind: str, cluster: Cluster, num_nodes: int, ranks_per_node: int = 
     nic = T * (n - p) * wire / (cluster.nic_gbps * 1e3)
     over_nvl = T * r * (1 - 1 / G) * wire / (cluster.nvl_gbps * 1e3)
     if kind.startswith("dispatch"):
-        busy = {"pack": T * (n - p) * wire / sm_w, "nic": nic,
-                "nvlink": max(over_nvl, T * r * wire / sm_w), "copy": T * r * B / sm_w}
-        return Pipeline(kind, DISPATCH_STATIONS, busy, ("pack", "nic"), p / n,
-                        2 * NET_LATENCY_US + NVL_LATENCY_US, T * n * B)
-    busy = {"publish": T * r * B / sm_w, "nvlink": max(over_nvl, T * n * B / sm_w), "nic": nic,
-            "reduce": max(T * n * B / sm_r, T * B / sm_w)}
+        busy = {
+            "pack": T * (n - p) * wire / sm_w,
+            "nic": nic,
+            "nvlink": max(over_nvl, T * r * wire / sm_w),
+            "copy": T * r * B / sm_w,
+        }
+        return Pipeline(
+            kind, DISPATCH_STATIONS, busy, ("pack", "nic"), p / n, 2 * NET_LATENCY_US + NVL_LATENCY_US, T * n * B
+        )
+    busy = {
+        "publish": T * r * B / sm_w,
+        "nvlink": max(over_nvl, T * n * B / sm_w),
+        "nic": nic,
+        "reduce": max(T * n * B / sm_r, T * B / sm_w),
+    }
     return Pipeline(kind, COMBINE_STATIONS, busy, ("nic",), p / n, 2 * NET_LATENCY_US, T * n * B)
 
 
-def cu12_sweeps_us(kind: str, num_nodes: int, ranks_per_node: int = 8, chunks: int = 1, world: str = "rail",
-                   num_qps: int = 24) -> float:
+def cu12_sweeps_us(
+    kind: str, num_nodes: int, ranks_per_node: int = 8, chunks: int = 1, world: str = "rail", num_qps: int = 24
+) -> float:
     """The cu12 flavour's quiet sweeps on the call's critical path (network_ops' lower bound: issuers quiet
     concurrently, one sweep per put-with-signal in sequence on each issuer: 1 for notify, `chunks` for send and
     combine forward). An estimate, like the sweep cost itself."""

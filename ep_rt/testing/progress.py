@@ -1,4 +1,5 @@
 """A plain-text progress bar on stderr (no dependency): `label [#####.....] 3/10 note`, redrawn in place."""
+
 from __future__ import annotations
 
 import sys
@@ -14,7 +15,9 @@ class Progress:
     def render(self, done: int, note: str = "") -> str:
         done = max(0, min(done, self.total))
         fill = self.width * done // self.total
-        return f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] {done}/{self.total}" + (f" {note}" if note else "")
+        return f"{self.label} [{'#' * fill}{'.' * (self.width - fill)}] {done}/{self.total}" + (
+            f" {note}" if note else ""
+        )
 
     def update(self, done: int, note: str = "") -> None:
         self.stream.write("\r" + self.render(done, note) + ("\n" if done >= self.total else ""))

@@ -3,6 +3,7 @@
 Every rank builds every rank's inputs from one seed (drawn fresh per run by rank 0 and shared), runs
 the collective on its GPU, runs the reference for all ranks, and compares its own results bit for bit.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -24,29 +25,36 @@ class Case:
     name: str
     num_tokens: int = 512
     hidden: int = 1024
-    num_topk: int = 8           # 0: dispatch without top-k (routing from is_token_in_rank only)
+    num_topk: int = 8  # 0: dispatch without top-k (routing from is_token_in_rank only)
     num_experts: int = 64
-    dtype: str = "bf16"         # bf16 | fp8 | fp8_colmajor | fp8_ue8m0
-    routing: str = "uniform"   # uniform | holes | hot_expert | empty_rank
+    dtype: str = "bf16"  # bf16 | fp8 | fp8_colmajor | fp8_ue8m0
+    routing: str = "uniform"  # uniform | holes | hot_expert | empty_rank
     num_worst_tokens: bool = False
     async_finish: bool = False
     previous_event: bool = False
-    bias: str = "none"          # none | one | pair
+    bias: str = "none"  # none | one | pair
     num_sms: int = 20
     expert_alignment: int = 1
     tokens_by_rank: tuple = field(default=())  # overrides num_tokens per rank when given
     topk_idx_dtype: str = "int64"  # what topk_idx is passed as (int32 is read in place); outputs are topk_idx_t
 
 
-INTRANODE_HANDLE = ("rank_prefix_matrix", "channel_prefix_matrix", "recv_channel_prefix_matrix", "recv_src_idx",
-                    "is_token_in_rank", "send_pos")
+INTRANODE_HANDLE = (
+    "rank_prefix_matrix",
+    "channel_prefix_matrix",
+    "recv_channel_prefix_matrix",
+    "recv_src_idx",
+    "is_token_in_rank",
+    "send_pos",
+)
 
 
 @dataclass(frozen=True)
 class Mode:
     """What the intranode and the internode checks differ in: the reference, the handle's fields (and which of
     them have one row per received token), the layout's node size, and node-level routing families."""
-    G: int = 0              # ranks per node of a group across nodes; 0: one node (intranode)
+
+    G: int = 0  # ranks per node of a group across nodes; 0: one node (intranode)
     route: Optional[Callable] = None  # (case, idxs, num_ranks, seed) -> idxs (selfcheck_internode's families)
 
     @property
@@ -68,8 +76,17 @@ class Mode:
             idxs = self.route(case, idxs, num_ranks, seed)
         return xs, idxs, weights
 
-    def dispatch(self, xs, idxs, weights, num_experts: int, num_channels: int, expert_alignment: int,
-                 num_worst: int, with_topk: bool = True):
+    def dispatch(
+        self,
+        xs,
+        idxs,
+        weights,
+        num_experts: int,
+        num_channels: int,
+        expert_alignment: int,
+        num_worst: int,
+        with_topk: bool = True,
+    ):
         """The reference dispatch of every rank; the routing comes from idxs even without top-k."""
         R = len(xs)
         layouts = [self.layout(i, num_experts, R) for i in idxs]
@@ -78,11 +95,29 @@ class Mode:
             idxs = weights = None
         counts = [lay[2] for lay in layouts]  # what each rank passes as num_tokens_per_expert
         if self.internode:
-            return reference.internode_dispatch(xs, idxs, weights, num_experts, num_channels, self.G,
-                                                expert_alignment, num_worst, is_token_in_ranks=routes,
-                                                num_tokens_per_experts=counts)
-        return reference.intranode_dispatch(xs, idxs, weights, num_experts, num_channels, expert_alignment,
-                                            num_worst, is_token_in_ranks=routes, num_tokens_per_experts=counts)
+            return reference.internode_dispatch(
+                xs,
+                idxs,
+                weights,
+                num_experts,
+                num_channels,
+                self.G,
+                expert_alignment,
+                num_worst,
+                is_token_in_ranks=routes,
+                num_tokens_per_experts=counts,
+            )
+        return reference.intranode_dispatch(
+            xs,
+            idxs,
+            weights,
+            num_experts,
+            num_channels,
+            expert_alignment,
+            num_worst,
+            is_token_in_ranks=routes,
+            num_tokens_per_experts=counts,
+        )
 
     def combine(self, *args):
         return (reference.internode_combine if self.internode else reference.intranode_combine)(*args)
@@ -118,7 +153,7 @@ def make_inputs(case: Case, seed: int, num_ranks: int, device):
         E, K = case.num_experts, max(case.num_topk, 1)
         scores = torch.rand(n, E, generator=g)
         if case.routing == "empty_rank":  # nobody sends to the last rank
-            scores[:, E - E // num_ranks:] = -1
+            scores[:, E - E // num_ranks :] = -1
         idx = torch.topk(scores, K, dim=1).indices if n else torch.empty(0, K, dtype=torch.int64)
         if case.routing == "hot_expert":
             idx[:, 0] = 0
@@ -136,8 +171,12 @@ def _as_dispatch_x(x, dtype: str):
     if dtype == "bf16":
         return x
     if x.size(0) == 0:
-        s = torch.empty(0, x.size(1) // (512 if dtype == "fp8_ue8m0" else 128), device=x.device,
-                        dtype=torch.int32 if dtype == "fp8_ue8m0" else torch.float32)
+        s = torch.empty(
+            0,
+            x.size(1) // (512 if dtype == "fp8_ue8m0" else 128),
+            device=x.device,
+            dtype=torch.int32 if dtype == "fp8_ue8m0" else torch.float32,
+        )
         return x.to(torch.float8_e4m3fn), s
     if dtype == "fp8_ue8m0":
         return reference.per_token_cast_to_fp8(x, round_scale=True, use_ue8m0=True)
@@ -160,13 +199,20 @@ def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE) -> Checker:
     # Layout (with the case's stream options too).
     prev = buffer.capture() if case.previous_event else None
     per_rank, per_node, per_expert, in_rank, event = buffer.get_dispatch_layout(
-        topk_idx, case.num_experts, previous_event=prev, async_finish=case.async_finish,
-        allocate_on_comm_stream=case.async_finish and case.previous_event)
+        topk_idx,
+        case.num_experts,
+        previous_event=prev,
+        async_finish=case.async_finish,
+        allocate_on_comm_stream=case.async_finish and case.previous_event,
+    )
     if case.async_finish:
         event.current_stream_wait()
     ref_layout = mode.layout(topk_idx, case.num_experts, R)
-    for name, got, want in zip(("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert",
-                                "is_token_in_rank"), (per_rank, per_node, per_expert, in_rank), ref_layout):
+    for name, got, want in zip(
+        ("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert", "is_token_in_rank"),
+        (per_rank, per_node, per_expert, in_rank),
+        ref_layout,
+    ):
         chk.equal(f"layout.{name}", got, want)
 
     # Dispatch.
@@ -175,17 +221,26 @@ def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE) -> Checker:
         num_worst = sum(case.tokens_by_rank) if case.tokens_by_rank else case.num_tokens * R
     config = Config(case.num_sms, 6, 256, 6, 128)
     prev = buffer.capture() if case.previous_event else None
-    kwargs = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                  num_tokens_per_expert=per_expert,
-                  topk_idx=topk_idx if has_topk else None, topk_weights=topk_w if has_topk else None,
-                  expert_alignment=case.expert_alignment, num_worst_tokens=num_worst, config=config,
-                  previous_event=prev, async_finish=case.async_finish,
-                  allocate_on_comm_stream=case.async_finish and case.previous_event, **mode.per_node_kwargs(per_node))
+    kwargs = dict(
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=topk_idx if has_topk else None,
+        topk_weights=topk_w if has_topk else None,
+        expert_alignment=case.expert_alignment,
+        num_worst_tokens=num_worst,
+        config=config,
+        previous_event=prev,
+        async_finish=case.async_finish,
+        allocate_on_comm_stream=case.async_finish and case.previous_event,
+        **mode.per_node_kwargs(per_node),
+    )
     recv_x, recv_idx, recv_w, per_expert_list, handle, event = buffer.dispatch(x, **kwargs)
     if case.async_finish:
         event.current_stream_wait()
-    ref = mode.dispatch(xs, idxs, weights, case.num_experts, case.num_sms, case.expert_alignment, num_worst,
-                        with_topk=has_topk)
+    ref = mode.dispatch(
+        xs, idxs, weights, case.num_experts, case.num_sms, case.expert_alignment, num_worst, with_topk=has_topk
+    )
     mine = ref[me]
     n = mine["num_recv"]
     got_x, got_s = recv_x if isinstance(recv_x, tuple) else (recv_x, None)
@@ -233,8 +288,15 @@ def check_combine(buffer, case: Case, chk: Checker, seed: int, xs, ref, handle, 
     comb_xs, comb_ws, biases = combine_inputs(case, seed, xs, ref, buffer.device)
     prev = buffer.capture() if case.previous_event else None
     combined, combined_w, event = buffer.combine(
-        comb_xs[me], handle, topk_weights=comb_ws[me], bias=biases[me], config=config, previous_event=prev,
-        async_finish=case.async_finish, allocate_on_comm_stream=case.async_finish and case.previous_event)
+        comb_xs[me],
+        handle,
+        topk_weights=comb_ws[me],
+        bias=biases[me],
+        config=config,
+        previous_event=prev,
+        async_finish=case.async_finish,
+        allocate_on_comm_stream=case.async_finish and case.previous_event,
+    )
     if case.async_finish:
         event.current_stream_wait()
     ref_c = reference_combine(comb_xs, ref, comb_ws if case.num_topk > 0 else None, biases)[me]
@@ -257,8 +319,14 @@ def replay_inputs(seed: int, num_ranks: int, rows: int, num_tokens: int, hidden:
 GRAPH_CASE = Case("cuda graph", num_tokens=384, hidden=2048, num_experts=64, num_worst_tokens=True, bias="one")
 
 
-def run_graph_case(buffer, seed: int, replays: int = 4, mode: Mode = INTRANODE, case: Case = GRAPH_CASE,
-                   eager_case: Case = Case("eager between replays", num_tokens=200)) -> Checker:
+def run_graph_case(
+    buffer,
+    seed: int,
+    replays: int = 4,
+    mode: Mode = INTRANODE,
+    case: Case = GRAPH_CASE,
+    eager_case: Case = Case("eager between replays", num_tokens=200),
+) -> Checker:
     """Layout, num_worst_tokens dispatch, cached dispatch and combine captured in one CUDA graph, replayed with
     new routing and data copied in; every replay checked against the reference. An eager round (`eager_case`)
     runs between replays, so graph replays and eager calls must agree on the call numbering."""
@@ -276,8 +344,16 @@ def run_graph_case(buffer, seed: int, replays: int = 4, mode: Mode = INTRANODE, 
     def step():
         per_rank, per_node, per_expert, in_rank, _ = buffer.get_dispatch_layout(idx_in, E)
         recv_x, recv_idx, recv_w, _, handle, _ = buffer.dispatch(
-            x_in, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-            topk_idx=idx_in, topk_weights=w_in, num_worst_tokens=W, config=config, **mode.per_node_kwargs(per_node))
+            x_in,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx_in,
+            topk_weights=w_in,
+            num_worst_tokens=W,
+            config=config,
+            **mode.per_node_kwargs(per_node),
+        )
         cached_x, *_ = buffer.dispatch(x_in, handle=handle, config=config)
         combined, combined_w, _ = buffer.combine(y_in, handle, topk_weights=recv_w, bias=bias_in, config=config)
         return recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w

@@ -5,6 +5,7 @@ reference for all ranks and compares its own results bit for bit: layout, every 
 fields, cached dispatch, combine (weights, bias) and CUDA-graph replays. Routing families: the intranode ones plus
 all tokens to one node, a node that receives nothing, and tokens whose experts span every node.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -86,5 +87,6 @@ def run_graph_case(buffer, seed: int, G: int, replays: int = 3) -> Checker:
     routing and data, an eager round between replays) on nodes of G ranks."""
     R = buffer.group_size
     case = Case("cuda graph", num_tokens=256, hidden=1024, num_experts=16 * R, num_worst_tokens=True, bias="one")
-    return selfcheck_ht.run_graph_case(buffer, seed, replays, mode(G), case,
-                                       replace(case, name="eager between replays", num_worst_tokens=False))
+    return selfcheck_ht.run_graph_case(
+        buffer, seed, replays, mode(G), case, replace(case, name="eager between replays", num_worst_tokens=False)
+    )

@@ -5,6 +5,7 @@ so counts, layout ranges, source indices, payload bits, scales and the combined 
 a fixed order, no FMA) are all compared exactly. The one exception is a LogFMT combine, whose kernels use
 the approximate lg2 / ex2 instructions: see check_logfmt_combined for its tolerance.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,8 +20,8 @@ from .checker import Checker
 @dataclass(frozen=True)
 class LLCase:
     name: str
-    max_tokens: int = 128       # T
-    num_tokens: int = 100       # per rank (rank 0 gets 0 tokens when zero_rank0)
+    max_tokens: int = 128  # T
+    num_tokens: int = 100  # per rank (rank 0 gets 0 tokens when zero_rank0)
     hidden: int = 1024
     num_topk: int = 8
     num_experts: int = 32
@@ -32,10 +33,10 @@ class LLCase:
     zero_copy: bool = False
     out: bool = False
     stats: bool = False
-    holes: bool = True          # -1 entries in topk_idx
+    holes: bool = True  # -1 entries in topk_idx
     zero_rank0: bool = False
-    rounds: int = 1             # consecutive dispatch+combine pairs (both buffers in turn)
-    use_logfmt: bool = False    # LogFMT combine of logfmt_expert_outputs (every division kind in every row)
+    rounds: int = 1  # consecutive dispatch+combine pairs (both buffers in turn)
+    use_logfmt: bool = False  # LogFMT combine of logfmt_expert_outputs (every division kind in every row)
     topk_idx_dtype: str = "int64"  # what topk_idx is passed as (int32 is read in place)
 
 
@@ -58,14 +59,25 @@ def ll_cases(num_ranks: int) -> list[LLCase]:
         LLCase("T=1024", max_tokens=1024, num_tokens=1000, hidden=1024, num_topk=4),
         # More (expert, rank) cells than the receive kernels scan at once (kShareTileCells in share.cuh).
         LLCase("4096 experts, stats", max_tokens=16, num_tokens=16, num_experts=4096, stats=True),
-        LLCase("LL reference shape (128 x 7168, top-8, 288 experts)", hidden=7168, num_tokens=128,
-               num_experts=288),
-        LLCase("LogFMT, LL reference shape (128 x 7168, top-8, 288 experts)", hidden=7168, num_tokens=128,
-               num_experts=288, use_logfmt=True),
+        LLCase("LL reference shape (128 x 7168, top-8, 288 experts)", hidden=7168, num_tokens=128, num_experts=288),
+        LLCase(
+            "LogFMT, LL reference shape (128 x 7168, top-8, 288 experts)",
+            hidden=7168,
+            num_tokens=128,
+            num_experts=288,
+            use_logfmt=True,
+        ),
         LLCase("LogFMT, hidden 1152", hidden=1152, use_logfmt=True),
         LLCase("LogFMT + hooks", hook=True, rounds=2, use_logfmt=True),
-        LLCase("LogFMT + async + out, top-16, no -1 entries", async_finish=True, out=True,
-               holes=False, num_topk=16, num_experts=64, use_logfmt=True),
+        LLCase(
+            "LogFMT + async + out, top-16, no -1 entries",
+            async_finish=True,
+            out=True,
+            holes=False,
+            num_topk=16,
+            num_experts=64,
+            use_logfmt=True,
+        ),
     ]
 
 
@@ -76,8 +88,9 @@ def ll_inputs(case: LLCase, seed: int, num_ranks: int, device):
         n = 0 if (case.zero_rank0 and r == 0) else case.num_tokens
         x = torch.randn(n, case.hidden, generator=g).to(torch.bfloat16)
         scores = torch.rand(n, case.num_experts, generator=g)
-        idx = torch.topk(scores, case.num_topk, dim=1).indices if n else torch.empty(0, case.num_topk,
-                                                                                    dtype=torch.int64)
+        idx = (
+            torch.topk(scores, case.num_topk, dim=1).indices if n else torch.empty(0, case.num_topk, dtype=torch.int64)
+        )
         if case.holes and n:
             idx = torch.where(torch.rand(idx.shape, generator=g) < 0.15, torch.full_like(idx, -1), idx)
         w = torch.rand(n, case.num_topk, generator=g)
@@ -140,8 +153,8 @@ def to_packed(y: torch.Tensor, src_info: torch.Tensor, layout_range: torch.Tenso
         for s in range(R):
             begin, n = int(layout_range[l, s]) >> 32, int(layout_range[l, s]) & 0xFFFFFFFF
             if n:
-                t = src_info[l, begin:begin + n].long()
-                out[l, begin:begin + n] = y[l, s, t]
+                t = src_info[l, begin : begin + n].long()
+                out[l, begin : begin + n] = y[l, s, t]
     return out
 
 
@@ -153,8 +166,12 @@ def _blocks(chk: Checker, what: str, got_x, got_scales, got_src, got_range, want
         chk.equal(f"{what} src_info[{l}]", got_src[l], want["packed_recv_src_info"][l], rows=n)
         chk.equal(f"{what} x[{l}]", got_x[l], want["packed_recv_x"][l], rows=n)
         if got_scales is not None or want["packed_recv_x_scales"] is not None:
-            chk.equal(f"{what} scales[{l}]", None if got_scales is None else got_scales[l],
-                      want["packed_recv_x_scales"][l] if want["packed_recv_x_scales"] is not None else None, rows=n)
+            chk.equal(
+                f"{what} scales[{l}]",
+                None if got_scales is None else got_scales[l],
+                want["packed_recv_x_scales"][l] if want["packed_recv_x_scales"] is not None else None,
+                rows=n,
+            )
 
 
 def _logfmt_term_slack(y: torch.Tensor) -> torch.Tensor:
@@ -168,7 +185,7 @@ def _logfmt_term_slack(y: torch.Tensor) -> torch.Tensor:
     castable, log_amin, step = reference_ll.logfmt_params(enc["amax"], enc["amin"])
     D = castable.shape[-1]
     decoded = reference_ll.logfmt_decode(enc).float().abs().reshape(*y.shape[:-1], D, 128)
-    slack = decoded * (torch.exp2(step) - 1 + 2.0 ** -7).unsqueeze(-1) + torch.exp2(log_amin).unsqueeze(-1)
+    slack = decoded * (torch.exp2(step) - 1 + 2.0**-7).unsqueeze(-1) + torch.exp2(log_amin).unsqueeze(-1)
     return torch.where(castable.unsqueeze(-1), slack, torch.zeros_like(slack)).reshape(y.shape)
 
 
@@ -246,15 +263,27 @@ def check_logfmt_combined(chk: Checker, what: str, got, ref, bound, bf16_channel
     differing = int((got.view(torch.int16) != ref.view(torch.int16)).sum())
     allowed = logfmt_allowed_differing(num_pairs)
     diff = calc_diff(got, ref)
-    chk.notes.append(f"{what}: {differing} of {got.numel()} LogFMT elements differ from the reference "
-                     f"({differing / got.numel():.4%}; {differing / max(num_pairs, 1):.2e} per coded term, expected "
-                     f"about {LOGFMT_PAIR_RATE:g}; allowed {allowed}), calc_diff {diff:.2e}")
+    chk.notes.append(
+        f"{what}: {differing} of {got.numel()} LogFMT elements differ from the reference "
+        f"({differing / got.numel():.4%}; {differing / max(num_pairs, 1):.2e} per coded term, expected "
+        f"about {LOGFMT_PAIR_RATE:g}; allowed {allowed}), calc_diff {diff:.2e}"
+    )
     for ok, message in (
-        (bool((err <= limit).all()), lambda: f"{int((err > limit).sum())} elements beyond one LogFMT step per term "
-                                             f"(worst excess {float((err - limit).max()):.3g})"),
-        (differing <= allowed, lambda: f"{differing} of {got.numel()} elements differ from the reference "
-                                       f"({differing / max(num_pairs, 1):.2e} per coded term; allowed {allowed}, "
-                                       f"{LOGFMT_ALLOWED_FACTOR}x the expected {LOGFMT_PAIR_RATE:g})"),
+        (
+            bool((err <= limit).all()),
+            lambda: (
+                f"{int((err > limit).sum())} elements beyond one LogFMT step per term "
+                f"(worst excess {float((err - limit).max()):.3g})"
+            ),
+        ),
+        (
+            differing <= allowed,
+            lambda: (
+                f"{differing} of {got.numel()} elements differ from the reference "
+                f"({differing / max(num_pairs, 1):.2e} per coded term; allowed {allowed}, "
+                f"{LOGFMT_ALLOWED_FACTOR}x the expected {LOGFMT_PAIR_RATE:g})"
+            ),
+        ),
         (diff <= LOGFMT_MAX_CALC_DIFF, lambda: f"calc_diff {diff:.3g} > {LOGFMT_MAX_CALC_DIFF:g}"),
     ):
         chk.checks += 1
@@ -272,12 +301,22 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
     for rnd in range(case.rounds):
         s = seed * 31 + rnd
         xs, idxs, ws = ll_inputs(case, s, R, dev)
-        want = reference_ll.low_latency_dispatch(xs, idxs, T, E, use_fp8=case.use_fp8, round_scale=case.round_scale,
-                                                 use_ue8m0=case.use_ue8m0)
+        want = reference_ll.low_latency_dispatch(
+            xs, idxs, T, E, use_fp8=case.use_fp8, round_scale=case.round_scale, use_ue8m0=case.use_ue8m0
+        )
         recv, count, handle, event, hook = buffer.low_latency_dispatch(
-            xs[me], idxs[me], T, E, cumulative_local_expert_recv_stats=stats, dispatch_wait_recv_cost_stats=wait_stats,
-            use_fp8=case.use_fp8, round_scale=case.round_scale, use_ue8m0=case.use_ue8m0,
-            async_finish=case.async_finish, return_recv_hook=case.hook)
+            xs[me],
+            idxs[me],
+            T,
+            E,
+            cumulative_local_expert_recv_stats=stats,
+            dispatch_wait_recv_cost_stats=wait_stats,
+            use_fp8=case.use_fp8,
+            round_scale=case.round_scale,
+            use_ue8m0=case.use_ue8m0,
+            async_finish=case.async_finish,
+            return_recv_hook=case.hook,
+        )
         if case.hook:
             hook()
         if case.async_finish:
@@ -294,16 +333,25 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
         # Combine: outputs defined per (l, source, token), placed at each side's own packed rows.
         make_outputs = logfmt_expert_outputs if case.use_logfmt else expert_outputs
         ys = [make_outputs(s, r, L, R, T, H, dev) for r in range(R)]
-        ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
-                  for r in range(R)]
+        ref_in = [
+            to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
+        ]
         ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=case.use_logfmt)[me]["combined_x"]
         x = to_packed(ys[me], handle[0], handle[1], T)
         out = torch.empty(xs[me].size(0), H, dtype=torch.bfloat16, device=dev) if case.out else None
         if case.zero_copy:
             buffer.get_next_low_latency_combine_buffer(handle).copy_(x)
         combined, event, hook = buffer.low_latency_combine(
-            x, idxs[me], ws[me], handle, use_logfmt=case.use_logfmt, zero_copy=case.zero_copy,
-            async_finish=case.async_finish, return_recv_hook=case.hook, out=out)
+            x,
+            idxs[me],
+            ws[me],
+            handle,
+            use_logfmt=case.use_logfmt,
+            zero_copy=case.zero_copy,
+            async_finish=case.async_finish,
+            return_recv_hook=case.hook,
+            out=out,
+        )
         if case.hook:
             hook()
         if case.async_finish:
@@ -312,9 +360,15 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
             chk.equal("combine returns out", [combined.data_ptr() == out.data_ptr()], [True])
         if case.use_logfmt:
             bf16_channels = logfmt_bf16_channels(H, dev)
-            check_logfmt_combined(chk, f"round {rnd} combined_x", combined, ref,
-                                  logfmt_error_bound(ref_in, idxs, ws, want, me), bf16_channels,
-                                  logfmt_num_pairs(idxs[me], int((~bf16_channels).sum())))
+            check_logfmt_combined(
+                chk,
+                f"round {rnd} combined_x",
+                combined,
+                ref,
+                logfmt_error_bound(ref_in, idxs, ws, want, me),
+                bf16_channels,
+                logfmt_num_pairs(idxs[me], int((~bf16_channels).sum())),
+            )
         else:
             chk.equal(f"round {rnd} combined_x", combined, ref)
     torch.cuda.synchronize()
@@ -346,8 +400,9 @@ def run_ll_graph(buffer, seed: int, replays: int = 5) -> Checker:
         xs, idxs, ws = ll_inputs(case, s, R, dev)
         want = reference_ll.low_latency_dispatch(xs, idxs, T, E)
         ys = [expert_outputs(s, r, L, R, T, H, dev) for r in range(R)]
-        ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
-                  for r in range(R)]
+        ref_in = [
+            to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
+        ]
         ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want)[me]["combined_x"]
         # New inputs into the captured tensors; the layout is deterministic, so the expert outputs can be
         # placed before the replay runs the dispatch that produces that layout.

@@ -1,5 +1,6 @@
 """The smoke round of `python -m ep_rt doctor`: one small intranode dispatch + combine and one low-latency dispatch +
 combine per rank, each checked bit for bit against ep_rt.reference (the shared selfcheck rounds, small shapes)."""
+
 from __future__ import annotations
 
 import torch.distributed as dist
@@ -17,8 +18,11 @@ def smoke_ht(rank, num_ranks):
     from .. import Buffer, Config
 
     c = HT_CASE
-    buffer = Buffer(dist.group.WORLD, Config(c.num_sms).get_nvl_buffer_size_hint(c.hidden * 2, num_ranks, c.num_tokens),
-                    explicitly_destroy=True)
+    buffer = Buffer(
+        dist.group.WORLD,
+        Config(c.num_sms).get_nvl_buffer_size_hint(c.hidden * 2, num_ranks, c.num_tokens),
+        explicitly_destroy=True,
+    )
     try:
         chk = run_case(buffer, c, shared_seed(buffer.group))
     finally:

@@ -10,6 +10,7 @@ a bias. Checked every round, cheaply and exactly:
 - combined_topk_weights = the token's weights where its expert is valid (each is held by exactly one rank).
 Every `full_every` rounds a whole selfcheck_ht case compares every output with the reference bit for bit.
 """
+
 from __future__ import annotations
 
 import random
@@ -61,7 +62,7 @@ def _expected(row: torch.Tensor, reached: torch.Tensor, biases) -> torch.Tensor:
             acc = acc + b.float()
     rf = row.float()
     for r in range(reached.size(1)):
-        acc = torch.where(reached[:, r:r + 1], acc + rf, acc)
+        acc = torch.where(reached[:, r : r + 1], acc + rf, acc)
     return acc.to(torch.bfloat16)
 
 
@@ -108,19 +109,31 @@ def ht_soak(rank: int, num_ranks: int, rounds: int, seed: int, full_every: int =
         row = x
         x_in = x
         if s["fp8"]:
-            x_in = reference.per_token_cast_to_fp8(x) if n else (x.to(torch.float8_e4m3fn),
-                                                                 torch.empty(0, H // 128, device=dev))
+            x_in = (
+                reference.per_token_cast_to_fp8(x)
+                if n
+                else (x.to(torch.float8_e4m3fn), torch.empty(0, H // 128, device=dev))
+            )
             row = reference.per_token_cast_back(*x_in) if n else x
         config = Config(s["num_sms"], 6, 256, 6, 128)
         prev = buf.capture() if s["previous_event"] else None
-        per_rank, _, per_expert, in_rank, ev = buf.get_dispatch_layout(idx, E, previous_event=prev,
-                                                                       async_finish=s["async"])
+        per_rank, _, per_expert, in_rank, ev = buf.get_dispatch_layout(
+            idx, E, previous_event=prev, async_finish=s["async"]
+        )
         if s["async"]:
             ev.current_stream_wait()
         worst = sum(s["tokens"]) if s["num_worst"] else 0
         recv_x, recv_idx, recv_w, per_expert_list, handle, ev = buf.dispatch(
-            x_in, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-            topk_idx=idx, topk_weights=w, num_worst_tokens=worst, config=config, async_finish=s["async"])
+            x_in,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            num_worst_tokens=worst,
+            config=config,
+            async_finish=s["async"],
+        )
         if s["async"]:
             ev.current_stream_wait()
         if not worst:
@@ -137,19 +150,31 @@ def ht_soak(rank: int, num_ranks: int, rounds: int, seed: int, full_every: int =
             if s["bias"] == "pair":
                 biases[1] = torch.randn(n, H, generator=g, device=dev).to(torch.bfloat16)
         bias_arg = tuple(biases) if s["bias"] == "pair" else biases[0]
-        combined, combined_w, ev = buf.combine(got_rows.contiguous(), handle, topk_weights=recv_w, bias=bias_arg,
-                                               config=config, async_finish=s["async"])
+        combined, combined_w, ev = buf.combine(
+            got_rows.contiguous(), handle, topk_weights=recv_w, bias=bias_arg, config=config, async_finish=s["async"]
+        )
         if s["async"]:
             ev.current_stream_wait()
         bad[1] += (combined.view(torch.int16) != _expected(row, in_rank, biases).view(torch.int16)).sum()
-        bad[2] += (combined_w.view(torch.int32) != torch.where(idx >= 0, w, torch.zeros_like(w)).view(torch.int32)).sum()
+        bad[2] += (
+            combined_w.view(torch.int32) != torch.where(idx >= 0, w, torch.zeros_like(w)).view(torch.int32)
+        ).sum()
         for key in ("cached", "num_worst", "fp8"):
             counts[key] += bool(s[key])
         counts["zero_tokens"] += n == 0
         if (rnd + 1) % full_every == 0:
-            chk = selfcheck_ht.run_case(buf, selfcheck_ht.Case("soak sample", num_tokens=256, hidden=H,
-                                                               num_experts=E, num_topk=K,
-                                                               dtype="fp8" if s["fp8"] else "bf16"), rs)
+            chk = selfcheck_ht.run_case(
+                buf,
+                selfcheck_ht.Case(
+                    "soak sample",
+                    num_tokens=256,
+                    hidden=H,
+                    num_experts=E,
+                    num_topk=K,
+                    dtype="fp8" if s["fp8"] else "bf16",
+                ),
+                rs,
+            )
             full_failures += chk.failures
             counts["full"] += 1
         if rnd % sample_every == 0 or rnd + 1 == rounds:
@@ -158,6 +183,12 @@ def ht_soak(rank: int, num_ranks: int, rounds: int, seed: int, full_every: int =
     buf.raise_if_failed()
     elapsed = time.monotonic() - t0
     buf.destroy()
-    return {"rounds": rounds, "bad": bad.tolist(), "full_failures": full_failures[:10], "counts": counts,
-            "leaks": memory.leaks(samples), "samples": [vars(x) for x in samples[::max(1, len(samples) // 8)]],
-            "seconds": elapsed}
+    return {
+        "rounds": rounds,
+        "bad": bad.tolist(),
+        "full_failures": full_failures[:10],
+        "counts": counts,
+        "leaks": memory.leaks(samples),
+        "samples": [vars(x) for x in samples[:: max(1, len(samples) // 8)]],
+        "seconds": elapsed,
+    }

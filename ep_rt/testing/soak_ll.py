@@ -13,6 +13,7 @@ rounds:
   multiply, then f32 add), which this rank computes from its own input alone. LogFMT combines are compared
   within DeepEP's calc_diff bound instead.
 """
+
 from __future__ import annotations
 
 import random
@@ -33,8 +34,12 @@ GRAPH_SHAPE = dict(n=96, hidden=2048, topk=8, experts=64)  # the captured graph'
 def soak_buffer_bytes(num_ranks: int) -> int:
     from .. import Buffer
 
-    return max(Buffer.get_low_latency_rdma_size_hint(MAX_TOKENS, h, num_ranks, e) for h in HIDDENS
-               for e in EXPERTS if e % num_ranks == 0)
+    return max(
+        Buffer.get_low_latency_rdma_size_hint(MAX_TOKENS, h, num_ranks, e)
+        for h in HIDDENS
+        for e in EXPERTS
+        if e % num_ranks == 0
+    )
 
 
 FEATURES = ("modes", "graph", "zero_copy", "logfmt", "zero_tokens", "own_only", "fp8", "shapes")
@@ -90,7 +95,7 @@ def _routing(seed: int, rank: int, n: int, num_experts: int, topk: int, num_rank
     if own_only:  # every token of this rank stays on this rank: its peers get nothing from it
         L = num_experts // num_ranks
         keep = torch.zeros(num_experts, dtype=torch.bool, device=device)
-        keep[rank * L:(rank + 1) * L] = True
+        keep[rank * L : (rank + 1) * L] = True
         scores = torch.where(keep, scores, torch.full_like(scores, -1.0))
     top = torch.topk(scores, topk, dim=1)
     holes = (torch.rand(top.indices.shape, generator=g, device=device) < 0.15) | (top.values < 0)
@@ -128,8 +133,8 @@ def _expected_combined(x, idx, w, use_fp8, round_scale, use_ue8m0):
     row = row.float()
     acc = torch.zeros_like(row)
     for k in range(idx.size(1)):
-        term = w[:, k:k + 1] * row
-        acc = torch.where((idx[:, k:k + 1] >= 0), acc + term, acc)
+        term = w[:, k : k + 1] * row
+        acc = torch.where((idx[:, k : k + 1] >= 0), acc + term, acc)
     return acc.to(torch.bfloat16)
 
 
@@ -159,8 +164,9 @@ def problems(results: list, rounds: int) -> list[str]:
         if res["rounds"] != rounds:
             out.append(f"rank {rank}: {res['rounds']} of {rounds} rounds ran")
         if any(res["bad"]) or res["first_bad"] is not None:
-            out.append(f"rank {rank}: mismatches {res['bad']} (counts, combined, LogFMT combined); first: "
-                       f"{res['first_bad']}")
+            out.append(
+                f"rank {rank}: mismatches {res['bad']} (counts, combined, LogFMT combined); first: {res['first_bad']}"
+            )
         out += [f"rank {rank}: leak: {leak}" for leak in res["leaks"]]
     return out
 
@@ -171,8 +177,14 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
     from .. import Buffer
 
     device = torch.device("cuda", torch.cuda.current_device())
-    buf = Buffer(dist.group.WORLD, 0, soak_buffer_bytes(num_ranks), low_latency_mode=True, num_qps_per_rank=4,
-                 explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        0,
+        soak_buffer_bytes(num_ranks),
+        low_latency_mode=True,
+        num_qps_per_rank=4,
+        explicitly_destroy=True,
+    )
     tally = _Tally(rounds, device)
     graph = _capture_graph(buf, rank, num_ranks, seed, device) if "graph" in features else None
     rng = random.Random(seed)
@@ -200,17 +212,27 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
             bad = tally.bad.tolist()  # the one sync of this batch of rounds
             buf.raise_if_failed()
             if any(bad):
-                rows = tally.per_round[:rnd + 1].sum(1).nonzero().flatten().tolist()
-                first_bad = {"rounds": rows[:5], "bad": [tally.per_round[r].tolist() for r in rows[:5]],
-                             "settings": [settings[r] for r in rows[:5]]}
+                rows = tally.per_round[: rnd + 1].sum(1).nonzero().flatten().tolist()
+                first_bad = {
+                    "rounds": rows[:5],
+                    "bad": [tally.per_round[r].tolist() for r in rows[:5]],
+                    "settings": [settings[r] for r in rows[:5]],
+                }
                 break
     torch.cuda.synchronize()
     buf.raise_if_failed()
     elapsed = time.monotonic() - t0
     buf.destroy()
-    return {"rounds": rnd + 1, "checks": tally.checks, "bad": tally.bad.tolist(), "first_bad": first_bad,
-            "counts": counts, "seconds": elapsed, "leaks": memory.leaks(samples),
-            "samples": [vars(x) for x in samples[::max(1, len(samples) // 8)]]}
+    return {
+        "rounds": rnd + 1,
+        "checks": tally.checks,
+        "bad": tally.bad.tolist(),
+        "first_bad": first_bad,
+        "counts": counts,
+        "seconds": elapsed,
+        "leaks": memory.leaks(samples),
+        "samples": [vars(x) for x in samples[:: max(1, len(samples) // 8)]],
+    }
 
 
 def _eager_round(buf, s, rs, rank, R, device, tally) -> None:
@@ -220,8 +242,16 @@ def _eager_round(buf, s, rs, rank, R, device, tally) -> None:
     idx = idxs[rank]
     x, w = _inputs(rs, rank, idx.size(0), H, idx.size(1), device)
     recv, count, handle, event, hook = buf.low_latency_dispatch(
-        x, idx, T, E, use_fp8=s["use_fp8"], round_scale=s["round_scale"], use_ue8m0=s["use_ue8m0"],
-        async_finish=s["dispatch_mode"] == "async", return_recv_hook=s["dispatch_mode"] == "hook")
+        x,
+        idx,
+        T,
+        E,
+        use_fp8=s["use_fp8"],
+        round_scale=s["round_scale"],
+        use_ue8m0=s["use_ue8m0"],
+        async_finish=s["dispatch_mode"] == "async",
+        return_recv_hook=s["dispatch_mode"] == "hook",
+    )
     if hook is not None:
         hook()
     if s["dispatch_mode"] == "async":
@@ -232,8 +262,15 @@ def _eager_round(buf, s, rs, rank, R, device, tally) -> None:
     if s["zero_copy"]:
         buf.get_next_low_latency_combine_buffer(handle).copy_(rows)
     combined, event, hook = buf.low_latency_combine(
-        rows, idx, w, handle, use_logfmt=s["use_logfmt"], zero_copy=s["zero_copy"],
-        async_finish=s["combine_mode"] == "async", return_recv_hook=s["combine_mode"] == "hook")
+        rows,
+        idx,
+        w,
+        handle,
+        use_logfmt=s["use_logfmt"],
+        zero_copy=s["zero_copy"],
+        async_finish=s["combine_mode"] == "async",
+        return_recv_hook=s["combine_mode"] == "hook",
+    )
     if hook is not None:
         hook()
     if s["combine_mode"] == "async":

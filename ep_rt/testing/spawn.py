@@ -4,6 +4,7 @@ Rank r uses GPU r % num_gpus, so more ranks than GPUs share GPUs (the tests use 
 8 ranks on a 2-GPU machine). Results come back through a queue; a rank that raises or the deadline
 passing fails the whole run with the ranks' messages.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -33,8 +34,9 @@ def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
     faulthandler.register(STACK_SIGNAL, all_threads=True)
     try:
         torch.cuda.set_device(rank % num_gpus)
-        torch.distributed.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                             world_size=num_ranks)
+        torch.distributed.init_process_group(
+            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks
+        )
         result = fn(rank, num_ranks, *args)
     except BaseException as e:  # report, then let spawn see the failure too
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -47,8 +49,16 @@ def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
         pass
 
 
-def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend: str | None = None,
-              timeout_s: float = 600.0, env: dict | None = None, may_exit: tuple = ()) -> list:
+def run_ranks(
+    fn,
+    num_ranks: int,
+    args=(),
+    num_gpus: int | None = None,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    env: dict | None = None,
+    may_exit: tuple = (),
+) -> list:
     """Call fn(rank, num_ranks, *args) on every rank; return the ranks' results in rank order. Ranks in `may_exit`
     may end without a result (fault tests kill them); their result is None."""
     num_gpus = num_gpus or torch.cuda.device_count()
@@ -58,9 +68,13 @@ def run_ranks(fn, num_ranks: int, args=(), num_gpus: int | None = None, backend:
         backend = "nccl" if num_ranks <= num_gpus else "gloo"
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
-    procs = mp.start_processes(_entry, args=(fn, num_ranks, num_gpus, free_port(), backend, dict(env or {}), queue,
-                                             tuple(args)),
-                               nprocs=num_ranks, join=False, start_method="spawn")
+    procs = mp.start_processes(
+        _entry,
+        args=(fn, num_ranks, num_gpus, free_port(), backend, dict(env or {}), queue, tuple(args)),
+        nprocs=num_ranks,
+        join=False,
+        start_method="spawn",
+    )
     # A runner with a time limit per test (tools/gpu_run.sh) caps the deadline below it, so a hang is reported with
     # the ranks' stacks before the runner kills pytest.
     cap = os.environ.get("SPAWN_DEADLINE_S")
@@ -131,5 +145,7 @@ def _hang_report(processes, timeout_s: float, results: dict, gone: set) -> str:
             pass
     time.sleep(1.0)  # time to write the stacks before the caller terminates them
     exited = {r: p.exitcode for r, p in enumerate(processes) if not p.is_alive() and r not in results}
-    return (f"ranks did not finish within {timeout_s:.0f} s: results from {sorted(results)}, exited without one "
-            f"{exited} (allowed: {sorted(gone)}), still running {alive} (their Python stacks are on stderr above)")
+    return (
+        f"ranks did not finish within {timeout_s:.0f} s: results from {sorted(results)}, exited without one "
+        f"{exited} (allowed: {sorted(gone)}), still running {alive} (their Python stacks are on stderr above)"
+    )

@@ -8,6 +8,7 @@ would join) and contributes the values that must agree plus any error it met; on
 Buffer's group compares them, and every rank raises: RankMismatchError naming the ranks and their values when the
 values differ, else the failed rank its own error and the others PeerSetupError naming it.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Mapping
@@ -63,14 +64,19 @@ def verdict(contributions: list[dict], rank: int) -> Exception | None:
         return RankMismatchError(
             "the ranks of this Buffer's group must make the same Buffer(...) call with the same ep_rt / NVSHMEM "
             "settings (they decide the sizes and layout of collective allocations, and the NVSHMEM world), but "
-            "these differ: " + " | ".join(diffs) + (f". Setup also failed on {failed}" if failed else "")
-            + ". Nothing was allocated; fix the values and create the Buffer again on every rank.")
+            "these differ: "
+            + " | ".join(diffs)
+            + (f". Setup also failed on {failed}" if failed else "")
+            + ". Nothing was allocated; fix the values and create the Buffer again on every rank."
+        )
     if not errors:
         return None
     if any(r == rank for r, _ in errors):
         return None  # the caller re-raises its own exception
-    return PeerSetupError(f"rank {rank}: another rank failed to set up this Buffer, so no rank started the "
-                          f"collective allocations ({failed}); nothing was allocated here")
+    return PeerSetupError(
+        f"rank {rank}: another rank failed to set up this Buffer, so no rank started the "
+        f"collective allocations ({failed}); nothing was allocated here"
+    )
 
 
 def _knob(read: Callable[[], object]) -> object:
@@ -86,8 +92,9 @@ def buffer_values(args: Mapping, topology) -> dict:
     sizes and modes, the node structure, and the ep_rt knobs that choose the transport or the cubin variant (the
     NVSHMEM variables follow from the preparation: nvshmem.Preparation.shared_values)."""
     values = {name: args[name] for name in sorted(args)}
-    values["nodes (Topology)"] = f"{topology.num_nodes} of {topology.node_size}" + \
-        (" (emulated)" if topology.emulated else "")
+    values["nodes (Topology)"] = f"{topology.num_nodes} of {topology.node_size}" + (
+        " (emulated)" if topology.emulated else ""
+    )
     values["EP_RT_REMOTE_TRANSPORT"] = _knob(env.remote_transport)
     values["EP_RT_NVSHMEM_DEBUG"] = _knob(env.nvshmem_debug)
     values["EP_RT_CHAOS_TRANSPORT"] = _knob(env.chaos_transport)

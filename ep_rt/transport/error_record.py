@@ -9,6 +9,7 @@ more rows than num_worst_tokens or than the NVL buffer holds): raised once, then
 else (a peer that never came, ranks that called with different shapes): the part stays failed, since its peers
 may be anywhere in their calls; the other parts keep working.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -18,7 +19,11 @@ from ..runtime import abi, driver
 
 RECORD_BYTES = 128
 SLOTS = ("nvl", "low_latency", "internode")
-RECOVERABLE = (abi.EP_RT_ERR_BAD_EXPERT, abi.EP_RT_ERR_WORST_TOKENS, abi.EP_RT_ERR_CAPACITY)  # the call completed on every rank
+RECOVERABLE = (
+    abi.EP_RT_ERR_BAD_EXPERT,
+    abi.EP_RT_ERR_WORST_TOKENS,
+    abi.EP_RT_ERR_CAPACITY,
+)  # the call completed on every rank
 
 
 class ErrorRecords:
@@ -70,7 +75,7 @@ class ErrorRecords:
         return self.failed.get(slot)
 
     def raise_if_failed(self, slot: str | None = None) -> None:
-        for s in (SLOTS if slot is None else (slot,)):
+        for s in SLOTS if slot is None else (slot,):
             err = self.check(s)
             if err is not None:
                 raise err

@@ -1,4 +1,5 @@
 """The host's wait for a token that a notify kernel publishes in mapped host memory (with the receive counts)."""
+
 from __future__ import annotations
 
 import time
@@ -12,8 +13,9 @@ from .error_record import ErrorRecords
 SPIN_S = 50e-6
 
 
-def wait_for_token(counters, index: int, token: int, timeout_s: float, errors: ErrorRecords, slot: str, who: str,
-                   phase: str) -> None:
+def wait_for_token(
+    counters, index: int, token: int, timeout_s: float, errors: ErrorRecords, slot: str, who: str, phase: str
+) -> None:
     """Wait until counters[index] == token: spin for SPIN_S, then yield the GIL between looks. The kernel's own
     error (which names the missing peer) is raised as soon as it is recorded; past 1.5 x timeout_s + 2 s (later than
     the kernels' deadline, so theirs comes first) the slot is failed with a host timeout. `who` names the rank in
@@ -33,14 +35,22 @@ def wait_for_token(counters, index: int, token: int, timeout_s: float, errors: E
                 if spins % 256 == 0:
                     errors.raise_if_failed(slot)
                     if now > deadline:
-                        raise errors.fail(slot, EpRtError(
-                            f"{who}: host timed out after {timeout_s:.1f} s in {phase}: the GPU never published "
-                            f"the receive counts. A peer rank did not make the same call, or the GPU is stuck behind "
-                            f"earlier work. The Buffer is unusable now; destroy it."))
+                        raise errors.fail(
+                            slot,
+                            EpRtError(
+                                f"{who}: host timed out after {timeout_s:.1f} s in {phase}: the GPU never published "
+                                f"the receive counts. A peer rank did not make the same call, or the GPU is stuck behind "
+                                f"earlier work. The Buffer is unusable now; destroy it."
+                            ),
+                        )
     except BaseException as e:
         if not isinstance(e, Exception):  # KeyboardInterrupt, SystemExit: this rank leaves, its peers go on
-            errors.fail(slot, EpRtError(
-                f"{who}: interrupted ({type(e).__name__}) during {phase}, in the host's wait for the receive counts: "
-                f"this rank left the call while its peers may still be in it. The Buffer is unusable now; destroy() "
-                f"frees it without waiting for those peers; then create a new Buffer (every rank)."))
+            errors.fail(
+                slot,
+                EpRtError(
+                    f"{who}: interrupted ({type(e).__name__}) during {phase}, in the host's wait for the receive counts: "
+                    f"this rank left the call while its peers may still be in it. The Buffer is unusable now; destroy() "
+                    f"frees it without waiting for those peers; then create a new Buffer (every rank)."
+                ),
+            )
         raise

@@ -14,6 +14,7 @@ node's rail peers relay to it, one per source rank, handshake words, its publish
 "block (src, c) pushed" flags, the combine ready flag and prefix), then the records region: the dispatch records the
 forwarders push at their final rows, or the combine rows (bf16 row + f32 weights) this rank publishes.
 """
+
 from __future__ import annotations
 
 from ..runtime import abi
@@ -135,8 +136,10 @@ def rdma_size_hint(hidden_bytes: int, num_ranks: int, num_ranks_per_node: int, n
     """num_rdma_bytes for dispatches of up to num_max_tokens_per_rank tokens per rank, hidden_bytes per token, with
     FP8 scales (hidden_bytes / 128 words) and top-k up to 32 (so any such dispatch, and its combine, fits)."""
     num_nodes = num_ranks // num_ranks_per_node
-    record = max(dispatch_record_bytes(hidden_bytes, hidden_bytes // 128 + 1, 32),
-                 combine_record_bytes(max(hidden_bytes // 2, 8), 32))
+    record = max(
+        dispatch_record_bytes(hidden_bytes, hidden_bytes // 128 + 1, 32),
+        combine_record_bytes(max(hidden_bytes // 2, 8), 32),
+    )
     return rdma_bytes_for(record, num_nodes, num_max_tokens_per_rank)
 
 

@@ -1,6 +1,7 @@
 """Low-latency buffer layout and sizing (DeepEP V1's formula; the combine message is padded to 16 bytes,
 which only changes sizes for hidden sizes that are not multiples of 512). The layout itself is ep_rt's: the
 data of the two buffers in fixed halves of num_rdma_bytes, the signals in a control area after it."""
+
 from __future__ import annotations
 
 MAX_SIGNALS = 65536  # params.h EP_RT_LL_MAX_SIGNALS: the most experts an LL call takes
@@ -53,6 +54,7 @@ def control_offsets(num_rdma_bytes: int, num_ranks: int) -> dict:
     count signals, combine flags, dispatch and combine arrival words, barrier words, at offsets that do not depend
     on any call's shape. clean_low_latency_buffer zeroes [credit, barrier); the barrier words only grow. "end": the
     whole symmetric allocation."""
+
     def up(n):
         return (n + 127) // 128 * 128
 
@@ -63,10 +65,15 @@ def control_offsets(num_rdma_bytes: int, num_ranks: int) -> dict:
     combine_arrival = dispatch_arrival + 2 * MAX_SIGNALS * 8
     barrier = combine_arrival + 2 * MAX_SIGNALS * 8
     end = barrier + up(num_ranks * 8)
-    return {"credit": credit, "count_signal": (count, count + MAX_SIGNALS * 8),
-            "combine_flag": (flag, flag + MAX_SIGNALS * 8),
-            "dispatch_arrival": (dispatch_arrival, dispatch_arrival + MAX_SIGNALS * 8),
-            "combine_arrival": (combine_arrival, combine_arrival + MAX_SIGNALS * 8), "barrier": barrier, "end": end}
+    return {
+        "credit": credit,
+        "count_signal": (count, count + MAX_SIGNALS * 8),
+        "combine_flag": (flag, flag + MAX_SIGNALS * 8),
+        "dispatch_arrival": (dispatch_arrival, dispatch_arrival + MAX_SIGNALS * 8),
+        "combine_arrival": (combine_arrival, combine_arrival + MAX_SIGNALS * 8),
+        "barrier": barrier,
+        "end": end,
+    }
 
 
 def shape_digest(T: int, hidden: int, num_experts: int, message_format: int) -> int:
@@ -83,8 +90,12 @@ def shape_digest(T: int, hidden: int, num_experts: int, message_format: int) -> 
 def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
     """DeepEP's num_rdma_bytes for two alternating LL buffers (signal | send | recv each); ep_rt uses the signal
     share as slack and keeps its signals in a control area of its own."""
-    for name, v in (("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank), ("hidden", hidden),
-                    ("num_ranks", num_ranks), ("num_experts", num_experts)):
+    for name, v in (
+        ("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
+        ("hidden", hidden),
+        ("num_ranks", num_ranks),
+        ("num_experts", num_experts),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ValueError(f"{name} must be a positive int, got {v!r}")
     if hidden % 128:

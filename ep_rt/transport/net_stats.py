@@ -4,6 +4,7 @@ is counted in the module's `ep_rt_net_stats`, and every quiet or fence of ep_rt'
 measured: docs/INTERNODE_DESIGN.md, "Performance model"). The real build has neither symbol: its operations are
 what the model counts, and the chaos build's counts are how a GPU test holds the kernels to the model.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,10 @@ class NetStats:
 
     def __init__(self, module, device: torch.device):
         if module.entry.get("variant") != "chaos":
-            raise EpRtError(f"network operation counts exist in the chaos variant only (EP_RT_CHAOS_TRANSPORT=1); "
-                            f"this module is {module.entry['path']}")
+            raise EpRtError(
+                f"network operation counts exist in the chaos variant only (EP_RT_CHAOS_TRANSPORT=1); "
+                f"this module is {module.entry['path']}"
+            )
         ptr, size = module.global_address("ep_rt_net_stats")
         if size != STAT_WORDS * 8:
             raise EpRtError(f"{module.entry['path']}: ep_rt_net_stats has {size} bytes, expected {STAT_WORDS * 8}")

@@ -33,6 +33,7 @@ setting.
 Pure functions over a mapping (CPU-testable); transport.nvshmem applies the plan to os.environ before NVSHMEM is
 initialised, and python -m ep_rt doctor prints effective_settings().
 """
+
 from __future__ import annotations
 
 import json
@@ -50,14 +51,18 @@ NVSHMEM_REMOTE_TRANSPORTS = ("ibrc", "ucx", "libfabric", "ibdevx", "none")
 LIBFABRIC_PROVIDERS = ("cxi", "efa", "verbs")
 SL_RANGE, TRAFFIC_CLASS_RANGE = (0, 15), (0, 255)
 DEFAULT_QP_DEPTH = 1024
-CUMEM_GRANULARITY = 2 ** 29
+CUMEM_GRANULARITY = 2**29
 
-IBRC_RC_NOTE = ("NVSHMEM's default (1) kept: with more than one RC per device NVSHMEM 3.4.5's IBRC turns every fence "
-                "into a quiet (ibrc.cpp), and each proxied put-with-signal carries a fence, so extra RCs would "
-                "serialise ep_rt's chunks; num_qps_per_rank sets NVSHMEM_IBGDA_NUM_RC_PER_PE only")
-ORDERING_NOTE = ("NVSHMEM's default (true) kept, as DeepEP V1 since its adaptive-routing fix: ep_rt reads a chunk only "
-                 "after that chunk's own signal word reached its exact count, never by payload bytes or a counter "
-                 "prefix, so relaxed PCIe ordering of payloads is safe; 0 is accepted")
+IBRC_RC_NOTE = (
+    "NVSHMEM's default (1) kept: with more than one RC per device NVSHMEM 3.4.5's IBRC turns every fence "
+    "into a quiet (ibrc.cpp), and each proxied put-with-signal carries a fence, so extra RCs would "
+    "serialise ep_rt's chunks; num_qps_per_rank sets NVSHMEM_IBGDA_NUM_RC_PER_PE only"
+)
+ORDERING_NOTE = (
+    "NVSHMEM's default (true) kept, as DeepEP V1 since its adaptive-routing fix: ep_rt reads a chunk only "
+    "after that chunk's own signal word reached its exact count, never by payload bytes or a counter "
+    "prefix, so relaxed PCIe ordering of payloads is safe; 0 is accepted"
+)
 
 _TRUE, _FALSE = ("1", "true", "yes", "y", "on", "t"), ("0", "false", "no", "n", "off", "f")
 
@@ -76,8 +81,8 @@ def _recorded(environ: Mapping) -> dict:
 
 @dataclass(frozen=True)
 class Setting:
-    value: str | None   # None: not set, NVSHMEM's own default applies
-    source: str         # "DeepEP", "ep_rt", "user", "NVSHMEM default"
+    value: str | None  # None: not set, NVSHMEM's own default applies
+    source: str  # "DeepEP", "ep_rt", "user", "NVSHMEM default"
     note: str = ""
 
 
@@ -86,11 +91,12 @@ class Plan:
     """What a Buffer sets before NVSHMEM starts. `transport` is what carries peers NVLink does not reach (None:
     none is asked for: every rank on one host with NVLink); `ibgda_peers`: remote peers go through IBGDA (the
     host library version rule is stricter then)."""
+
     transport: str | None
     qp_depth: int
-    assign: dict = field(default_factory=dict)     # variables to write into the environment
-    settings: dict = field(default_factory=dict)   # every variable the plan governs: name -> Setting
-    pinned_hca: str | None = None                  # this process's NIC list when EP_RT_HCA_LIST_PER_LOCAL_RANK is set
+    assign: dict = field(default_factory=dict)  # variables to write into the environment
+    settings: dict = field(default_factory=dict)  # every variable the plan governs: name -> Setting
+    pinned_hca: str | None = None  # this process's NIC list when EP_RT_HCA_LIST_PER_LOCAL_RANK is set
     hca_per_local_rank: list = field(default_factory=list)
 
     @property
@@ -103,6 +109,7 @@ class Plan:
 
 
 # ---- value checks ----------------------------------------------------------------------------------------
+
 
 def _bool(name: str, value: str) -> bool:
     v = value.strip().lower()
@@ -140,9 +147,11 @@ def ht_qp_problem(num_qps_per_rank: int, num_sms: int) -> str | None:
     channels = num_sms // 2
     if num_qps_per_rank == channels or num_qps_per_rank >= num_sms:
         return None
-    return (f"num_qps_per_rank={num_qps_per_rank} must equal the channel count (Config.num_sms / 2 = {channels}) "
-            f"or be at least Config.num_sms ({num_sms}) for internode high-throughput calls, as DeepEP V1 requires "
-            f"(Buffer(num_qps_per_rank=...) sets NVSHMEM_IBGDA_NUM_RC_PER_PE)")
+    return (
+        f"num_qps_per_rank={num_qps_per_rank} must equal the channel count (Config.num_sms / 2 = {channels}) "
+        f"or be at least Config.num_sms ({num_sms}) for internode high-throughput calls, as DeepEP V1 requires "
+        f"(Buffer(num_qps_per_rank=...) sets NVSHMEM_IBGDA_NUM_RC_PER_PE)"
+    )
 
 
 def check_ht_num_qps(num_qps_per_rank: int, num_sms: int) -> None:
@@ -165,21 +174,24 @@ def parse_hca_lists(value: str) -> list[str]:
     name = "EP_RT_HCA_LIST_PER_LOCAL_RANK"
     parts = [p.strip() for p in (value.split(";") if ";" in value else value.split(","))]
     if not parts or any(not p for p in parts):
-        raise NetworkSettingError(f"{name}={value!r}: an empty entry (one NIC list per local rank, e.g. "
-                                  f"mlx5_0:1,mlx5_1:1)")
+        raise NetworkSettingError(
+            f"{name}={value!r}: an empty entry (one NIC list per local rank, e.g. mlx5_0:1,mlx5_1:1)"
+        )
     for p in parts:
         for hca in p.split(","):
             if not _HCA.match(hca.strip()):
-                raise NetworkSettingError(f"{name}={value!r}: {hca.strip()!r} is not an HCA name with an optional "
-                                          f"port (mlx5_0 or mlx5_0:1; exclusions with ^ go in NVSHMEM_HCA_LIST)")
+                raise NetworkSettingError(
+                    f"{name}={value!r}: {hca.strip()!r} is not an HCA name with an optional "
+                    f"port (mlx5_0 or mlx5_0:1; exclusions with ^ go in NVSHMEM_HCA_LIST)"
+                )
     return [",".join(h.strip() for h in p.split(",")) for p in parts]
 
 
 @dataclass(frozen=True)
 class Nic:
-    entry: str        # "mlx5_0:1": the device and its active port
-    pci_path: str     # resolved sysfs path of the PCI function, e.g. /sys/devices/pci0000:00/.../0000:1a:00.0
-    link_layer: str   # InfiniBand or Ethernet (RoCE)
+    entry: str  # "mlx5_0:1": the device and its active port
+    pci_path: str  # resolved sysfs path of the PCI function, e.g. /sys/devices/pci0000:00/.../0000:1a:00.0
+    link_layer: str  # InfiniBand or Ethernet (RoCE)
 
 
 def read_nics(listdir: Callable, read_text: Callable, realpath: Callable, sys_root: str = "/sys") -> list[Nic]:
@@ -223,10 +235,13 @@ def pair_gpus_with_nics(gpu_paths: list[str], nics: list[Nic]) -> list[str]:
     the (closeness, GPU order, NIC order) pairs; GPUs left when NICs run out reuse their closest NIC. Every process of
     a host computes the same answer from the same lists."""
     if not nics:
-        raise NetworkSettingError("EP_RT_HCA_LIST_PER_LOCAL_RANK=auto: no active RDMA port under "
-                                  "/sys/class/infiniband; list the NICs explicitly or unset it")
-    pairs = sorted(((-_closeness(g, n.pci_path), gi, ni) for gi, g in enumerate(gpu_paths)
-                    for ni, n in enumerate(nics)))
+        raise NetworkSettingError(
+            "EP_RT_HCA_LIST_PER_LOCAL_RANK=auto: no active RDMA port under "
+            "/sys/class/infiniband; list the NICs explicitly or unset it"
+        )
+    pairs = sorted(
+        ((-_closeness(g, n.pci_path), gi, ni) for gi, g in enumerate(gpu_paths) for ni, n in enumerate(nics))
+    )
     chosen: dict[int, int] = {}
     used: set[int] = set()
     for _, gi, ni in pairs:
@@ -242,6 +257,7 @@ def pair_gpus_with_nics(gpu_paths: list[str], nics: list[Nic]) -> list[str]:
 class HostPlace:
     """Where this process sits on its host: its index among the host's ranks (torchrun's LOCAL_RANK), its GPU's
     PCI bus id, and the bus ids of all the host's ranks' GPUs (for the auto pairing)."""
+
     local_index: int
     bus_id: str | None = None
     host_bus_ids: tuple = ()
@@ -270,14 +286,17 @@ def _sysfs():
     return listdir, read_text, os.path.realpath
 
 
-def hca_assignment(value: str, place: HostPlace | None, environ: Mapping, sysfs=None,
-                   preview: bool = False) -> tuple[str | None, list]:
+def hca_assignment(
+    value: str, place: HostPlace | None, environ: Mapping, sysfs=None, preview: bool = False
+) -> tuple[str | None, list]:
     """(this process's NIC list, the per-local-rank lists) of EP_RT_HCA_LIST_PER_LOCAL_RANK. This process's is None
     only in a `preview` (doctor: no process to place); otherwise not knowing where it sits is an error."""
     name = "EP_RT_HCA_LIST_PER_LOCAL_RANK"
     if place is None and not preview and (value.strip().lower() == "auto" or not environ.get("LOCAL_RANK", "").strip()):
-        raise NetworkSettingError(f"{name}={value}: cannot tell which local rank this process is (the Buffer passes "
-                                  f"its topology; without it LOCAL_RANK, as torchrun sets it, places an explicit list)")
+        raise NetworkSettingError(
+            f"{name}={value}: cannot tell which local rank this process is (the Buffer passes "
+            f"its topology; without it LOCAL_RANK, as torchrun sets it, places an explicit list)"
+        )
     if value.strip().lower() == "auto":
         listdir, read_text, realpath = sysfs or _sysfs()
         nics = read_nics(listdir, read_text, realpath)
@@ -297,12 +316,15 @@ def hca_assignment(value: str, place: HostPlace | None, environ: Mapping, sysfs=
     if index is None:
         return None, lists
     if index >= len(lists):
-        raise NetworkSettingError(f"{name} lists {len(lists)} NIC entr{'y' if len(lists) == 1 else 'ies'}, but this "
-                                  f"process is local rank {index} of its host: give one entry per local rank")
+        raise NetworkSettingError(
+            f"{name} lists {len(lists)} NIC entr{'y' if len(lists) == 1 else 'ies'}, but this "
+            f"process is local rank {index} of its host: give one entry per local rank"
+        )
     return lists[index], lists
 
 
 # ---- the plan ------------------------------------------------------------------------------------------------
+
 
 class _Builder:
     def __init__(self, environ: Mapping, written: Mapping):
@@ -317,16 +339,22 @@ class _Builder:
             return None
         return v
 
-    def force(self, name: str, value: str, source: str, how: str, fix: str = "", kind: str = "str",
-              note: str = "") -> None:
+    def force(
+        self, name: str, value: str, source: str, how: str, fix: str = "", kind: str = "str", note: str = ""
+    ) -> None:
         """`name` must be `value` (`how` says what sets it): a user value that means something else is a conflict;
         `fix` says how to get the user's value legitimately."""
         mine = self.user(name)
         if mine is not None and not _same(name, mine, value, kind):
-            why = "DeepEP would overwrite it silently; ep_rt refuses to guess" if source == "DeepEP" else \
-                "the two contradict each other"
-            raise NetworkSettingError(f"{name}={mine!r} is set in the environment, but {how} sets it to {value!r} "
-                                      f"({why}): unset {name}" + (f", or {fix}" if fix else ""))
+            why = (
+                "DeepEP would overwrite it silently; ep_rt refuses to guess"
+                if source == "DeepEP"
+                else "the two contradict each other"
+            )
+            raise NetworkSettingError(
+                f"{name}={mine!r} is set in the environment, but {how} sets it to {value!r} "
+                f"({why}): unset {name}" + (f", or {fix}" if fix else "")
+            )
         if mine is None:
             self.assign[name] = value
         self.settings[name] = Setting(value if mine is None else mine, source, note)
@@ -358,9 +386,18 @@ def _same(name: str, a: str, b: str, kind: str) -> bool:
     return a.strip().lower() == b.strip().lower()
 
 
-def plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool, *,
-         place: HostPlace | None = None, environ: Mapping | None = None, written: Mapping | None = None,
-         sysfs=None, preview: bool = False) -> Plan:
+def plan(
+    num_qps_per_rank: int,
+    allow_nvlink: bool,
+    allow_mnnvl: bool,
+    single_host: bool,
+    *,
+    place: HostPlace | None = None,
+    environ: Mapping | None = None,
+    written: Mapping | None = None,
+    sysfs=None,
+    preview: bool = False,
+) -> Plan:
     """The NVSHMEM environment for a Buffer (all of DeepEP's, the network settings, ep_rt's knobs), checked against
     what the user set. Raises NetworkSettingError (naming the variable) on a bad or conflicting value. `place`: where
     this process sits on its host (for EP_RT_HCA_LIST_PER_LOCAL_RANK); `preview`: no process to place (doctor)."""
@@ -369,13 +406,18 @@ def plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_ho
     check_num_qps_per_rank(num_qps_per_rank)
     b = _Builder(environ, written)
     debug = env.nvshmem_debug(environ)
-    chosen = env.remote_transport(environ)          # EP_RT_REMOTE_TRANSPORT, None when unset
+    chosen = env.remote_transport(environ)  # EP_RT_REMOTE_TRANSPORT, None when unset
     local_only = single_host and allow_nvlink and chosen is None
     transport = None if local_only else (chosen or "ibgda")
 
-    b.force("NVSHMEM_DISABLE_P2P", "0" if allow_nvlink else "1", "DeepEP",
-            f"Buffer(allow_nvlink_for_low_latency_mode={allow_nvlink})",
-            f"pass allow_nvlink_for_low_latency_mode={not allow_nvlink}", "bool")
+    b.force(
+        "NVSHMEM_DISABLE_P2P",
+        "0" if allow_nvlink else "1",
+        "DeepEP",
+        f"Buffer(allow_nvlink_for_low_latency_mode={allow_nvlink})",
+        f"pass allow_nvlink_for_low_latency_mode={not allow_nvlink}",
+        "bool",
+    )
     # -- transport
     if local_only:
         # One host, NVLink: no remote transport is needed, so none is asked for (NVSHMEM would try IBGDA and print
@@ -387,33 +429,56 @@ def plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_ho
         b.default("NVSHMEM_REMOTE_TRANSPORT", "none", "ep_rt", quiet)
     else:
         how = f"EP_RT_REMOTE_TRANSPORT={chosen}" if chosen else "DeepEP's setting (IBGDA for remote peers)"
-        fix = ("set EP_RT_REMOTE_TRANSPORT=ibgda|ibrc|ucx|libfabric to the transport you mean" if chosen else
-               "choose another transport with EP_RT_REMOTE_TRANSPORT=ibrc|ucx|libfabric")
-        b.force("NVSHMEM_IB_ENABLE_IBGDA", "1" if transport == "ibgda" else "0",
-                "ep_rt" if chosen else "DeepEP", how, fix, "bool")
+        fix = (
+            "set EP_RT_REMOTE_TRANSPORT=ibgda|ibrc|ucx|libfabric to the transport you mean"
+            if chosen
+            else "choose another transport with EP_RT_REMOTE_TRANSPORT=ibrc|ucx|libfabric"
+        )
+        b.force(
+            "NVSHMEM_IB_ENABLE_IBGDA",
+            "1" if transport == "ibgda" else "0",
+            "ep_rt" if chosen else "DeepEP",
+            how,
+            fix,
+            "bool",
+        )
         if transport == "ibgda":
             remote = b.leave("NVSHMEM_REMOTE_TRANSPORT", "NVSHMEM's proxy transport beside IBGDA (default ibrc)")
         else:
             remote = None
             b.force("NVSHMEM_REMOTE_TRANSPORT", transport, "ep_rt", how, fix)
         if remote is not None and remote.strip().lower() not in NVSHMEM_REMOTE_TRANSPORTS:
-            raise NetworkSettingError(f"NVSHMEM_REMOTE_TRANSPORT={remote!r} is not one of "
-                                      f"{', '.join(NVSHMEM_REMOTE_TRANSPORTS)} (NVSHMEM would load no transport)")
+            raise NetworkSettingError(
+                f"NVSHMEM_REMOTE_TRANSPORT={remote!r} is not one of "
+                f"{', '.join(NVSHMEM_REMOTE_TRANSPORTS)} (NVSHMEM would load no transport)"
+            )
     if transport == "libfabric":
         provider = b.leave("NVSHMEM_LIBFABRIC_PROVIDER", "efa for AWS EFA (NVSHMEM's default is cxi, Slingshot)")
         if provider is not None and provider.strip().lower() not in LIBFABRIC_PROVIDERS:
-            raise NetworkSettingError(f"NVSHMEM_LIBFABRIC_PROVIDER={provider!r} is not one of "
-                                      f"{', '.join(LIBFABRIC_PROVIDERS)}")
+            raise NetworkSettingError(
+                f"NVSHMEM_LIBFABRIC_PROVIDER={provider!r} is not one of {', '.join(LIBFABRIC_PROVIDERS)}"
+            )
     if debug:
         b.default("NVSHMEM_DEBUG", "WARN", "ep_rt", "EP_RT_NVSHMEM_DEBUG=1")
     # -- queue pairs
-    b.force("NVSHMEM_IBGDA_NUM_RC_PER_PE", str(num_qps_per_rank), "DeepEP",
-            f"Buffer(num_qps_per_rank={num_qps_per_rank})", "pass that number as Buffer(num_qps_per_rank=...)",
-            "int", "RC queue pairs per peer PE (IBGDA)")
-    b.leave("NVSHMEM_IB_NUM_RC_PER_DEVICE", IBRC_RC_NOTE if transport == "ibrc" else "IBRC only",
-            lambda n, v: _int(n, v, 1))
-    depth = b.default("NVSHMEM_QP_DEPTH", str(DEFAULT_QP_DEPTH), "DeepEP",
-                      "work requests per QP; low-latency calls need >= 2 * (num_max_dispatch_tokens_per_rank + 1)")
+    b.force(
+        "NVSHMEM_IBGDA_NUM_RC_PER_PE",
+        str(num_qps_per_rank),
+        "DeepEP",
+        f"Buffer(num_qps_per_rank={num_qps_per_rank})",
+        "pass that number as Buffer(num_qps_per_rank=...)",
+        "int",
+        "RC queue pairs per peer PE (IBGDA)",
+    )
+    b.leave(
+        "NVSHMEM_IB_NUM_RC_PER_DEVICE", IBRC_RC_NOTE if transport == "ibrc" else "IBRC only", lambda n, v: _int(n, v, 1)
+    )
+    depth = b.default(
+        "NVSHMEM_QP_DEPTH",
+        str(DEFAULT_QP_DEPTH),
+        "DeepEP",
+        "work requests per QP; low-latency calls need >= 2 * (num_max_dispatch_tokens_per_rank + 1)",
+    )
     qp_depth = _int("NVSHMEM_QP_DEPTH", depth, 1)
     # -- the rest of DeepEP's
     b.force("NVSHMEM_MAX_TEAMS", "7", "DeepEP", "DeepEP's setting (less memory)", kind="int")
@@ -422,23 +487,36 @@ def plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_ho
     if allow_mnnvl:
         b.leave("NVSHMEM_DISABLE_MNNVL", "Buffer(allow_mnnvl=True): NVSHMEM decides", lambda n, v: _bool(n, v))
     else:
-        b.force("NVSHMEM_DISABLE_MNNVL", "1", "DeepEP", "Buffer(allow_mnnvl=False)", "pass allow_mnnvl=True",
-                "bool")
+        b.force("NVSHMEM_DISABLE_MNNVL", "1", "DeepEP", "Buffer(allow_mnnvl=False)", "pass allow_mnnvl=True", "bool")
     if local_only:
         b.default("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "lo", "ep_rt", "one host: the unique-id bootstrap over loopback")
     else:
         b.leave("NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "the interface the hosts reach each other on")
     # -- service level / traffic class (DeepEP's README: NVSHMEM_IB_SL selects the virtual lane)
-    sl = b.leave("NVSHMEM_IB_SL", "InfiniBand service level -> virtual lane (RoCE: the priority); one for LL and HT",
-                 lambda n, v: _int(n, v, *SL_RANGE))
-    tc = b.leave("NVSHMEM_IB_TRAFFIC_CLASS", "GRH traffic class (RoCE: DSCP = value >> 2)",
-                 lambda n, v: _int(n, v, *TRAFFIC_CLASS_RANGE))
-    if transport == "ucx":   # NVSHMEM's UCX transport reads UCX's own variables, not NVSHMEM_IB_*
-        for ours, value, theirs in (("NVSHMEM_IB_SL", sl, "UCX_IB_SL"),
-                                    ("NVSHMEM_IB_TRAFFIC_CLASS", tc, "UCX_IB_TRAFFIC_CLASS")):
+    sl = b.leave(
+        "NVSHMEM_IB_SL",
+        "InfiniBand service level -> virtual lane (RoCE: the priority); one for LL and HT",
+        lambda n, v: _int(n, v, *SL_RANGE),
+    )
+    tc = b.leave(
+        "NVSHMEM_IB_TRAFFIC_CLASS",
+        "GRH traffic class (RoCE: DSCP = value >> 2)",
+        lambda n, v: _int(n, v, *TRAFFIC_CLASS_RANGE),
+    )
+    if transport == "ucx":  # NVSHMEM's UCX transport reads UCX's own variables, not NVSHMEM_IB_*
+        for ours, value, theirs in (
+            ("NVSHMEM_IB_SL", sl, "UCX_IB_SL"),
+            ("NVSHMEM_IB_TRAFFIC_CLASS", tc, "UCX_IB_TRAFFIC_CLASS"),
+        ):
             if value is not None:
-                b.force(theirs, str(int(value, 0)), "ep_rt", f"{ours}={value} (EP_RT_REMOTE_TRANSPORT=ucx)",
-                        f"set {ours} to the value you mean", "int")
+                b.force(
+                    theirs,
+                    str(int(value, 0)),
+                    "ep_rt",
+                    f"{ours}={value} (EP_RT_REMOTE_TRANSPORT=ucx)",
+                    f"set {ours} to the value you mean",
+                    "int",
+                )
     b.leave("NVSHMEM_IB_ENABLE_RELAXED_ORDERING", ORDERING_NOTE, lambda n, v: _bool(n, v))
     # -- NIC per GPU
     pinned, per_rank = None, []
@@ -448,18 +526,23 @@ def plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_ho
             b.settings["EP_RT_HCA_LIST_PER_LOCAL_RANK"] = Setting(knob, "user", "one host: no NIC used, not applied")
         else:
             if transport == "libfabric":
-                raise NetworkSettingError("EP_RT_HCA_LIST_PER_LOCAL_RANK cannot pin NICs under libfabric: NVSHMEM's "
-                                          "libfabric transport picks its NIC itself (by distance, or "
-                                          "NVSHMEM_ENABLE_NIC_PE_MAPPING=1); unset it")
+                raise NetworkSettingError(
+                    "EP_RT_HCA_LIST_PER_LOCAL_RANK cannot pin NICs under libfabric: NVSHMEM's "
+                    "libfabric transport picks its NIC itself (by distance, or "
+                    "NVSHMEM_ENABLE_NIC_PE_MAPPING=1); unset it"
+                )
             pinned, per_rank = hca_assignment(knob, place, environ, sysfs, preview)
             target = "UCX_NET_DEVICES" if transport == "ucx" else "NVSHMEM_HCA_LIST"
             others = ("UCX_NET_DEVICES",) if transport == "ucx" else ("NVSHMEM_HCA_LIST", "NVSHMEM_HCA_PE_MAPPING")
             for other in others:
                 if b.user(other) is not None:
-                    raise NetworkSettingError(f"{other}={b.user(other)!r} and EP_RT_HCA_LIST_PER_LOCAL_RANK are both "
-                                              f"set; they choose the same thing (the NIC of each GPU): keep one")
-            note = f"EP_RT_HCA_LIST_PER_LOCAL_RANK={knob}: " + (", ".join(
-                f"local rank {i}: {e}" for i, e in enumerate(per_rank)) or "per local rank")
+                    raise NetworkSettingError(
+                        f"{other}={b.user(other)!r} and EP_RT_HCA_LIST_PER_LOCAL_RANK are both "
+                        f"set; they choose the same thing (the NIC of each GPU): keep one"
+                    )
+            note = f"EP_RT_HCA_LIST_PER_LOCAL_RANK={knob}: " + (
+                ", ".join(f"local rank {i}: {e}" for i, e in enumerate(per_rank)) or "per local rank"
+            )
             if pinned is not None:
                 b.assign[target] = pinned
             b.settings[target] = Setting(pinned, "ep_rt", note)
@@ -490,8 +573,13 @@ def apply(p: Plan, environ=None) -> None:
 # What every rank of a Buffer must set alike (transport.agreement compares it before NVSHMEM starts): every variable
 # the plan governs except those that are rightly per process or per host (the NIC of each GPU, the bootstrap
 # interface, logging), plus NVSHMEM's own heap settings, which decide where nvshmem_align places memory.
-PER_PROCESS = ("NVSHMEM_HCA_LIST", "UCX_NET_DEVICES", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "NVSHMEM_DEBUG",
-               "EP_RT_HCA_LIST_PER_LOCAL_RANK")
+PER_PROCESS = (
+    "NVSHMEM_HCA_LIST",
+    "UCX_NET_DEVICES",
+    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+    "NVSHMEM_DEBUG",
+    "EP_RT_HCA_LIST_PER_LOCAL_RANK",
+)
 HEAP_VARIABLES = ("NVSHMEM_SYMMETRIC_SIZE", "NVSHMEM_DISABLE_CUDA_VMM", "NVSHMEM_HEAP_KIND", "NVSHMEM_ENABLE_RAIL_OPT")
 
 
@@ -504,13 +592,32 @@ def shared_settings(p: Plan, environ: Mapping | None = None) -> dict:
     return out
 
 
-def effective_settings(environ: Mapping | None = None, *, num_qps_per_rank: int = 24, allow_nvlink: bool = True,
-                       allow_mnnvl: bool = False, single_host: bool = False, place: HostPlace | None = None,
-                       sysfs=None) -> dict:
+def effective_settings(
+    environ: Mapping | None = None,
+    *,
+    num_qps_per_rank: int = 24,
+    allow_nvlink: bool = True,
+    allow_mnnvl: bool = False,
+    single_host: bool = False,
+    place: HostPlace | None = None,
+    sysfs=None,
+) -> dict:
     """The settings an internode Buffer with DeepEP's defaults would run with here (python -m ep_rt doctor), as
     {"transport": ..., "qp_depth": ..., "hca_per_local_rank": [...], "variables": {name: {value, source, note}}}.
     Raises NetworkSettingError as Buffer would."""
-    p = plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, place=place, environ=environ, sysfs=sysfs,
-             preview=True)
-    return {"transport": p.transport, "qp_depth": p.qp_depth, "hca_per_local_rank": list(p.hca_per_local_rank),
-            "variables": p.as_dict()}
+    p = plan(
+        num_qps_per_rank,
+        allow_nvlink,
+        allow_mnnvl,
+        single_host,
+        place=place,
+        environ=environ,
+        sysfs=sysfs,
+        preview=True,
+    )
+    return {
+        "transport": p.transport,
+        "qp_depth": p.qp_depth,
+        "hca_per_local_rank": list(p.hca_per_local_rank),
+        "variables": p.as_dict(),
+    }

@@ -10,6 +10,7 @@ numbers the notify calls whose counts it waits for (host tokens).
 Teardown order: device sync, node barrier (no peer still writes into us), close peer mappings, free the local
 buffer, free host memory.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,12 +37,19 @@ class NvlBuffer:
 
     error_slot = SLOT
 
-    def __init__(self, group, topology: Topology, num_nvl_bytes: int, device_index: int, timeout_s: float,
-                 errors: ErrorRecords, teardown_stream=None):
+    def __init__(
+        self,
+        group,
+        topology: Topology,
+        num_nvl_bytes: int,
+        device_index: int,
+        timeout_s: float,
+        errors: ErrorRecords,
+        teardown_stream=None,
+    ):
         G = topology.node_size
         if not 1 <= G <= nvl_layout.MAX_NVL_RANKS:
-            raise ValueError(f"an NVL buffer serves 1..{nvl_layout.MAX_NVL_RANKS} ranks of a node; "
-                             f"this node has {G}")
+            raise ValueError(f"an NVL buffer serves 1..{nvl_layout.MAX_NVL_RANKS} ranks of a node; this node has {G}")
         self.topology = topology
         self.rank, self.num_ranks = topology.local_rank, G  # as the kernels see them
         self.device_index = device_index
@@ -111,8 +119,16 @@ class NvlBuffer:
 
     def wait_host_counters(self, token: int, phase: str) -> None:
         """Spin until the notify kernel given `token` has published the host counters, with a timeout."""
-        wait_for_token(self.counters, abi.EP_RT_HOST_TOKEN, token, self.timeout_s, self.errors, SLOT,
-                       f"rank {self.topology.rank}", phase)
+        wait_for_token(
+            self.counters,
+            abi.EP_RT_HOST_TOKEN,
+            token,
+            self.timeout_s,
+            self.errors,
+            SLOT,
+            f"rank {self.topology.rank}",
+            phase,
+        )
 
     def barrier(self, stream, synchronize: bool = True) -> None:
         self.raise_if_failed()

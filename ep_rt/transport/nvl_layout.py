@@ -4,6 +4,7 @@
 sequence-numbered flags, the error claim word and the call sequence numbers; the data region is reused by every call, laid
 out per call as a structure of arrays whose row index is the token's final receive row.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -70,7 +71,8 @@ class DispatchRows:
 
     def fill(self, region: abi.DispatchRegion, data_bytes: int) -> int:
         (region.x, region.scales, region.topk_idx, region.topk_weights, region.src_idx), cap = _soa(
-            data_bytes, self.widths())
+            data_bytes, self.widths()
+        )
         region.capacity = cap
         return cap
 

@@ -9,6 +9,7 @@ before their first launch. One initialisation per process, reference-counted acr
 (nvshmem_world.reuse). Whether the host library can run a cubin's device code is NVSHMEM's version rule
 (nvshmem_dist.compatibility_problem). Everything that can fail locally runs in prepare(), before any collective.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -80,8 +81,9 @@ def host_version() -> str:
     return f"{major.value}.{minor.value}.{patch.value}"
 
 
-def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool,
-                    topology=None) -> int:
+def set_environment(
+    num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool, topology=None
+) -> int:
     """DeepEP's NVSHMEM settings and the network settings (transport.network_settings: what each variable is, who
     wins, what is checked), written into os.environ; returns the QP depth. When every rank is on one host and NVLink
     is allowed, no remote transport is needed: none is asked for, IBGDA included (NVSHMEM would try it anyway and
@@ -91,8 +93,9 @@ def set_environment(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool
     return apply_plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, topology).qp_depth
 
 
-def apply_plan(num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool,
-               topology=None) -> network_settings.Plan:
+def apply_plan(
+    num_qps_per_rank: int, allow_nvlink: bool, allow_mnnvl: bool, single_host: bool, topology=None
+) -> network_settings.Plan:
     place = network_settings.HostPlace.from_topology(topology) if topology is not None else None
     plan = network_settings.plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, single_host, place=place)
     network_settings.apply(plan)
@@ -109,10 +112,12 @@ def check_compatible(device_version: str, ibgda: bool) -> None:
     path = library_path()
     flavour = nvshmem_dist.library_flavour(path)
     package = nvshmem_dist.PACKAGES.get(flavour, "nvidia-nvshmem-cu12/-cu13")
-    raise EpRtError(f"NVSHMEM host library {version} ({package}, {path}) cannot run the low-latency cubin, which is "
-                    f"linked against NVSHMEM device library {device_version}: {problem}. Install "
-                    f"'{package}{nvshmem_dist.host_range(device_version, ibgda)}' (the extras: "
-                    f"{nvshmem_dist.install_hint(flavour)}).")
+    raise EpRtError(
+        f"NVSHMEM host library {version} ({package}, {path}) cannot run the low-latency cubin, which is "
+        f"linked against NVSHMEM device library {device_version}: {problem}. Install "
+        f"'{package}{nvshmem_dist.host_range(device_version, ibgda)}' (the extras: "
+        f"{nvshmem_dist.install_hint(flavour)})."
+    )
 
 
 def world_for(wanted: nvshmem_world.NvshmemWorld, identity: tuple, topology) -> nvshmem_world.NvshmemWorld:
@@ -208,22 +213,31 @@ def unregister_module(module) -> None:
 class Preparation:
     """What a Buffer's NVSHMEM session will do, worked out locally before any collective (so that a failure here is
     shipped to every rank by transport.agreement instead of leaving the peers in NVSHMEM's bootstrap)."""
+
     plan: network_settings.Plan
-    world: nvshmem_world.NvshmemWorld   # the world the session will use
-    identity: tuple                      # (global ranks of the group, node size)
-    fresh: bool                          # this process initialises NVSHMEM (no world is live)
+    world: nvshmem_world.NvshmemWorld  # the world the session will use
+    identity: tuple  # (global ranks of the group, node size)
+    fresh: bool  # this process initialises NVSHMEM (no world is live)
 
     def shared_values(self) -> dict:
         """The values every rank must agree on (transport.agreement)."""
         values = {f"NVSHMEM setting {k}": v for k, v in network_settings.shared_settings(self.plan).items()}
-        values["NVSHMEM world"] = (("initialise " if self.fresh else "join the live ") + self.world.kind +
-                                   f" world of {self.world.npes} PEs")
+        values["NVSHMEM world"] = (
+            ("initialise " if self.fresh else "join the live ") + self.world.kind + f" world of {self.world.npes} PEs"
+        )
         values["NVSHMEM host library"] = host_version()
         return values
 
 
-def prepare(group, topology, wanted: nvshmem_world.NvshmemWorld, device_version: str, num_qps_per_rank: int,
-            allow_nvlink: bool, allow_mnnvl: bool) -> Preparation:
+def prepare(
+    group,
+    topology,
+    wanted: nvshmem_world.NvshmemWorld,
+    device_version: str,
+    num_qps_per_rank: int,
+    allow_nvlink: bool,
+    allow_mnnvl: bool,
+) -> Preparation:
     """Local (no collective; may raise): the environment plan (checked, not applied yet), the world to use, and
     NVSHMEM's version rule for the cubin linked against `device_version`."""
     place = network_settings.HostPlace.from_topology(topology)

@@ -7,6 +7,7 @@ host library runs device code linked against the same major and an older or equa
 3.5.19 changed the RC queue-pair layout, which breaks older device code on the IBGDA transport (peers on other
 nodes). Standard library only.
 """
+
 from __future__ import annotations
 
 import base64
@@ -39,11 +40,15 @@ def compatibility_problem(host: str, device: str, ibgda: bool) -> str | None:
     if h[0] != d[0]:
         return f"NVSHMEM keeps its ABI only within a major version (host {h[0]}.x, device {d[0]}.x)"
     if h[1] < d[1]:
-        return (f"a host library runs device code of its own or an older minor version only (NVSHMEM's rule: same "
-                f"major, host minor >= device minor; here {h[0]}.{h[1]} < {d[0]}.{d[1]})")
+        return (
+            f"a host library runs device code of its own or an older minor version only (NVSHMEM's rule: same "
+            f"major, host minor >= device minor; here {h[0]}.{h[1]} < {d[0]}.{d[1]})"
+        )
     if ibgda and d < IBGDA_LAYOUT_CHANGE <= h:
-        return ("NVSHMEM 3.5.19 changed the layout of its RC queue pairs, so device code linked against an older "
-                "library cannot use a newer host's IBGDA transport (peers on other nodes)")
+        return (
+            "NVSHMEM 3.5.19 changed the layout of its RC queue pairs, so device code linked against an older "
+            "library cannot use a newer host's IBGDA transport (peers on other nodes)"
+        )
     return None
 
 
@@ -121,4 +126,3 @@ def pick_owner(found: list[tuple[str, bool]]) -> str | None:
 
 def library_flavour(path: Path, search_path: list[str] | None = None) -> str | None:
     return pick_owner(owners(path, search_path))
-

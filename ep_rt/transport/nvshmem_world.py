@@ -15,6 +15,7 @@ rank (R PEs). ep_rt chooses the same way:
 The kernels name the rail peer on node n as PE `pe_base + n * pe_stride`: (0, 1) in a rail world, (local index, G) in
 a full world (NvshmemWorld.pe_of_node). Pure data and functions: CPU-testable, no NVSHMEM needed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -26,13 +27,13 @@ RAIL, FULL = "rail", "full"
 
 @dataclass(frozen=True)
 class NvshmemWorld:
-    kind: str            # RAIL or FULL
-    members: tuple       # group ranks of the PEs, in PE order
-    my_pe: int           # this rank's PE
-    pe_base: int         # PE of node n's rail peer = pe_base + n * pe_stride
+    kind: str  # RAIL or FULL
+    members: tuple  # group ranks of the PEs, in PE order
+    my_pe: int  # this rank's PE
+    pe_base: int  # PE of node n's rail peer = pe_base + n * pe_stride
     pe_stride: int
-    root: int            # group rank whose NVSHMEM unique id starts this world (its PE 0)
-    node_size: int       # G of the topology the world was made for
+    root: int  # group rank whose NVSHMEM unique id starts this world (its PE 0)
+    node_size: int  # G of the topology the world was made for
 
     @property
     def npes(self) -> int:
@@ -53,8 +54,10 @@ class NvshmemWorld:
         if self.kind == FULL:
             return f"a world of all {self.npes} ranks"
         local = self.members[0] % self.node_size
-        return (f"a rail world of {self.npes} PEs (the ranks with local index {local} on each of {self.npes} nodes "
-                f"of {self.node_size}: group ranks {', '.join(map(str, self.members))})")
+        return (
+            f"a rail world of {self.npes} PEs (the ranks with local index {local} on each of {self.npes} nodes "
+            f"of {self.node_size}: group ranks {', '.join(map(str, self.members))})"
+        )
 
 
 def full_world(topology) -> NvshmemWorld:
@@ -112,7 +115,8 @@ def reuse(live: NvshmemWorld, live_identity: tuple, wanted: NvshmemWorld, identi
         f"high-throughput-only Buffer beside a low_latency_mode one (it uses that world). For other ranks, or a "
         f"low-latency Buffer after a high-throughput-only one, destroy every earlier Buffer first with destroy() "
         f"(explicitly_destroy=True), which finalizes NVSHMEM (a Buffer released by garbage collection leaves the "
-        f"world until the process exits); or create the low_latency_mode Buffer first: it serves both kinds of call.")
+        f"world until the process exits); or create the low_latency_mode Buffer first: it serves both kinds of call."
+    )
 
 
 def _span(ranks) -> str:

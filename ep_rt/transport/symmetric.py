@@ -1,6 +1,7 @@
 """A symmetric (NVSHMEM) buffer: the same offsets on every PE of the session's world, and the NVLink-mapped bases of
 the ranks NVSHMEM can reach with stores (0 for the others, which take NVSHMEM operations, and for ranks that are not
 PEs of the world at all: the node peers in a rail world). Used by the low-latency and internode HT ops."""
+
 from __future__ import annotations
 
 import torch
@@ -14,8 +15,9 @@ class SymmetricBuffer:
     """A transport part: `error_slot` is the slot of the op that uses it (low_latency or internode), whose failure
     means the peers may be anywhere, so that destroy(collective) never frees collectively then."""
 
-    def __init__(self, session: NvshmemSession, nbytes: int, num_ranks: int, device: torch.device,
-                 error_slot: str | None = None):
+    def __init__(
+        self, session: NvshmemSession, nbytes: int, num_ranks: int, device: torch.device, error_slot: str | None = None
+    ):
         self.session = session
         self.error_slot = error_slot
         self.nbytes = nbytes
@@ -25,8 +27,9 @@ class SymmetricBuffer:
         driver.ctx_synchronize()
         nvshmem.barrier_all()
         pes = [session.pe_of_rank(r) for r in range(num_ranks)]
-        self.peer_bases = torch.tensor([nvshmem.peer_ptr(self.ptr, pe) if pe is not None else 0 for pe in pes],
-                                       dtype=torch.int64, device=device)
+        self.peer_bases = torch.tensor(
+            [nvshmem.peer_ptr(self.ptr, pe) if pe is not None else 0 for pe in pes], dtype=torch.int64, device=device
+        )
         self.nvlink_peers = int((self.peer_bases != 0).sum())
 
     @property

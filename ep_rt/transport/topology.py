@@ -5,6 +5,7 @@ EP_RT_RANKS_PER_NODE=g overrides that: each block of g consecutive ranks of one 
 which is how inter-node code runs on emulated nodes (their traffic then takes the inter-node path). Ranks of a
 node are contiguous and every node has the same size, as in DeepEP (a clear error otherwise).
 """
+
 from __future__ import annotations
 
 import socket
@@ -18,10 +19,10 @@ from ..errors import RankMismatchError, TopologyError
 class Topology:
     rank: int
     num_ranks: int
-    hosts: tuple          # host name of every rank
-    bus_ids: tuple        # PCI bus id of every rank's GPU
-    node_size: int        # ranks per node (G)
-    emulated: bool        # nodes come from EP_RT_RANKS_PER_NODE, not from hosts
+    hosts: tuple  # host name of every rank
+    bus_ids: tuple  # PCI bus id of every rank's GPU
+    node_size: int  # ranks per node (G)
+    emulated: bool  # nodes come from EP_RT_RANKS_PER_NODE, not from hosts
 
     # ---- construction ---------------------------------------------------------------------------
     @classmethod
@@ -45,8 +46,10 @@ class Topology:
 
         diffs = differences([{"EP_RT_RANKS_PER_NODE": t[2] or "(unset)"} for t in table])
         if diffs:
-            raise RankMismatchError(f"EP_RT_RANKS_PER_NODE must be set alike on every rank (it decides the nodes, "
-                                    f"hence every buffer's layout), but it is {diffs[0].split(': ', 1)[1]}")
+            raise RankMismatchError(
+                f"EP_RT_RANKS_PER_NODE must be set alike on every rank (it decides the nodes, "
+                f"hence every buffer's layout), but it is {diffs[0].split(': ', 1)[1]}"
+            )
         return cls.from_table(rank, [t[0] for t in table], [t[1] for t in table], env.ranks_per_node())
 
     @classmethod
@@ -57,10 +60,12 @@ class Topology:
             if g <= 0 or R % g:
                 raise TopologyError(f"EP_RT_RANKS_PER_NODE={g} must divide the number of ranks ({R})")
             for n in range(R // g):
-                block = set(hosts[n * g:(n + 1) * g])
+                block = set(hosts[n * g : (n + 1) * g])
                 if len(block) > 1:
-                    raise TopologyError(f"EP_RT_RANKS_PER_NODE={g}: emulated node {n} (ranks {n * g}..{n * g + g - 1})"
-                                        f" spans hosts {sorted(block)}; an emulated node must lie on one host")
+                    raise TopologyError(
+                        f"EP_RT_RANKS_PER_NODE={g}: emulated node {n} (ranks {n * g}..{n * g + g - 1})"
+                        f" spans hosts {sorted(block)}; an emulated node must lie on one host"
+                    )
             return cls(rank, R, tuple(hosts), tuple(bus_ids), g, emulated=True)
         runs = []  # (host, first rank, count) of each contiguous run of one host
         for r, h in enumerate(hosts):
@@ -70,12 +75,16 @@ class Topology:
                 runs.append([h, r, 1])
         names = [h for h, _, _ in runs]
         if len(set(names)) != len(names):
-            raise TopologyError("the ranks of a host must be contiguous (ranks 8n..8n+7 on one node, as DeepEP "
-                                f"requires); this group interleaves hosts: {_describe(runs)}")
+            raise TopologyError(
+                "the ranks of a host must be contiguous (ranks 8n..8n+7 on one node, as DeepEP "
+                f"requires); this group interleaves hosts: {_describe(runs)}"
+            )
         sizes = {c for _, _, c in runs}
         if len(sizes) != 1:
-            raise TopologyError("every node must have the same number of ranks (ep_rt and DeepEP index peers by "
-                                f"local rank); this group has {_describe(runs)}")
+            raise TopologyError(
+                "every node must have the same number of ranks (ep_rt and DeepEP index peers by "
+                f"local rank); this group has {_describe(runs)}"
+            )
         return cls(rank, R, tuple(hosts), tuple(bus_ids), sizes.pop(), emulated=False)
 
     # ---- derived --------------------------------------------------------------------------------
@@ -121,7 +130,9 @@ class Topology:
         if union:
             raise TopologyError(
                 "the GPUs of one node are not connected by NVLink, which ep_rt's intranode kernels need: "
-                + "; ".join(union) + ". Set EP_RT_SKIP_TOPOLOGY_CHECK=1 to try anyway (PCIe P2P, slow).")
+                + "; ".join(union)
+                + ". Set EP_RT_SKIP_TOPOLOGY_CHECK=1 to try anyway (PCIe P2P, slow)."
+            )
 
 
 def _describe(runs) -> str:
@@ -138,7 +149,7 @@ def nvlink_problems(bus_ids: list[str]) -> list[str]:
         problems = []
         ids = sorted(handles)
         for i, a in enumerate(ids):
-            for b in ids[i + 1:]:
+            for b in ids[i + 1 :]:
                 status = pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b], pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
                 if status != pynvml.NVML_P2P_STATUS_OK:
                     problems.append(f"{a} <-> {b} (NVML P2P NVLink status {status})")
@@ -153,4 +164,6 @@ def require_nvlink(bus_ids: list[str]) -> None:
     if problems:
         raise TopologyError(
             "the GPUs of these ranks are not connected by NVLink, which ep_rt's intranode kernels need: "
-            + "; ".join(problems) + ". Set EP_RT_SKIP_TOPOLOGY_CHECK=1 to try anyway (PCIe P2P, slow).")
+            + "; ".join(problems)
+            + ". Set EP_RT_SKIP_TOPOLOGY_CHECK=1 to try anyway (PCIe P2P, slow)."
+        )

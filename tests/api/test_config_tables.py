@@ -1,5 +1,6 @@
 """DeepEP V1's tuned config tables (intranode 2/4/8 ranks, internode 16 to 160 ranks) and the default rows for
 node counts the tables lack."""
+
 import pytest
 
 from ep_rt import config_tables as t
@@ -29,13 +30,18 @@ def test_deepeps_rows_by_rank_count(num_ranks):
         row = t.lookup(kind, num_ranks)
         assert (row.num_ranks, *row[2:]) == (num_ranks, *want)
         c = table_config(kind, num_ranks, 24)
-        assert (c.num_sms, c.num_max_nvl_chunked_send_tokens, c.num_max_nvl_chunked_recv_tokens,
-                c.num_max_rdma_chunked_send_tokens) == (24, *want[:3])
+        assert (
+            c.num_sms,
+            c.num_max_nvl_chunked_send_tokens,
+            c.num_max_nvl_chunked_recv_tokens,
+            c.num_max_rdma_chunked_send_tokens,
+        ) == (24, *want[:3])
 
 
 def test_the_table_holds_exactly_deepeps_rows():
     assert {(r.kind, r.num_ranks): r[2:] for r in t.ROWS} == {
-        (k, n): v for n, pair in V1.items() for k, v in zip(("dispatch", "combine"), pair)}
+        (k, n): v for n, pair in V1.items() for k, v in zip(("dispatch", "combine"), pair)
+    }
 
 
 @pytest.mark.parametrize("num_nodes", range(2, 41))
@@ -52,8 +58,8 @@ def test_node_counts_deepep_lacks_take_the_nearest_smaller_row():
     d, c = t.lookup("dispatch", 40), t.lookup("combine", 40)
     assert d[2:] == V1[32][0] and d.num_ranks == 40
     assert (c.nvl_send, c.rdma_send, c.rdma_recv) == (1, 8, 128) and c.nvl_recv == 290
-    assert t.lookup("dispatch", 80)[2:] == V1[64][0]             # 10 nodes -> 8 nodes' row
-    assert t.lookup("dispatch", 112)[2:] == V1[96][0]            # 14 nodes -> 12
+    assert t.lookup("dispatch", 80)[2:] == V1[64][0]  # 10 nodes -> 8 nodes' row
+    assert t.lookup("dispatch", 112)[2:] == V1[96][0]  # 14 nodes -> 12
     # beyond DeepEP's 20 nodes: the 20-node row
     assert t.lookup("dispatch", 256)[2:] == V1[160][0] and t.lookup("combine", 256).nvl_recv % 32 == 0
 
@@ -65,7 +71,7 @@ def test_rows_by_node_count_for_nodes_of_fewer_gpus():
     assert t.lookup("combine", 8, num_nodes=4)[2:] == V1[32][1]
     assert t.lookup("dispatch", 4, num_nodes=1)[2:] == V1[4][0] == t.lookup("dispatch", 4)[2:]
     assert t.lookup("dispatch", 12, num_nodes=3)[2:] == V1[24][0]
-    assert t.lookup("dispatch", 16, num_nodes=16)[2:] == V1[128][0]   # 16 one-GPU nodes
+    assert t.lookup("dispatch", 16, num_nodes=16)[2:] == V1[128][0]  # 16 one-GPU nodes
 
 
 def test_one_node_counts_deepep_lacks_take_the_next_larger_row():
@@ -77,21 +83,24 @@ def test_one_node_counts_deepep_lacks_take_the_next_larger_row():
             assert t.lookup(kind, num_ranks, num_nodes=1) == row
 
 
-@pytest.mark.parametrize("args,match", [
-    (("dispatch", 12), "not whole nodes of 8"),       # more than 8 ranks, not whole nodes of 8, no node count
-    (("dispatch", 16, 1), "one node holds 1..8"),     # one node of 16 ranks
-    (("combine", 18, 2), "a node holds at most 8"),   # 2 nodes of 9
-    (("dispatch", 12, 5), "dividing"),
-    (("dispatch", 0), "positive"),
-    (("layout", 8), "kind"),
-])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (("dispatch", 12), "not whole nodes of 8"),  # more than 8 ranks, not whole nodes of 8, no node count
+        (("dispatch", 16, 1), "one node holds 1..8"),  # one node of 16 ranks
+        (("combine", 18, 2), "a node holds at most 8"),  # 2 nodes of 9
+        (("dispatch", 12, 5), "dividing"),
+        (("dispatch", 0), "positive"),
+        (("layout", 8), "kind"),
+    ],
+)
 def test_what_has_no_row(args, match):
     with pytest.raises(ValueError, match=match):
         t.lookup(*args)
 
 
 def test_deepeps_combine_checks_catch_bad_rows():
-    assert t.deepep_combine_problems(5, 1, 288, 8)      # 288 is not a multiple of 5
-    assert t.deepep_combine_problems(2, 4, 24, 12)      # each node's share (12) does not exceed the chunk (12)
-    assert t.deepep_combine_problems(2, 4, 288, 6)      # rdma_send below the 12 forwarder warps of 2 nodes
+    assert t.deepep_combine_problems(5, 1, 288, 8)  # 288 is not a multiple of 5
+    assert t.deepep_combine_problems(2, 4, 24, 12)  # each node's share (12) does not exceed the chunk (12)
+    assert t.deepep_combine_problems(2, 4, 288, 6)  # rdma_send below the 12 forwarder warps of 2 nodes
     assert t.combine_nvl_recv(5, 1, 288, 8) == 290

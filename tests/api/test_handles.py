@@ -1,4 +1,5 @@
 """Handles are NamedTuples: plain tuples to DeepEP code (length, order, unpacking), typed to ep_rt."""
+
 import pytest
 import torch
 

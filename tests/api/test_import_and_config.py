@@ -1,4 +1,5 @@
 """CPU tests: importing without a GPU, Config validation and tables, buffer layout arithmetic."""
+
 import subprocess
 import sys
 
@@ -12,9 +13,11 @@ from ep_rt.transport.ll_layout import rdma_size_hint
 
 
 def test_import_touches_no_driver():
-    code = ("import ep_rt, ep_rt.runtime.driver as d; "
-            "assert d._cu.cache_info().currsize == 0 and d._initialised.cache_info().currsize == 0; "
-            "print(ep_rt.topk_idx_t)")
+    code = (
+        "import ep_rt, ep_rt.runtime.driver as d; "
+        "assert d._cu.cache_info().currsize == 0 and d._initialised.cache_info().currsize == 0; "
+        "print(ep_rt.topk_idx_t)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "torch.int64"
 
@@ -33,9 +36,19 @@ def test_config_defaults_and_deepep_rounding():
         c.num_sms = 3  # frozen
 
 
-@pytest.mark.parametrize("args,match", [
-    ((0,), "num_sms"), ((200,), "num_sms"), ((20, 0, 256), "NVL chunk"), ((20, 256, 256), "send_tokens must be <"),
-    ((20, 6, 256, 0, 128), "RDMA"), ((20, 6, 256, 100, 50), "half"), ((20.0,), "int"), ((True,), "int")])
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        ((0,), "num_sms"),
+        ((200,), "num_sms"),
+        ((20, 0, 256), "NVL chunk"),
+        ((20, 256, 256), "send_tokens must be <"),
+        ((20, 6, 256, 0, 128), "RDMA"),
+        ((20, 6, 256, 100, 50), "half"),
+        ((20.0,), "int"),
+        ((True,), "int"),
+    ],
+)
 def test_config_validation(args, match):
     with pytest.raises((ValueError, TypeError), match=match):
         Config(*args)
@@ -79,8 +92,13 @@ def test_soa_regions_do_not_overlap_and_fit():
     region = params.DispatchRegion()
     rows = buffer_layout.DispatchRows(hidden_bytes=7168, num_scales=56, num_topk=8)
     cap = rows.fill(region, 50 * (1 << 20))
-    spans = [(region.x, 7168), (region.scales, 4 * 56), (region.topk_idx, 64), (region.topk_weights, 32),
-             (region.src_idx, 4)]
+    spans = [
+        (region.x, 7168),
+        (region.scales, 4 * 56),
+        (region.topk_idx, 64),
+        (region.topk_weights, 32),
+        (region.src_idx, 4),
+    ]
     ends = [off + w * cap for off, w in spans]
     for (off, _), end, (nxt, _) in zip(spans, ends, spans[1:]):
         assert off % 128 == 0 and end <= nxt

@@ -1,5 +1,6 @@
 """CPU tests of every bad-input error: dispatch/combine argument checks run before any kernel, so they are
 exercised here with CPU tensors and a stand-in for the Buffer's rank count and device."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -17,12 +18,18 @@ N, H, K, E = 16, 256, 4, 8
 
 
 def good():
-    return dict(x=torch.randn(N, H).to(torch.bfloat16), handle=None,
-                num_tokens_per_rank=torch.zeros(2, dtype=torch.int32),
-                is_token_in_rank=torch.zeros(N, 2, dtype=torch.bool),
-                num_tokens_per_expert=torch.zeros(E, dtype=torch.int32),
-                topk_idx=torch.randint(0, E, (N, K)), topk_weights=torch.rand(N, K),
-                expert_alignment=1, num_worst_tokens=0, config=Config())
+    return dict(
+        x=torch.randn(N, H).to(torch.bfloat16),
+        handle=None,
+        num_tokens_per_rank=torch.zeros(2, dtype=torch.int32),
+        is_token_in_rank=torch.zeros(N, 2, dtype=torch.bool),
+        num_tokens_per_expert=torch.zeros(E, dtype=torch.int32),
+        topk_idx=torch.randint(0, E, (N, K)),
+        topk_weights=torch.rand(N, K),
+        expert_alignment=1,
+        num_worst_tokens=0,
+        config=Config(),
+    )
 
 
 def check(**overrides):
@@ -38,47 +45,60 @@ def test_good_arguments_pass():
     assert check(x=fp8).x_scales is not None
 
 
-@pytest.mark.parametrize("overrides,error,match", [
-    (dict(x=torch.randn(N, H)), TypeError, "dtype"),
-    (dict(x=torch.randn(N, H, 2).to(torch.bfloat16)), ValueError, "2-D"),
-    (dict(x=torch.randn(H, N).to(torch.bfloat16).t()), ValueError, "contiguous"),
-    (dict(x=torch.randn(N, 7).to(torch.bfloat16)), ValueError, "multiple of 16"),
-    (dict(x=torch.randn(N, H + 1).to(torch.bfloat16)[:, 1:]), ValueError, "contiguous"),
-    (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn),)), ValueError, "tuple"),
-    (dict(x=(torch.randn(N, H).to(torch.bfloat16), torch.rand(N, 2))), TypeError, "dtype"),
-    (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn), torch.rand(N + 1, 2))), ValueError, "rows"),
-    (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn), torch.rand(N, 2).double())), TypeError, "dtypes"),
-    (dict(topk_idx=torch.randint(0, E, (N, K)).short()), TypeError, "dtypes"),
-    (dict(topk_idx=torch.randint(0, E, (N + 1, K))), ValueError, "rows"),
-    (dict(topk_idx=torch.full((N, K), E)), ValueError, r"\[-1, 8\)"),
-    (dict(topk_idx=torch.full((N, K), -2)), ValueError, "range"),
-    (dict(topk_idx=torch.randint(0, E, (N, 33)), topk_weights=torch.rand(N, 33)), ValueError, "at most 32"),
-    (dict(topk_weights=torch.rand(N, K).double()), TypeError, "float32"),
-    (dict(topk_weights=torch.rand(N, K + 1)), ValueError, "shape"),
-    (dict(topk_weights=None), ValueError, "together"),
-    (dict(num_tokens_per_expert=torch.zeros(7, dtype=torch.int32)), ValueError, "divisible"),
-    (dict(num_tokens_per_expert=torch.zeros(2 * 1025, dtype=torch.int32),
-          topk_idx=torch.randint(0, 2050, (N, K))), ValueError, "1024 experts per rank"),
-    (dict(num_tokens_per_expert=None), ValueError, "num_tokens_per_expert"),
-    (dict(num_tokens_per_rank=torch.zeros(3, dtype=torch.int32)), ValueError, "rows"),
-    (dict(num_tokens_per_rank=None), ValueError, "get_dispatch_layout"),
-    (dict(is_token_in_rank=torch.zeros(N, 3, dtype=torch.bool)), ValueError, "is_token_in_rank"),
-    (dict(is_token_in_rank=torch.zeros(N, 2, dtype=torch.int32)), TypeError, "bool"),
-    (dict(expert_alignment=0), ValueError, "expert_alignment"),
-    (dict(num_worst_tokens=-1), ValueError, "num_worst_tokens"),
-    (dict(topk_idx=None, topk_weights=None, num_worst_tokens=8), ValueError, "needs topk_idx"),
-    (dict(config="fast"), TypeError, "Config"),
-    (dict(handle=(1, 2, 3)), ValueError, "no topk_idx"),
-])
+@pytest.mark.parametrize(
+    "overrides,error,match",
+    [
+        (dict(x=torch.randn(N, H)), TypeError, "dtype"),
+        (dict(x=torch.randn(N, H, 2).to(torch.bfloat16)), ValueError, "2-D"),
+        (dict(x=torch.randn(H, N).to(torch.bfloat16).t()), ValueError, "contiguous"),
+        (dict(x=torch.randn(N, 7).to(torch.bfloat16)), ValueError, "multiple of 16"),
+        (dict(x=torch.randn(N, H + 1).to(torch.bfloat16)[:, 1:]), ValueError, "contiguous"),
+        (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn),)), ValueError, "tuple"),
+        (dict(x=(torch.randn(N, H).to(torch.bfloat16), torch.rand(N, 2))), TypeError, "dtype"),
+        (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn), torch.rand(N + 1, 2))), ValueError, "rows"),
+        (dict(x=(torch.randn(N, H).to(torch.float8_e4m3fn), torch.rand(N, 2).double())), TypeError, "dtypes"),
+        (dict(topk_idx=torch.randint(0, E, (N, K)).short()), TypeError, "dtypes"),
+        (dict(topk_idx=torch.randint(0, E, (N + 1, K))), ValueError, "rows"),
+        (dict(topk_idx=torch.full((N, K), E)), ValueError, r"\[-1, 8\)"),
+        (dict(topk_idx=torch.full((N, K), -2)), ValueError, "range"),
+        (dict(topk_idx=torch.randint(0, E, (N, 33)), topk_weights=torch.rand(N, 33)), ValueError, "at most 32"),
+        (dict(topk_weights=torch.rand(N, K).double()), TypeError, "float32"),
+        (dict(topk_weights=torch.rand(N, K + 1)), ValueError, "shape"),
+        (dict(topk_weights=None), ValueError, "together"),
+        (dict(num_tokens_per_expert=torch.zeros(7, dtype=torch.int32)), ValueError, "divisible"),
+        (
+            dict(
+                num_tokens_per_expert=torch.zeros(2 * 1025, dtype=torch.int32), topk_idx=torch.randint(0, 2050, (N, K))
+            ),
+            ValueError,
+            "1024 experts per rank",
+        ),
+        (dict(num_tokens_per_expert=None), ValueError, "num_tokens_per_expert"),
+        (dict(num_tokens_per_rank=torch.zeros(3, dtype=torch.int32)), ValueError, "rows"),
+        (dict(num_tokens_per_rank=None), ValueError, "get_dispatch_layout"),
+        (dict(is_token_in_rank=torch.zeros(N, 3, dtype=torch.bool)), ValueError, "is_token_in_rank"),
+        (dict(is_token_in_rank=torch.zeros(N, 2, dtype=torch.int32)), TypeError, "bool"),
+        (dict(expert_alignment=0), ValueError, "expert_alignment"),
+        (dict(num_worst_tokens=-1), ValueError, "num_worst_tokens"),
+        (dict(topk_idx=None, topk_weights=None, num_worst_tokens=8), ValueError, "needs topk_idx"),
+        (dict(config="fast"), TypeError, "Config"),
+        (dict(handle=(1, 2, 3)), ValueError, "no topk_idx"),
+    ],
+)
 def test_bad_dispatch_arguments(overrides, error, match):
     with pytest.raises(error, match=match):
         check(**overrides)
 
 
 def fake_handle(rows=10, n=N):
-    return (torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32),
-            torch.zeros(2, 4, dtype=torch.int32), torch.zeros(rows, dtype=torch.int32),
-            torch.zeros(n, 2, dtype=torch.bool), torch.zeros(n, 2, dtype=torch.int32))
+    return (
+        torch.zeros(2, 2, dtype=torch.int32),
+        torch.zeros(2, 4, dtype=torch.int32),
+        torch.zeros(2, 4, dtype=torch.int32),
+        torch.zeros(rows, dtype=torch.int32),
+        torch.zeros(n, 2, dtype=torch.bool),
+        torch.zeros(n, 2, dtype=torch.int32),
+    )
 
 
 def test_cached_dispatch_checks():
@@ -93,20 +113,24 @@ def test_cached_dispatch_checks():
         dispatch_args.check(BUF, **args)
 
 
-@pytest.mark.parametrize("kwargs,error,match", [
-    (dict(x=torch.randn(10, H)), TypeError, "bfloat16"),
-    (dict(x=torch.randn(11, H).to(torch.bfloat16)), ValueError, "rows"),
-    (dict(x=torch.randn(10, 12).to(torch.bfloat16)), ValueError, "multiple of 8"),
-    (dict(topk_weights=torch.rand(9, K)), ValueError, "rows"),
-    (dict(bias=torch.randn(N, H)), TypeError, "bfloat16"),
-    (dict(bias=(torch.randn(N, H).to(torch.bfloat16),)), ValueError, "2-tuple"),
-    (dict(bias=(None, torch.randn(N + 1, H).to(torch.bfloat16))), ValueError, "rows"),
-    (dict(handle=fake_handle()[:-1]), ValueError, "6-tuple"),
-    (dict(config=3), TypeError, "Config"),
-])
+@pytest.mark.parametrize(
+    "kwargs,error,match",
+    [
+        (dict(x=torch.randn(10, H)), TypeError, "bfloat16"),
+        (dict(x=torch.randn(11, H).to(torch.bfloat16)), ValueError, "rows"),
+        (dict(x=torch.randn(10, 12).to(torch.bfloat16)), ValueError, "multiple of 8"),
+        (dict(topk_weights=torch.rand(9, K)), ValueError, "rows"),
+        (dict(bias=torch.randn(N, H)), TypeError, "bfloat16"),
+        (dict(bias=(torch.randn(N, H).to(torch.bfloat16),)), ValueError, "2-tuple"),
+        (dict(bias=(None, torch.randn(N + 1, H).to(torch.bfloat16))), ValueError, "rows"),
+        (dict(handle=fake_handle()[:-1]), ValueError, "6-tuple"),
+        (dict(config=3), TypeError, "Config"),
+    ],
+)
 def test_bad_combine_arguments(kwargs, error, match):
-    args = dict(x=torch.randn(10, H).to(torch.bfloat16), handle=fake_handle(), topk_weights=None, bias=None,
-                config=None)
+    args = dict(
+        x=torch.randn(10, H).to(torch.bfloat16), handle=fake_handle(), topk_weights=None, bias=None, config=None
+    )
     args.update(kwargs)
     with pytest.raises(error, match=match):
         dispatch_args.check_combine(BUF, **args)
@@ -133,15 +157,18 @@ def test_event_overlap_without_event():
         ev.current_stream_wait()
 
 
-@pytest.mark.parametrize("kwargs,error", [
-    (dict(low_latency_mode=True), ValueError),
-    (dict(low_latency_mode=True, num_rdma_bytes=1 << 20, num_qps_per_rank=0), ValueError),
-    (dict(num_rdma_bytes=1000), ValueError),
-    (dict(num_rdma_bytes=100, low_latency_mode=True), ValueError),
-    (dict(use_fabric=True), NotImplementedError),
-    (dict(num_nvl_bytes=100), ValueError),
-    (dict(num_nvl_bytes=-128), ValueError),
-])
+@pytest.mark.parametrize(
+    "kwargs,error",
+    [
+        (dict(low_latency_mode=True), ValueError),
+        (dict(low_latency_mode=True, num_rdma_bytes=1 << 20, num_qps_per_rank=0), ValueError),
+        (dict(num_rdma_bytes=1000), ValueError),
+        (dict(num_rdma_bytes=100, low_latency_mode=True), ValueError),
+        (dict(use_fabric=True), NotImplementedError),
+        (dict(num_nvl_bytes=100), ValueError),
+        (dict(num_nvl_bytes=-128), ValueError),
+    ],
+)
 def test_buffer_constructor_rejects_before_touching_the_gpu(kwargs, error):
     with pytest.raises(error):
         Buffer(object(), **kwargs)
@@ -190,7 +217,7 @@ def test_buffer_on_a_machine_without_cuda(tmp_path):
         import torch.distributed as dist
         from ep_rt import Buffer
         from ep_rt.errors import NoGpuError
-        dist.init_process_group("gloo", init_method="file://{tmp_path / 'store'}", rank=0, world_size=1)
+        dist.init_process_group("gloo", init_method="file://{tmp_path / "store"}", rank=0, world_size=1)
         try:
             Buffer(dist.group.WORLD, 1 << 20)
         except NoGpuError as e:

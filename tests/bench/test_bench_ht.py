@@ -5,6 +5,7 @@ The test process is rank 0 and times whole calls with pytest-benchmark (L2 flush
 (CUDA events around each kernel) and DeepEP-formula bandwidths go into each benchmark's extra_info.
 Run with: python -m pytest -m bench tests/bench
 """
+
 import statistics
 
 import pytest
@@ -16,9 +17,10 @@ from ep_rt.testing.bench import ht_inputs
 
 from . import two_ranks
 
-pytestmark = [pytest.mark.bench,
-              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                 reason="needs 2 GPUs")]
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
+]
 
 TOKENS, HIDDEN, TOPK, EXPERTS, SMS = 4096, 7168, 8, 256, 24
 WARMUP, ROUNDS = 5, 30
@@ -29,8 +31,14 @@ def _calls(buf, case, sets):
     config = Config(SMS, 6, 256, 6, 128)
     x, x_fp8, idx, w = sets[0]
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, EXPERTS)
-    args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                topk_idx=idx, topk_weights=w, config=config)
+    args = dict(
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+        config=config,
+    )
     recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, **args)
     n = recv_x.size(0)
     if case == "dispatch_bf16":
@@ -62,6 +70,10 @@ def test_ht(benchmark, pair, case):
     kernel = "combine" if case.startswith("combine") else "dispatch"
     times = two_ranks.timed_ht_kernels(benchmark, buf, fn, ROUNDS, WARMUP)[kernel][WARMUP:]
     kernel_us = statistics.median(times)
-    benchmark.extra_info.update(kernel=kernel, kernel_us_median=round(kernel_us, 1), num_sms=SMS,
-                                gbps_deepep_formula=round(nbytes / kernel_us / 1e3, 1))
+    benchmark.extra_info.update(
+        kernel=kernel,
+        kernel_us_median=round(kernel_us, 1),
+        num_sms=SMS,
+        gbps_deepep_formula=round(nbytes / kernel_us / 1e3, 1),
+    )
     assert len(times) == ROUNDS

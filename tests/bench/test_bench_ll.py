@@ -7,6 +7,7 @@ sees the kernels), measured by both ranks together once per module, go into each
 DeepEP-formula bandwidth.
 Run with: python -m pytest -m bench tests/bench
 """
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -16,20 +17,25 @@ from ep_rt.testing.bench import bench_ll, ll_inputs
 
 from . import two_ranks
 
-pytestmark = [pytest.mark.bench,
-              pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                                 reason="needs 2 GPUs")]
+pytestmark = [
+    pytest.mark.bench,
+    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"),
+]
 
 TOKENS, HIDDEN, TOPK, EXPERTS = 128, 7168, 8, 288
 WARMUP, ROUNDS = 10, 50
-ROW_NAMES = {"ll_dispatch_fp8": "LL dispatch FP8", "ll_combine_bf16": "LL combine BF16",
-             "ll_combine_logfmt": "LL combine LogFMT"}
+ROW_NAMES = {
+    "ll_dispatch_fp8": "LL dispatch FP8",
+    "ll_combine_bf16": "LL combine BF16",
+    "ll_combine_logfmt": "LL combine LogFMT",
+}
 
 
 def _buffer():
     hint = Buffer.get_low_latency_rdma_size_hint(TOKENS, HIDDEN, 2, EXPERTS)
-    return Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=EXPERTS // 2,
-                  explicitly_destroy=True)
+    return Buffer(
+        dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=EXPERTS // 2, explicitly_destroy=True
+    )
 
 
 def _call(buf, case, inputs):
@@ -70,8 +76,12 @@ def test_ll(benchmark, pair, case):
     benchmark.pedantic(call, rounds=ROUNDS, warmup_rounds=WARMUP, iterations=1)
     row = gpu_rows[ROW_NAMES[case]]
     gpu = row["profiler"] or row["events"]  # the profiler's kernel times when it saw the kernels
-    benchmark.extra_info.update(kernel_us_median=round(gpu["kernel"], 1), gbps_deepep_formula=round(row["gbps"], 1),
-                                send_half_us=round(gpu["send"], 1), recv_half_us=round(gpu["recv"], 1),
-                                timed_by="profiler" if row["profiler"] else "cuda events",
-                                events_kernel_us=round(row["events"]["kernel"], 1))
+    benchmark.extra_info.update(
+        kernel_us_median=round(gpu["kernel"], 1),
+        gbps_deepep_formula=round(row["gbps"], 1),
+        send_half_us=round(gpu["send"], 1),
+        recv_half_us=round(gpu["recv"], 1),
+        timed_by="profiler" if row["profiler"] else "cuda events",
+        events_kernel_us=round(row["events"]["kernel"], 1),
+    )
     assert gpu["kernel"] > 0 and gpu["send"] > 0 and gpu["recv"] > 0

@@ -1,5 +1,6 @@
 """The two-process harness of the pytest-benchmark cases: the test process is rank 0 (GPU 0) and times calls;
 a spawned peer is rank 1 (GPU 1) and makes the same calls, told which case comes next over the process group."""
+
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp

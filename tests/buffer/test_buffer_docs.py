@@ -1,6 +1,7 @@
 """Every public method of ep_rt.Buffer (and its constructor) has a docstring of its own, in DeepEP's terms: each
 parameter is described in it, except for DeepEP's internode entry points, which name the method whose arguments
 they take."""
+
 import inspect
 import re
 
@@ -25,8 +26,18 @@ def public_methods():
 
 def test_the_list_is_complete():
     names = set(public_methods())
-    assert {"__init__", "dispatch", "combine", "get_dispatch_layout", "low_latency_dispatch", "low_latency_combine",
-            "destroy", "runtime", "is_internode", "set_kernel_timer"} <= names
+    assert {
+        "__init__",
+        "dispatch",
+        "combine",
+        "get_dispatch_layout",
+        "low_latency_dispatch",
+        "low_latency_combine",
+        "destroy",
+        "runtime",
+        "is_internode",
+        "set_kernel_timer",
+    } <= names
     assert len(names) >= 29, sorted(names)  # 29 as of this writing, the constructor included
     assert Buffer.__doc__ and "Attributes:" in Buffer.__doc__
 

@@ -1,6 +1,7 @@
 """Buffer's public state and benchmark hooks (is_internode, ht_serial, set_kernel_timer, nvl_barrier,
 internode_barrier): what ep_rt.ops.ht_args, ep_rt.testing and Buffer.runtime use instead of Buffer's private parts
 (tests/package/test_layering.py holds that rule)."""
+
 from types import SimpleNamespace
 
 import pytest

@@ -3,6 +3,7 @@
 launches of one call propagates; the call's slot is failed ("interrupted during ..."), later calls raise that error,
 destroy() frees the part without its collective barrier, and a new Buffer works. The interrupt comes the way Ctrl-C
 and `kill` deliver it: a signal (or _thread.interrupt_main) handled in the main thread while it waits."""
+
 import _thread
 import os
 import signal
@@ -97,8 +98,10 @@ def test_an_interrupt_in_a_dispatchs_host_wait_leaves_a_failed_buffer_that_destr
             buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
         timer.join()
         assert any("interrupted (KeyboardInterrupt) during dispatch notify" in n for n in e.value.__notes__)
-        for later in (lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, **common),
-                      lambda: buf.get_dispatch_layout(idx, host_trace.E)):
+        for later in (
+            lambda: buf.dispatch(x, topk_idx=idx, topk_weights=w, **common),
+            lambda: buf.get_dispatch_layout(idx, host_trace.E),
+        ):
             with pytest.raises(EpRtError, match="rank 0: interrupted \\(KeyboardInterrupt\\) during dispatch notify"):
                 later()
         start = len(trace.events)
@@ -127,6 +130,7 @@ def _raise_at(monkeypatch, kernel: str, exc=KeyboardInterrupt):
                 armed["on"] = False
                 raise exc()
             return real[name](*a)
+
         return f
 
     monkeypatch.setattr(driver, "launch", wrap("launch"))

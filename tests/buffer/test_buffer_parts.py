@@ -1,6 +1,7 @@
 """What Buffer composes, seen from outside the plan: every transport part has an error slot from construction and
 one destroy(collective); both high-throughput ops have the methods of ep_rt.ht_op.HighThroughputOp; the factory
 table has an op for every kind the plan names; _release hands each part the collective flag buffer_plan's rule says."""
+
 import inspect
 from types import SimpleNamespace
 
@@ -31,24 +32,45 @@ def test_every_part_type_has_destroy_collective(part_type):
 # tests/host_trace.py is a class named Session.
 PARTS = {
     "intranode": [("ErrorRecords", None), ("NvlBuffer", "nvl")],
-    "intranode + low latency": [("ErrorRecords", None), ("NvlBuffer", "nvl"), ("Session", "nvshmem"),
-                                ("SymmetricBuffer", "low_latency")],
-    "low latency across nodes (no HT)": [("ErrorRecords", None), ("Session", "nvshmem"),
-                                         ("SymmetricBuffer", "low_latency")],
-    "internode": [("ErrorRecords", None), ("NvlBuffer", "nvl"), ("Session", "nvshmem"),
-                  ("SymmetricBuffer", "internode"), ("InternodeOp", None)],
-    "internode + low latency": [("ErrorRecords", None), ("NvlBuffer", "nvl"), ("Session", "nvshmem"),
-                                ("SymmetricBuffer", "internode"), ("InternodeOp", None),
-                                ("SymmetricBuffer", "low_latency")],
+    "intranode + low latency": [
+        ("ErrorRecords", None),
+        ("NvlBuffer", "nvl"),
+        ("Session", "nvshmem"),
+        ("SymmetricBuffer", "low_latency"),
+    ],
+    "low latency across nodes (no HT)": [
+        ("ErrorRecords", None),
+        ("Session", "nvshmem"),
+        ("SymmetricBuffer", "low_latency"),
+    ],
+    "internode": [
+        ("ErrorRecords", None),
+        ("NvlBuffer", "nvl"),
+        ("Session", "nvshmem"),
+        ("SymmetricBuffer", "internode"),
+        ("InternodeOp", None),
+    ],
+    "internode + low latency": [
+        ("ErrorRecords", None),
+        ("NvlBuffer", "nvl"),
+        ("Session", "nvshmem"),
+        ("SymmetricBuffer", "internode"),
+        ("InternodeOp", None),
+        ("SymmetricBuffer", "low_latency"),
+    ],
 }
 
 
 @pytest.mark.parametrize("scenario", sorted(PARTS))
 def test_each_part_has_its_error_slot_from_construction(scenario):
     seen = []
-    host_trace.run_scenario(scenario, inspect=lambda buf: seen.extend(
-        (type(p).__name__, vars(p).get("error_slot", type(p).__dict__.get("error_slot", "unset")))
-        for p in buf._parts))
+    host_trace.run_scenario(
+        scenario,
+        inspect=lambda buf: seen.extend(
+            (type(p).__name__, vars(p).get("error_slot", type(p).__dict__.get("error_slot", "unset")))
+            for p in buf._parts
+        ),
+    )
     assert seen == PARTS[scenario]
 
 
@@ -88,11 +110,14 @@ class Op:
         self.log.append((self.name + " barrier", stream))
 
 
-@pytest.mark.parametrize("failed_slots,want_flags", [
-    (set(), [True, True, True, True, True]),
-    ({"low_latency"}, [True, True, False, False, True]),  # the LL op failed: no LL barrier, no NVSHMEM teardown
-    ({"nvl"}, [True, False, True, True, True]),
-])
+@pytest.mark.parametrize(
+    "failed_slots,want_flags",
+    [
+        (set(), [True, True, True, True, True]),
+        ({"low_latency"}, [True, True, False, False, True]),  # the LL op failed: no LL barrier, no NVSHMEM teardown
+        ({"nvl"}, [True, False, True, True, True]),
+    ],
+)
 def test_release_gives_each_part_the_rules_flag(monkeypatch, failed_slots, want_flags):
     import torch
 

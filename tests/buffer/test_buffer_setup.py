@@ -1,6 +1,7 @@
 """Buffer construction on the CPU with the GPU and the transports stood in: the comparison over the group
 (transport.agreement) runs before anything is allocated, a rank's local failure is raised on every rank, and the
 NVSHMEM world a Buffer asks for (rail for internode high-throughput only, all ranks with low_latency_mode)."""
+
 import pytest
 import torch
 
@@ -63,8 +64,12 @@ def peers_send(monkeypatch, rank, size, edit):
 
 def test_a_peer_with_other_sizes_stops_every_rank_before_any_allocation(no_gpu):
     use_topology(no_gpu, 0, 1, 4)
-    peers_send(no_gpu, 0, 4, lambda r, obj: obj if r != 2 else
-               {"values": {**obj["values"], "num_nvl_bytes": 1 << 21}, "error": None})
+    peers_send(
+        no_gpu,
+        0,
+        4,
+        lambda r, obj: obj if r != 2 else {"values": {**obj["values"], "num_nvl_bytes": 1 << 21}, "error": None},
+    )
     with pytest.raises(RankMismatchError, match=r"num_nvl_bytes: 1048576 on ranks 0-1, 3; 2097152 on rank 2"):
         buffer_mod.Buffer(object(), 1 << 20)  # and no transport was created (they raise Allocated)
 
@@ -75,14 +80,24 @@ def test_a_local_failure_is_the_peers_failure_too(no_gpu):
     with pytest.raises(ValueError, match="num_rdma_bytes is for the low-latency mode"):
         buffer_mod.Buffer(object(), 1 << 20, 1 << 20)
     # the same failure on rank 1 alone, seen from rank 0 (whose own arguments are fine)
-    peers_send(no_gpu, 0, 4, lambda r, obj: obj if r != 1 else
-               {"values": obj["values"], "error": ("ValueError", "num_rdma_bytes is for the low-latency mode")})
+    peers_send(
+        no_gpu,
+        0,
+        4,
+        lambda r, obj: (
+            obj
+            if r != 1
+            else {"values": obj["values"], "error": ("ValueError", "num_rdma_bytes is for the low-latency mode")}
+        ),
+    )
     with pytest.raises(PeerSetupError, match="rank 1: ValueError: num_rdma_bytes is for"):
         buffer_mod.Buffer(object(), 1 << 20, 0)
 
 
-@pytest.mark.parametrize("low_latency_mode,rail_supported,kind", [
-    (False, True, nw.RAIL), (False, False, nw.FULL), (True, True, nw.FULL), (True, False, nw.FULL)])
+@pytest.mark.parametrize(
+    "low_latency_mode,rail_supported,kind",
+    [(False, True, nw.RAIL), (False, False, nw.FULL), (True, True, nw.FULL), (True, False, nw.FULL)],
+)
 def test_the_world_a_buffer_asks_for(no_gpu, low_latency_mode, rail_supported, kind):
     use_topology(no_gpu, 10, 2, 8)
     FakeGroup(10, 16, calls=[MIRROR]).install(no_gpu)

@@ -2,6 +2,7 @@
 while another thread is inside a call of the same Buffer is refused, naming both threads and calls, and launches
 nothing; threads that take turns, a receive hook called from another thread, and calls under CUDA-graph capture go
 through. The GPU side (a real late peer) is tests/gpu/test_server_gpu.py."""
+
 import sys
 import threading
 import time
@@ -109,8 +110,11 @@ def test_a_hook_called_while_another_thread_is_inside_a_call_is_refused():
         x, idx, _, _ = inputs
         _, _, _, _, hook = buf.low_latency_dispatch(x, idx, 8, host_trace.E, return_recv_hook=True)
         t, box = _dispatch_in_thread(buf, inputs)
-        with pytest.raises(EpRtError, match="called Buffer.low_latency_dispatch's receive hook while thread "
-                                            "'scheduler' .* is inside Buffer.dispatch"):
+        with pytest.raises(
+            EpRtError,
+            match="called Buffer.low_latency_dispatch's receive hook while thread "
+            "'scheduler' .* is inside Buffer.dispatch",
+        ):
             hook()
         gate.set()
         t.join(10)

@@ -3,6 +3,7 @@
 kernel launched with the same grid, block, stream and parameter fields in the same order. The golden trace was
 recorded from the code before the refactor (commit 'host trace: golden'); a deliberate behaviour change re-records
 it with `python -m tests.host_trace --write` and says why in its commit."""
+
 import json
 
 import pytest

@@ -3,6 +3,7 @@ the documented defaults elsewhere, the node size from the Buffer's Topology (dis
 static calls, from num_ranks_per_node / EP_RT_RANKS_PER_NODE / LOCAL_WORLD_SIZE / 8, and hints with which a Buffer
 of that topology accepts calls of the documented size. The expected rows are the literals of DeepEP V1 (567632d)
 in test_config_tables.V1, never the code's own lookup."""
+
 from types import SimpleNamespace
 
 import pytest
@@ -21,10 +22,10 @@ from ..api.test_config_tables import V1
 
 RANK_COUNTS = sorted(set(range(1, 17)) | {6, 12, 20, 24, 48, 160})
 NODE_SIZES = (1, 2, 4, 8)
-DEEPEP_NODES = sorted(n // 8 for n in V1 if n > 8)          # node counts DeepEP has rows for: 2, 3, 4, ..., 20
-ONE_NODE_DEFAULT = {1: 2, 3: 4, 5: 8, 6: 8, 7: 8}           # the README's rule: the next rank count DeepEP has
+DEEPEP_NODES = sorted(n // 8 for n in V1 if n > 8)  # node counts DeepEP has rows for: 2, 3, 4, ..., 20
+ONE_NODE_DEFAULT = {1: 2, 3: 4, 5: 8, 6: 8, 7: 8}  # the README's rule: the next rank count DeepEP has
 KINDS = ("dispatch", "combine")
-T = 4096                                                     # the hints' documented tokens per rank
+T = 4096  # the hints' documented tokens per rank
 
 
 @pytest.fixture(autouse=True)
@@ -54,8 +55,7 @@ def deepep_combine_ok(N, nvl_send, nvl_recv, rdma_send):
     here from its source rather than taken from config_tables."""
     wpf = max(24 // N, 1)
     share = nvl_recv // N
-    return (nvl_recv % N == 0 and share > max(rdma_send, nvl_send) and share - wpf >= nvl_send
-            and rdma_send >= wpf)
+    return nvl_recv % N == 0 and share > max(rdma_send, nvl_send) and share - wpf >= nvl_send and rdma_send >= wpf
 
 
 def expected(kind, N, R):
@@ -76,14 +76,18 @@ def expected(kind, N, R):
 
 # ---- configs ----------------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("R", RANK_COUNTS)
 @pytest.mark.parametrize("G", NODE_SIZES)
 def test_every_rank_count_and_node_size_gets_its_row(R, G):
     s = shape(R, G)
     for kind, get in zip(KINDS, (Buffer.get_dispatch_config, Buffer.get_combine_config)):
         if s is None:
-            with pytest.raises(ValueError, match=rf"num_ranks \({R}\) must be a multiple of the ranks per node "
-                                                 rf"\({G}: num_ranks_per_node={G}\)"):
+            with pytest.raises(
+                ValueError,
+                match=rf"num_ranks \({R}\) must be a multiple of the ranks per node "
+                rf"\({G}: num_ranks_per_node={G}\)",
+            ):
                 get(R, num_ranks_per_node=G)
             continue
         N, _ = s
@@ -105,8 +109,8 @@ def test_deepeps_own_rows_in_nodes_of_8_are_its_literals():
     assert Buffer.get_combine_config(12, num_ranks_per_node=4) == Config(Buffer.num_sms, 1, 288, 8, 128)
     assert Buffer.get_dispatch_config(8, num_ranks_per_node=4) == Config(Buffer.num_sms, 36, 288, 20, 128)
     assert Buffer.get_combine_config(6, num_ranks_per_node=2) == Config(Buffer.num_sms, 1, 288, 8, 128)
-    assert Buffer.get_dispatch_config(6) == Config(Buffer.num_sms, 6, 256, 6, 128)      # one node of 6: 8 ranks' row
-    assert Buffer.get_combine_config(1) == Config(Buffer.num_sms, 10, 256, 6, 128)      # one rank: 2 ranks' row
+    assert Buffer.get_dispatch_config(6) == Config(Buffer.num_sms, 6, 256, 6, 128)  # one node of 6: 8 ranks' row
+    assert Buffer.get_combine_config(1) == Config(Buffer.num_sms, 10, 256, 6, 128)  # one rank: 2 ranks' row
     # 5 nodes of 4: no DeepEP row; 4 nodes' row, the combine's receive size 288 -> 290 (a multiple of 5)
     assert Buffer.get_combine_config(20, num_ranks_per_node=4) == Config(Buffer.num_sms, 1, 290, 8, 128)
 
@@ -114,25 +118,28 @@ def test_deepeps_own_rows_in_nodes_of_8_are_its_literals():
 def test_the_node_size_without_the_keyword(monkeypatch):
     # nothing set: DeepEP's 8 per node
     assert Buffer.get_dispatch_config(16) == row(V1[16][0])
-    with pytest.raises(ValueError, match=r"multiple of the ranks per node \(8: DeepEP's 8 per node.*"
-                                         r"pass num_ranks_per_node= .* or set EP_RT_RANKS_PER_NODE"):
+    with pytest.raises(
+        ValueError,
+        match=r"multiple of the ranks per node \(8: DeepEP's 8 per node.*"
+        r"pass num_ranks_per_node= .* or set EP_RT_RANKS_PER_NODE",
+    ):
         Buffer.get_dispatch_config(12)
     # torchrun on hosts of 4 GPUs: 12 ranks are 3 nodes
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert Buffer.get_dispatch_config(12) == row(V1[24][0])
-    assert Buffer.get_combine_config(16) == row(V1[32][1])    # 4 nodes of 4, not 2 of 8
-    assert Buffer.get_dispatch_config(2) == row(V1[2][0])     # a group inside one host
+    assert Buffer.get_combine_config(16) == row(V1[32][1])  # 4 nodes of 4, not 2 of 8
+    assert Buffer.get_dispatch_config(2) == row(V1[2][0])  # a group inside one host
     with pytest.raises(ValueError, match=r"multiple of the ranks per node \(4: LOCAL_WORLD_SIZE=4"):
         Buffer.get_dispatch_config(6)
     # EP_RT_RANKS_PER_NODE wins over LOCAL_WORLD_SIZE (the Topology uses it too), the keyword over both
     monkeypatch.setenv("EP_RT_RANKS_PER_NODE", "2")
-    assert Buffer.get_dispatch_config(6) == row(V1[24][0])     # 3 nodes of 2
+    assert Buffer.get_dispatch_config(6) == row(V1[24][0])  # 3 nodes of 2
     assert Buffer.get_dispatch_config(6, num_ranks_per_node=8) == row(V1[8][0])  # one node of 6
     monkeypatch.setenv("EP_RT_RANKS_PER_NODE", "16")
     with pytest.raises(ValueError, match="EP_RT_RANKS_PER_NODE=16, but an ep_rt node holds at most 8"):
         Buffer.get_dispatch_config(32)
     monkeypatch.delenv("EP_RT_RANKS_PER_NODE")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")   # 16 processes on one host: fine for a group inside it only
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")  # 16 processes on one host: fine for a group inside it only
     assert Buffer.get_dispatch_config(8) == row(V1[8][0])
     with pytest.raises(ValueError, match=r"32 ranks in nodes of 16 \(LOCAL_WORLD_SIZE=16.*at most 8 ranks"):
         Buffer.get_dispatch_config(32)
@@ -143,10 +150,12 @@ def test_the_node_size_without_the_keyword(monkeypatch):
 
 @pytest.mark.parametrize("bad", [0, 9, -1, True, 4.0, "4"])
 def test_a_bad_node_size_is_refused_by_name(bad):
-    for call in (lambda: Buffer.get_dispatch_config(8, num_ranks_per_node=bad),
-                 lambda: Buffer.get_combine_config(8, num_ranks_per_node=bad),
-                 lambda: Config().get_nvl_buffer_size_hint(256, 8, num_ranks_per_node=bad),
-                 lambda: Config().get_rdma_buffer_size_hint(256, 8, num_ranks_per_node=bad)):
+    for call in (
+        lambda: Buffer.get_dispatch_config(8, num_ranks_per_node=bad),
+        lambda: Buffer.get_combine_config(8, num_ranks_per_node=bad),
+        lambda: Config().get_nvl_buffer_size_hint(256, 8, num_ranks_per_node=bad),
+        lambda: Config().get_rdma_buffer_size_hint(256, 8, num_ranks_per_node=bad),
+    ):
         with pytest.raises(ValueError, match=r"num_ranks_per_node must be an int in 1\.\.8"):
             call()
 
@@ -158,7 +167,9 @@ def test_the_tuned_file_still_wins_for_its_rank_count(tmp_path, monkeypatch):
     config_file.write(path, [config_file.entry("dispatch", 12, Config(32, 6, 256, 6, 128))], {})
     monkeypatch.setenv("EP_RT_CONFIG_FILE", str(path))
     assert Buffer.get_dispatch_config(12, num_ranks_per_node=4) == Config(32, 6, 256, 6, 128)
-    assert Buffer.get_combine_config(12, num_ranks_per_node=4) == Config(Buffer.num_sms, 1, 288, 8, 128)  # not in the file
+    assert Buffer.get_combine_config(12, num_ranks_per_node=4) == Config(
+        Buffer.num_sms, 1, 288, 8, 128
+    )  # not in the file
 
 
 def test_the_catalogue_cases_of_impossible_shapes_raise_their_message():
@@ -170,6 +181,7 @@ def test_the_catalogue_cases_of_impossible_shapes_raise_their_message():
 
 
 # ---- dispatch(config=None) takes the Buffer's own node size -----------------------------------------------------
+
 
 @pytest.mark.parametrize("nodes,G", [(3, 4), (3, 2), (1, 6), (5, 4), (2, 8), (12, 1)])
 def test_dispatch_without_config_uses_the_topologys_node_size(monkeypatch, nodes, G):
@@ -202,7 +214,10 @@ def test_dispatch_without_config_uses_the_topologys_node_size(monkeypatch, nodes
 # ---- size hints -------------------------------------------------------------------------------------------------
 
 RECORDS = {  # the documented sizes: hidden 7168 BF16 / FP8 with its scales, top-8; and top-32 BF16
-    "bf16": (7168 * 2, 0, 8), "fp8": (7168, 56, 8), "bf16 top-32": (7168 * 2, 0, 32)}
+    "bf16": (7168 * 2, 0, 8),
+    "fp8": (7168, 56, 8),
+    "bf16 top-32": (7168 * 2, 0, 32),
+}
 
 
 @pytest.mark.parametrize("R", RANK_COUNTS)
@@ -255,14 +270,14 @@ def test_hints_follow_the_node_size_not_8():
 def test_two_argument_hints_take_the_node_size_from_the_environment(monkeypatch):
     """Megatron-Core's and SGLang's get_buffer call (hidden_bytes, num_ranks): the same rule as the configs."""
     c = Config()
-    assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == 0                          # DeepEP's 8 per node
+    assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == 0  # DeepEP's 8 per node
     with pytest.raises(ValueError, match=r"\(8: DeepEP's 8 per node"):
         c.get_rdma_buffer_size_hint(7168 * 2, 12)
     for name in ("LOCAL_WORLD_SIZE", "EP_RT_RANKS_PER_NODE"):
         monkeypatch.setenv(name, "4")
         assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == c.get_rdma_buffer_size_hint(7168 * 2, 8, 4096, 4) > 0
         assert c.get_nvl_buffer_size_hint(7168 * 2, 12) == c.get_nvl_buffer_size_hint(7168 * 2, 12, 4096, 4)
-        assert c.get_rdma_buffer_size_hint(7168 * 2, 4) == 0                      # inside one host
+        assert c.get_rdma_buffer_size_hint(7168 * 2, 4) == 0  # inside one host
         monkeypatch.delenv(name)
 
 
@@ -286,8 +301,10 @@ def test_a_buffer_sized_by_the_two_argument_hints_gets_past_its_own_checks(no_gp
     use_topology(no_gpu, 0, nodes, G)
     FakeGroup(0, R, calls=[MIRROR]).install(no_gpu)
     hidden_bytes = 7168 * 2
-    nvl = max(Buffer.get_dispatch_config(R).get_nvl_buffer_size_hint(hidden_bytes, R),
-              Buffer.get_combine_config(R).get_nvl_buffer_size_hint(hidden_bytes, R))
+    nvl = max(
+        Buffer.get_dispatch_config(R).get_nvl_buffer_size_hint(hidden_bytes, R),
+        Buffer.get_combine_config(R).get_nvl_buffer_size_hint(hidden_bytes, R),
+    )
     rdma = Config().get_rdma_buffer_size_hint(hidden_bytes, R)
     asked = []
 

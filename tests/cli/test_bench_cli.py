@@ -1,5 +1,6 @@
 """python -m ep_rt bench's CPU parts: the JSON document and text of given results (stand-ins for the ranks'
 rows), the bandwidth series the plot draws, and the command without a GPU."""
+
 import json
 
 import pytest
@@ -9,18 +10,38 @@ from ep_rt.testing.bench_main import FORMULAS
 
 
 def ht_row(name, kernel_us, gbps):
-    return {"name": name, "num_sms": 24, "kernel_us": kernel_us, "notify_us": 20.0, "call_us": kernel_us + 80,
-            "host_us": 60.0, "gbps": gbps, "num_recv": 9000}
+    return {
+        "name": name,
+        "num_sms": 24,
+        "kernel_us": kernel_us,
+        "notify_us": 20.0,
+        "call_us": kernel_us + 80,
+        "host_us": 60.0,
+        "gbps": gbps,
+        "num_recv": 9000,
+    }
 
 
 def ll_row(name, experts, kernel, gbps):
-    return {"name": name, "experts": experts, "events": {"kernel": kernel + 2, "send": 10.0, "recv": 12.0},
-            "call": kernel + 30, "profiler": {"kernel": kernel, "send": 9.0, "recv": 11.0}, "gbps": gbps}
+    return {
+        "name": name,
+        "experts": experts,
+        "events": {"kernel": kernel + 2, "send": 10.0, "recv": 12.0},
+        "call": kernel + 30,
+        "profiler": {"kernel": kernel, "send": 9.0, "recv": 11.0},
+        "gbps": gbps,
+    }
 
 
 def results():
-    return [{"rank": r, "ht": [ht_row("dispatch BF16", 280.0 + r, 410.0), ht_row("combine BF16", 340.0, 345.0)],
-             "ll": [ll_row("LL dispatch FP8", 288, 29.0, 270.0)]} for r in range(2)]
+    return [
+        {
+            "rank": r,
+            "ht": [ht_row("dispatch BF16", 280.0 + r, 410.0), ht_row("combine BF16", 340.0, 345.0)],
+            "ll": [ll_row("LL dispatch FP8", 288, 29.0, 270.0)],
+        }
+        for r in range(2)
+    ]
 
 
 def test_json_document_round_trips_with_the_formulas():
@@ -62,8 +83,9 @@ def test_internode_rows_are_labelled_emulated_and_charted():
 
     from ep_rt.testing.bench import IN_WORKLOADS, InternodeBenchRow
 
-    rows = [asdict(InternodeBenchRow(name, 24, 500.0, 40.0, 900.0, 60.0, 120.0, 8000, 7900, True))
-            for name in IN_WORKLOADS]
+    rows = [
+        asdict(InternodeBenchRow(name, 24, 500.0, 40.0, 900.0, 60.0, 120.0, 8000, 7900, True)) for name in IN_WORKLOADS
+    ]
     doc = bench.document([{"rank": 0, "ht": [], "ll": [], "internode": rows}], 24, "NVIDIA H200", 1)
     out = bench.text(doc)
     assert "internode dispatch FP8" in out and "RDMA GB/s" in out and "emulated nodes" in out

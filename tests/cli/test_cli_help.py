@@ -1,5 +1,6 @@
 """The command line's own help: `python -m ep_rt help [COMMAND]`, what `check --help` says, and `check`'s options on
 a machine without a GPU (named, with what runs instead, never silently ignored)."""
+
 import pytest
 import torch
 
@@ -26,8 +27,17 @@ def test_check_help_describes_both_modes(capsys):
     with pytest.raises(SystemExit):
         main(["check", "--help"])
     out = capsys.readouterr().out
-    for words in ("high throughput", "get_dispatch_layout", "cached dispatch", "low latency", "low_latency_dispatch",
-                  "CUDA-graph", "--quick", "--internode G", "Without a GPU"):
+    for words in (
+        "high throughput",
+        "get_dispatch_layout",
+        "cached dispatch",
+        "low latency",
+        "low_latency_dispatch",
+        "CUDA-graph",
+        "--quick",
+        "--internode G",
+        "Without a GPU",
+    ):
         assert words in out, words
 
 

@@ -1,5 +1,6 @@
 """python -m ep_rt doctor: each check against a stand-in System (a healthy 2-GPU NVLink machine, and the ways it can
 be broken), the report's format and exit code, and the real command on a machine without GPU or driver."""
+
 import copy
 from pathlib import Path
 
@@ -13,14 +14,28 @@ from ..repo import REPO
 
 OK, WARNING, ERROR, SKIP = dc.OK, dc.WARNING, dc.ERROR, dc.SKIP
 _CU13 = {"flavour": "cu13", "min_driver": 13000, "compiler": "nvcc 13.0.88", "needs_nvshmem": False, "nvshmem": None}
-MANIFEST = {"cubins": [
-    {**_CU13, "family": "intranode", "arch": "sm_90", "variant": "safe", "path": "cu13/sm_90/safe/intranode.cubin"},
-    {**_CU13, "family": "intranode", "arch": "sm_90", "variant": "aggressive",
-     "path": "cu13/sm_90/aggressive/intranode.cubin"},
-    {**_CU13, "family": "layout", "arch": "sm_90", "variant": "default", "path": "cu13/sm_90/default/layout.cubin"},
-    {**_CU13, "family": "low_latency", "arch": "sm_90", "variant": "default",
-     "path": "cu13/sm_90/default/low_latency.cubin", "needs_nvshmem": True, "nvshmem": "3.4.5"},
-]}
+MANIFEST = {
+    "cubins": [
+        {**_CU13, "family": "intranode", "arch": "sm_90", "variant": "safe", "path": "cu13/sm_90/safe/intranode.cubin"},
+        {
+            **_CU13,
+            "family": "intranode",
+            "arch": "sm_90",
+            "variant": "aggressive",
+            "path": "cu13/sm_90/aggressive/intranode.cubin",
+        },
+        {**_CU13, "family": "layout", "arch": "sm_90", "variant": "default", "path": "cu13/sm_90/default/layout.cubin"},
+        {
+            **_CU13,
+            "family": "low_latency",
+            "arch": "sm_90",
+            "variant": "default",
+            "path": "cu13/sm_90/default/low_latency.cubin",
+            "needs_nvshmem": True,
+            "nvshmem": "3.4.5",
+        },
+    ]
+}
 BUS = ["0000:19:00.0", "0000:3B:00.0"]
 
 
@@ -29,23 +44,36 @@ class FakeSystem:
     the IBGDA driver options, nvidia_peermem. Tests break one thing at a time."""
 
     def __init__(self):
-        self.versions = {"cuda-bindings": "13.0.3", "nvidia-nvshmem-cu13": "3.4.5", "nvidia-ml-py": "13.580",
-                         "numpy": "2.1"}
+        self.versions = {
+            "cuda-bindings": "13.0.3",
+            "nvidia-nvshmem-cu13": "3.4.5",
+            "nvidia-ml-py": "13.580",
+            "numpy": "2.1",
+        }
         self.torch = {"version": "2.11.0+cu130", "cuda": "13.0"}
         self.driver, self.cuda = "580.65", (13, 0)
-        self.gpu_list = [{"index": i, "name": "NVIDIA H200", "arch": "sm_90", "sms": 132, "bus_id": b}
-                         for i, b in enumerate(BUS)]
+        self.gpu_list = [
+            {"index": i, "name": "NVIDIA H200", "arch": "sm_90", "sms": 132, "bus_id": b} for i, b in enumerate(BUS)
+        ]
         self.p2p_ok, self.link_count = True, 18
         self.manifest_doc, self.corrupt = copy.deepcopy(MANIFEST), set()
         self.host_nvshmem = "3.4.5"
         self.libs = {"ibverbs", "mlx5", "ucp", "fabric", "gdrapi"}
         self.files = {"/dev/gdrdrv", "/sys/module/nvidia", "/sys/module/nvidia_peermem"}
-        self.dirs = {"/sys/class/infiniband": ["mlx5_0", "mlx5_1"],
-                     "/nvshmem/lib": ["libnvshmem_host.so.3", "nvshmem_transport_ibgda.so.3",
-                                      "nvshmem_transport_ibrc.so.3", "nvshmem_transport_ucx.so.3",
-                                      "nvshmem_transport_libfabric.so.3"]}
-        self.texts = {"/proc/driver/nvidia/params": 'EnableStreamMemOPs: 1\nRegistryDwords: "PeerMappingOverride=1;"\n',
-                      "/proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65"}
+        self.dirs = {
+            "/sys/class/infiniband": ["mlx5_0", "mlx5_1"],
+            "/nvshmem/lib": [
+                "libnvshmem_host.so.3",
+                "nvshmem_transport_ibgda.so.3",
+                "nvshmem_transport_ibrc.so.3",
+                "nvshmem_transport_ucx.so.3",
+                "nvshmem_transport_libfabric.so.3",
+            ],
+        }
+        self.texts = {
+            "/proc/driver/nvidia/params": 'EnableStreamMemOPs: 1\nRegistryDwords: "PeerMappingOverride=1;"\n',
+            "/proc/driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65",
+        }
         self.release, self.env = "6.8.0-45-generic", {}
         self.host_flavour = "cu13"
         self.rdma = {"supported": 1, "ordering": 100, "flush_options": 1}  # what an H200 with driver 580 reports
@@ -79,8 +107,10 @@ class FakeSystem:
         return self.gpu_list
 
     def nvlink(self, bus_ids):
-        return {"p2p": {(a, b): self.p2p_ok for a in bus_ids for b in bus_ids if a != b},
-                "links": {b: self.link_count for b in bus_ids}}
+        return {
+            "p2p": {(a, b): self.p2p_ok for a in bus_ids for b in bus_ids if a != b},
+            "links": {b: self.link_count for b in bus_ids},
+        }
 
     def manifest(self):
         if self.manifest_doc is None:
@@ -152,8 +182,9 @@ def test_a_healthy_machine_is_all_ok():
     assert "host 3.4.5 (cu13) runs" in by_name["NVSHMEM"].detail and "3.4.5" in by_name["NVSHMEM"].detail
     assert by_name["GPUDirect RDMA"].detail == "nvidia_peermem is loaded"
     smoke = [i for i in items if i.name.startswith("smoke")]
-    assert len(smoke) == 2 and all("80 checks" in i.detail and i.detail.startswith("2 ranks on 2 GPUs: ")
-                                   for i in smoke)
+    assert len(smoke) == 2 and all(
+        "80 checks" in i.detail and i.detail.startswith("2 ranks on 2 GPUs: ") for i in smoke
+    )
 
 
 def test_no_driver_no_gpu():
@@ -213,7 +244,9 @@ def test_nvlink_matrix():
     assert item.extra[1].split() == ["0000:19:00.0", "-", "NV", "18"]
     s.p2p_ok = False
     item = dc.check_nvlink(s, s.gpu_list)[0]
-    assert item.status == WARNING and f"{BUS[0]} <-> {BUS[1]}" in item.detail and "EP_RT_SKIP_TOPOLOGY_CHECK" in item.hint
+    assert (
+        item.status == WARNING and f"{BUS[0]} <-> {BUS[1]}" in item.detail and "EP_RT_SKIP_TOPOLOGY_CHECK" in item.hint
+    )
     assert item.extra[2].split() == ["0000:3B:00.0", "no", "-", "18"]
     assert dc.check_nvlink(s, s.gpu_list[:1])[0].status == SKIP
 
@@ -254,7 +287,7 @@ def test_gdrcopy():
 def test_ibgda_driver_options_from_proc_or_sys():
     s = FakeSystem()
     assert set(statuses(dc.check_ibgda_driver(s)).values()) == {OK}
-    s.texts["/proc/driver/nvidia/params"] = "EnableStreamMemOPs: 0\nRegistryDwords: \"\"\n"
+    s.texts["/proc/driver/nvidia/params"] = 'EnableStreamMemOPs: 0\nRegistryDwords: ""\n'
     items = dc.check_ibgda_driver(s)
     assert [i.status for i in items] == [WARNING, WARNING] and "NVreg_EnableStreamMemOPs=1" in items[0].hint
     del s.texts["/proc/driver/nvidia/params"]  # the module's parameter files instead
@@ -291,7 +324,9 @@ def test_settings(tmp_path, monkeypatch):
     bad.write_text("{}")
     s.env = {"EP_RT_CONFIG_FILE": str(bad)}
     items = {i.name: i for i in dc.check_settings(s)}
-    assert items["EP_RT_CONFIG_FILE"].status == ERROR and "not an ep_rt config file" in items["EP_RT_CONFIG_FILE"].detail
+    assert (
+        items["EP_RT_CONFIG_FILE"].status == ERROR and "not an ep_rt config file" in items["EP_RT_CONFIG_FILE"].detail
+    )
 
 
 def test_network_settings():
@@ -300,7 +335,7 @@ def test_network_settings():
     assert item.status == OK and "would use ibgda (DeepEP's default)" in item.detail
     assert "NVSHMEM_IBGDA_NUM_RC_PER_PE=24" in item.detail
     assert any(x.startswith("NVSHMEM_IB_SL = (unset)  [NVSHMEM default]") for x in item.extra)
-    s.env = {"NVSHMEM_IBGDA_NUM_RC_PER_PE": "4"}   # what Buffer would refuse is an error here
+    s.env = {"NVSHMEM_IBGDA_NUM_RC_PER_PE": "4"}  # what Buffer would refuse is an error here
     (item,) = dc.check_network(s, s.gpu_list)
     assert item.status == ERROR and "NVSHMEM_IBGDA_NUM_RC_PER_PE='4'" in item.detail
     s.env = {"NVSHMEM_IB_SL": "20"}
@@ -308,7 +343,7 @@ def test_network_settings():
     s.env = {"EP_RT_REMOTE_TRANSPORT": "ucx", "NVSHMEM_IB_SL": "3"}
     items = {i.name: i for i in dc.check_network(s, s.gpu_list)}
     assert items["network settings"].status == OK and "UCX_IB_SL=3" in items["network settings"].detail
-    assert "transport ucx needs GDRCopy" not in items           # the stand-in has GDRCopy
+    assert "transport ucx needs GDRCopy" not in items  # the stand-in has GDRCopy
     s.libs.discard("gdrapi")
     items = {i.name: i for i in dc.check_network(s, s.gpu_list)}
     assert items["transport ucx needs GDRCopy"].status == ERROR
@@ -319,11 +354,17 @@ def test_network_settings():
 
 def test_network_settings_auto_nic_preview():
     s = FakeSystem()
-    paths = {"0000:19:00.0": "/sys/devices/pci0000:00/0000:00:01.0/0000:19:00.0",
-             "0000:3b:00.0": "/sys/devices/pci0000:30/0000:30:01.0/0000:3b:00.0"}
+    paths = {
+        "0000:19:00.0": "/sys/devices/pci0000:00/0000:00:01.0/0000:19:00.0",
+        "0000:3b:00.0": "/sys/devices/pci0000:30/0000:30:01.0/0000:3b:00.0",
+    }
     links = {f"/sys/bus/pci/devices/{b}": p for b, p in paths.items()}
-    links.update({"/sys/class/infiniband/mlx5_0/device": "/sys/devices/pci0000:30/0000:30:01.0/0000:3c:00.0",
-                  "/sys/class/infiniband/mlx5_1/device": "/sys/devices/pci0000:00/0000:00:01.0/0000:1a:00.0"})
+    links.update(
+        {
+            "/sys/class/infiniband/mlx5_0/device": "/sys/devices/pci0000:30/0000:30:01.0/0000:3c:00.0",
+            "/sys/class/infiniband/mlx5_1/device": "/sys/devices/pci0000:00/0000:00:01.0/0000:1a:00.0",
+        }
+    )
     s.realpath = lambda p: links.get(p, p)
     for nic in ("mlx5_0", "mlx5_1"):
         s.dirs[f"/sys/class/infiniband/{nic}/ports"] = ["1"]
@@ -336,8 +377,10 @@ def test_network_settings_auto_nic_preview():
 def test_smoke_failures_and_crashes():
     item = dc.smoke_item("smoke", lambda: [(10, []), (10, ["dispatch.recv_x: 3 elements differ"])])
     assert item.status == ERROR and "rank 1: dispatch.recv_x" in item.detail
+
     def crash():
         raise RuntimeError("--- rank 0 ---\nTraceback ...\nEpRtError: NVSHMEM initialisation failed (7)\n")
+
     item = dc.smoke_item("smoke", crash)
     assert item.status == ERROR and "NVSHMEM initialisation failed" in item.detail
 
@@ -405,6 +448,7 @@ def test_one_nvshmem_error_is_said_once_and_blocks_only_the_low_latency_round():
 
     def broken():
         raise RuntimeError(message + ': pip install "./ep_rt-0.1.0-py3-none-any.whl[cu13]"')
+
     s.nvshmem_host_version = s.nvshmem_lib_dir = broken
     s.host_flavour = None
     ran = []
@@ -430,19 +474,29 @@ def test_no_gpu_gives_no_transport_or_gdrcopy_warnings():
 
 def test_the_two_flavours_cubins_are_listed_apart():
     s = FakeSystem()
-    s.manifest_doc["cubins"].append({**MANIFEST["cubins"][2], "flavour": "cu12", "arch": "sm_80",
-                                     "compiler": "nvrtc 12.9.86", "path": "cu12/sm_80/default/layout.cubin"})
+    s.manifest_doc["cubins"].append(
+        {
+            **MANIFEST["cubins"][2],
+            "flavour": "cu12",
+            "arch": "sm_80",
+            "compiler": "nvrtc 12.9.86",
+            "path": "cu12/sm_80/default/layout.cubin",
+        }
+    )
     items = {i.name: i for i in dc.check_cubins(s, s.gpu_list, False)[0]}
     assert items["cubins cu12"].detail.startswith("sm_80: layout (default); built with nvrtc 12.9.86")
     assert "sm_80" not in items["cubins cu13"].detail and "nvrtc" not in items["cubins cu13"].detail
     assert "intranode (aggressive/safe)" in items["cubins cu13"].detail
 
 
-@pytest.mark.parametrize("ordering,status,words", [
-    (100, OK, "OWNER: only the GPU that owns the memory reads NIC writes consistently"),
-    (200, OK, "ALL_DEVICES: the owning GPU and its NVLink peers read NIC writes consistently"),
-    (0, WARNING, "NONE: no ordering promised"),
-])
+@pytest.mark.parametrize(
+    "ordering,status,words",
+    [
+        (100, OK, "OWNER: only the GPU that owns the memory reads NIC writes consistently"),
+        (200, OK, "ALL_DEVICES: the owning GPU and its NVLink peers read NIC writes consistently"),
+        (0, WARNING, "NONE: no ordering promised"),
+    ],
+)
 def test_rdma_write_ordering_per_gpu(ordering, status, words):
     s = FakeSystem()
     s.rdma = {"supported": 1, "ordering": ordering, "flush_options": 3}
@@ -469,8 +523,11 @@ def test_the_driver_reads_the_rdma_attributes_through_its_checked_call(monkeypat
     from ep_rt.errors import CudaDriverError
     from ep_rt.runtime import driver
 
-    names = ["CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED", "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
-             "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS"]
+    names = [
+        "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED",
+        "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
+        "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS",
+    ]
     values = {names[0]: 1, names[1]: 200, names[2]: 2}
     asked = []
     fail = set()
@@ -480,9 +537,13 @@ def test_the_driver_reads_the_rdma_attributes_through_its_checked_call(monkeypat
         return (1 if attr in fail else 0, values[attr])
 
     fake = SimpleNamespace(
-        CUresult=SimpleNamespace(CUDA_SUCCESS=0), CUdevice_attribute=SimpleNamespace(**{n: n for n in names}),
-        cuDeviceGet=lambda i: (0, f"dev{i}"), cuDeviceGetAttribute=get_attribute,
-        cuGetErrorName=lambda e: (0, b"CUDA_ERROR_INVALID_VALUE"), cuGetErrorString=lambda e: (0, b"invalid argument"))
+        CUresult=SimpleNamespace(CUDA_SUCCESS=0),
+        CUdevice_attribute=SimpleNamespace(**{n: n for n in names}),
+        cuDeviceGet=lambda i: (0, f"dev{i}"),
+        cuDeviceGetAttribute=get_attribute,
+        cuGetErrorName=lambda e: (0, b"CUDA_ERROR_INVALID_VALUE"),
+        cuGetErrorString=lambda e: (0, b"invalid argument"),
+    )
     monkeypatch.setattr(driver, "_cu", lambda: fake)
     monkeypatch.setattr(driver, "_initialised", lambda: True)
     assert driver.gpudirect_rdma_attributes(1) == {"supported": 1, "ordering": 200, "flush_options": 2}

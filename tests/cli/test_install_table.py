@@ -2,6 +2,7 @@
 ep_rt/installing.py, checked against the recorded torch pins (test_requirements.TORCH_BUILDS) and pyproject.toml's
 extras; every command installs the wheel file or the checkout (ep-rt is on no index), and no hint in the code says
 otherwise."""
+
 import re
 
 import pytest
@@ -112,6 +113,10 @@ INDEX_INSTALL = re.compile(r"""pip install ['"]?ep-rt(\[|\b)""")
 def test_no_hint_says_install_ep_rt_from_an_index():
     """ep-rt is on no package index: `pip install 'ep-rt[cu12]'` cannot work anywhere."""
     files = [*sorted((REPO / "ep_rt").rglob("*.py")), REPO / "_ep_rt_deep_ep.py", REPO / "README.md"]
-    found = [f"{f.relative_to(REPO)}:{n}" for f in files
-             for n, line in enumerate(f.read_text().splitlines(), 1) if INDEX_INSTALL.search(line)]
+    found = [
+        f"{f.relative_to(REPO)}:{n}"
+        for f in files
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if INDEX_INSTALL.search(line)
+    ]
     assert not found, found

@@ -1,6 +1,7 @@
 """The performance model's command line (python -m ep_rt model: issue 24's items) and the tables the docs carry from it
 (issue 21 items 2, 5, 6): network operations per call and kernel, queue pairs per GPU, the pipeline's overlap,
 each checked by hand and against the generated text in docs/INTERNODE_DESIGN.md and the README."""
+
 import re
 from pathlib import Path
 
@@ -31,6 +32,7 @@ def generated(path: Path, command: str) -> str:
 
 # ---- the docs' tables are what the model prints -------------------------------------------------------------
 
+
 def test_design_doc_ops_tables_match_the_model(capsys):
     doc = generated(ROOT / "docs/INTERNODE_DESIGN.md", "python -m ep_rt model --ops --nodes 2 8")
     assert doc == run(capsys, "--ops", "--nodes", "2", "8").rstrip("\n")
@@ -41,8 +43,13 @@ def test_design_doc_ops_tables_match_the_model(capsys):
 def test_design_doc_predictions_match_the_model(capsys):
     doc = generated(ROOT / "docs/INTERNODE_DESIGN.md", "python -m ep_rt model --markdown --nodes 2 4 8")
     assert doc == run(capsys, "--markdown", "--nodes", "2", "4", "8").rstrip("\n")
-    for pub in ("43 (V1:README.md)", "58 (V1:README.md)", "51 (V1:README.md)", "90 (V2:README.md)",
-                "61 (V2:README.md)"):
+    for pub in (
+        "43 (V1:README.md)",
+        "58 (V1:README.md)",
+        "51 (V1:README.md)",
+        "90 (V2:README.md)",
+        "61 (V2:README.md)",
+    ):
         assert pub in doc
 
 
@@ -66,17 +73,18 @@ def test_queue_pair_worlds_are_the_worlds_buffers_join(ep):
 
 def test_readme_lists_the_model_command():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = readme[readme.index("## The other commands"):readme.index("## What works")]
+    table = readme[readme.index("## The other commands") : readme.index("## What works")]
     assert "| `python -m ep_rt model" in table
 
 
 # ---- the operation counts, by hand --------------------------------------------------------------------------
 
+
 def test_ht_counts_by_hand_ep16():
     s = ops.Shape(16)  # 2 nodes x 8, 20 channels
     got = {(o.call, o.kernel): (o.puts, o.signals, o.quiets("cu13"), o.quiets("cu12")) for o in ops.ht_ops(s)}
-    assert got["dispatch", "notify"] == (1, 1, 0, 0)          # one slot to the other node's rail peer (it relays)
-    assert got["dispatch", "send"] == (160, 160, 0, 0)        # 8 chunks per (channel, other node); no quiet
+    assert got["dispatch", "notify"] == (1, 1, 0, 0)  # one slot to the other node's rail peer (it relays)
+    assert got["dispatch", "send"] == (160, 160, 0, 0)  # 8 chunks per (channel, other node); no quiet
     assert got["dispatch", "forward"] == got["dispatch", "receive"] == (0, 0, 0, 0)
     assert got["combine", "handshake"] == (0, 1, 0, 0)
     assert got["combine", "forward"] == (160, 160, 0, 0)
@@ -95,8 +103,8 @@ def test_ll_counts_by_hand():
     s = ops.Shape(16, tokens=128)
     send, recv, csend, crecv = ops.ll_ops(s)
     assert send.puts == 128 * 8 * 8 / 16 and send.signals == 512 + 16 * 8  # + a count for each of 128 remote experts
-    assert recv.signals == 8 and recv.puts == 0 and crecv.signals == 8     # credits
-    assert csend.puts == 512 and csend.bare_signals == 16 * 8               # 16 local experts x 8 remote ranks
+    assert recv.signals == 8 and recv.puts == 0 and crecv.signals == 8  # credits
+    assert csend.puts == 512 and csend.bare_signals == 16 * 8  # 16 local experts x 8 remote ranks
     assert send.quiets("cu13") == 0 and send.quiets("cu12") == 0  # cu12 links put-with-signal too (LP64 shim)
 
 
@@ -113,11 +121,12 @@ def test_sweep_sizes_and_the_estimate():
 
 # ---- the pipeline ----------------------------------------------------------------------------------------------
 
+
 def test_tandem_by_hand():
-    assert pm.tandem_us([{"a": 3.0, "b": 2.0}], ("a", "b")) == 5.0            # one chunk: the sum
-    jobs = [{"a": 1.0, "b": 2.0} for _ in range(4)]                              # b is the slowest: 8 busy
-    assert pm.tandem_us(jobs, ("a", "b")) == 1.0 + 8.0                            # its total plus the fill
-    assert pm.tandem_us([{"b": 5.0}, {"a": 1.0, "b": 1.0}], ("a", "b")) == 6.0   # a job that skips a station
+    assert pm.tandem_us([{"a": 3.0, "b": 2.0}], ("a", "b")) == 5.0  # one chunk: the sum
+    jobs = [{"a": 1.0, "b": 2.0} for _ in range(4)]  # b is the slowest: 8 busy
+    assert pm.tandem_us(jobs, ("a", "b")) == 1.0 + 8.0  # its total plus the fill
+    assert pm.tandem_us([{"b": 5.0}, {"a": 1.0, "b": 1.0}], ("a", "b")) == 6.0  # a job that skips a station
 
 
 def test_overlap_is_between_the_slowest_stage_and_the_sum():
@@ -135,8 +144,17 @@ def test_overlap_is_between_the_slowest_stage_and_the_sum():
 def test_pipeline_stage_bytes_by_hand():
     st = im.RoutingStats(4.0, 2.0, 0.5)
     cl = im.Cluster("x", nic_gbps=10.0, nvl_gbps=100.0)
-    pl = pm.pipeline("dispatch_bf16", cl, 2, ranks_per_node=4, num_tokens=1000, hidden=1024, channels=10, stats=st,
-                     record_overhead_bytes=0)
+    pl = pm.pipeline(
+        "dispatch_bf16",
+        cl,
+        2,
+        ranks_per_node=4,
+        num_tokens=1000,
+        hidden=1024,
+        channels=10,
+        stats=st,
+        record_overhead_bytes=0,
+    )
     B = 2048
     assert pl.busy["nic"] == pytest.approx(1000 * 1.5 * B / 10e3)
     assert pl.busy["nvlink"] == pytest.approx(1000 * 4.0 * 0.75 * B / 100e3)
@@ -146,24 +164,28 @@ def test_pipeline_stage_bytes_by_hand():
 
 # ---- issue 24's model items ------------------------------------------------------------------------------------
 
+
 def test_usage_names_the_real_program(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--help"])
     assert e.value.code == 0 and capsys.readouterr().out.startswith("usage: python -m ep_rt model")
 
 
-@pytest.mark.parametrize("argv,message", [
-    (["--nodes", "3"], "--experts 256 is not a multiple of the 24 ranks of 3 nodes x 8"),
-    (["--nodes", "1"], "argument --nodes: 1 node(s): internode calls need at least 2 nodes"),
-    (["--tokens", "0"], "argument --tokens: 0 must be at least 1"),
-    (["--tokens", "many"], "argument --tokens: 'many' is not an integer"),
-    (["--nic", "-5"], "argument --nic: -5 must be a positive number"),
-    (["--nic", "nan"], "argument --nic: nan must be a positive number"),
-    (["--notify-us", "-1"], "argument --notify-us: -1 must be zero or positive"),
-    (["--topk", "300", "--nodes", "2"], "--topk 300 is more than the 256 experts"),
-    (["--ranks-per-node", "3"], "is not a multiple of the 6 ranks"),
-    (["--ops", "--queue-pairs"], "not allowed with argument"),
-])
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--nodes", "3"], "--experts 256 is not a multiple of the 24 ranks of 3 nodes x 8"),
+        (["--nodes", "1"], "argument --nodes: 1 node(s): internode calls need at least 2 nodes"),
+        (["--tokens", "0"], "argument --tokens: 0 must be at least 1"),
+        (["--tokens", "many"], "argument --tokens: 'many' is not an integer"),
+        (["--nic", "-5"], "argument --nic: -5 must be a positive number"),
+        (["--nic", "nan"], "argument --nic: nan must be a positive number"),
+        (["--notify-us", "-1"], "argument --notify-us: -1 must be zero or positive"),
+        (["--topk", "300", "--nodes", "2"], "--topk 300 is more than the 256 experts"),
+        (["--ranks-per-node", "3"], "is not a multiple of the 6 ranks"),
+        (["--ops", "--queue-pairs"], "not allowed with argument"),
+    ],
+)
 def test_bad_values_are_argparse_errors(capsys, argv, message):
     with pytest.raises(SystemExit) as e:
         cli.main(argv)
@@ -183,8 +205,12 @@ def test_published_column_follows_the_shape(capsys):
 
 
 def test_model_cites_only_documents_in_the_repository():
-    for rel in ("ep_rt/cli/model.py", "ep_rt/testing/internode_model.py", "ep_rt/testing/pipeline_model.py",
-                "ep_rt/testing/network_ops.py"):
+    for rel in (
+        "ep_rt/cli/model.py",
+        "ep_rt/testing/internode_model.py",
+        "ep_rt/testing/pipeline_model.py",
+        "ep_rt/testing/network_ops.py",
+    ):
         text = (ROOT / rel).read_text(encoding="utf-8")
         assert "shared/docs" not in text and "INTERNODE.md" not in text, rel
         for doc in re.findall(r"(?<![\w:@/.])((?:[\w-]+/)*[\w-]+\.md)\b", text):

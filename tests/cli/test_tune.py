@@ -1,6 +1,7 @@
 """python -m ep_rt tune's CPU parts: the config file (format, validation, loading through EP_RT_CONFIG_FILE into
 Buffer.get_dispatch_config / get_combine_config), merging ranks' sweeps, the choice, the table, the plot, the
 progress bar, and the command without a GPU."""
+
 import io
 import json
 
@@ -13,9 +14,15 @@ from ep_rt.testing.progress import Progress
 
 
 def good_doc():
-    return {"format": "ep_rt-config", "version": 1, "tuned": {},
-            "configs": [config_file.entry("dispatch", 2, Config(32, 6, 256, 6, 128)),
-                        config_file.entry("combine", 2, Config(32, 10, 256, 6, 128))]}
+    return {
+        "format": "ep_rt-config",
+        "version": 1,
+        "tuned": {},
+        "configs": [
+            config_file.entry("dispatch", 2, Config(32, 6, 256, 6, 128)),
+            config_file.entry("combine", 2, Config(32, 10, 256, 6, 128)),
+        ],
+    }
 
 
 def write(tmp_path, doc, name="cfg.json"):
@@ -51,21 +58,24 @@ def edited(**change):
     return doc
 
 
-@pytest.mark.parametrize("doc,match", [
-    ("{not json", "not valid JSON"),
-    ([1, 2], "not an ep_rt config file"),
-    ({**good_doc(), "format": "deepep"}, "not an ep_rt config file"),
-    ({**good_doc(), "version": 2}, "version 2"),
-    ({**good_doc(), "configs": {}}, "must be a list"),
-    ({**good_doc(), "configs": [3]}, r"configs\[0\] must be an object"),
-    (edited(kind="both"), "kind must be one of"),
-    (edited(num_ranks=0), "num_ranks must be a positive int"),
-    (edited(num_sms="24"), "num_sms must be an int"),
-    (edited(num_sms=0), "num_sms must be in"),
-    (edited(num_max_nvl_chunked_send_tokens=300), "must be <"),
-    (edited(num_smss=3), r"unknown keys \['num_smss'\]"),
-    ({**good_doc(), "configs": [good_doc()["configs"][0]] * 2}, "a second dispatch entry for 2 ranks"),
-])
+@pytest.mark.parametrize(
+    "doc,match",
+    [
+        ("{not json", "not valid JSON"),
+        ([1, 2], "not an ep_rt config file"),
+        ({**good_doc(), "format": "deepep"}, "not an ep_rt config file"),
+        ({**good_doc(), "version": 2}, "version 2"),
+        ({**good_doc(), "configs": {}}, "must be a list"),
+        ({**good_doc(), "configs": [3]}, r"configs\[0\] must be an object"),
+        (edited(kind="both"), "kind must be one of"),
+        (edited(num_ranks=0), "num_ranks must be a positive int"),
+        (edited(num_sms="24"), "num_sms must be an int"),
+        (edited(num_sms=0), "num_sms must be in"),
+        (edited(num_max_nvl_chunked_send_tokens=300), "must be <"),
+        (edited(num_smss=3), r"unknown keys \['num_smss'\]"),
+        ({**good_doc(), "configs": [good_doc()["configs"][0]] * 2}, "a second dispatch entry for 2 ranks"),
+    ],
+)
 def test_bad_files_are_clear_errors(tmp_path, monkeypatch, doc, match):
     path = write(tmp_path, doc)
     monkeypatch.setenv("EP_RT_CONFIG_FILE", str(path))
@@ -87,10 +97,18 @@ def test_missing_keys_and_missing_file(tmp_path, monkeypatch):
 
 # ---- the sweep's results -------------------------------------------------------------------------------
 
+
 def row(num_sms, d_us, c_us, num_recv=1000):
-    return {"num_sms": num_sms, "dispatch_us": d_us, "dispatch_gbps": 14.336 * num_recv / d_us,
-            "dispatch_call_us": d_us + 50, "combine_us": c_us, "combine_gbps": 14.336 * num_recv / c_us,
-            "combine_call_us": c_us + 40, "num_recv": num_recv}
+    return {
+        "num_sms": num_sms,
+        "dispatch_us": d_us,
+        "dispatch_gbps": 14.336 * num_recv / d_us,
+        "dispatch_call_us": d_us + 50,
+        "combine_us": c_us,
+        "combine_gbps": 14.336 * num_recv / c_us,
+        "combine_call_us": c_us + 40,
+        "num_recv": num_recv,
+    }
 
 
 SWEEP = [

@@ -2,6 +2,7 @@
 
 The probe kernel ep_rt_ll_net_probe (kernels_src/low_latency.cu) lives in the LL family; PROBE mirrors its sizes
 (tests/transport/test_chaos_transport.py checks the mirror against the source)."""
+
 from __future__ import annotations
 
 import torch
@@ -18,8 +19,14 @@ PROBE_RDMA_BYTES = 1 << 20
 
 def probe_areas():
     """(name, offset from RECV_OFF, bytes) of the probe's destinations, in the kernel's order."""
-    sizes = [("late", PROBE["late"]), ("order", PROBE["pairs"] * PROBE["row"]), ("overtake", PROBE["pairs"] * 8),
-             ("own", PROBE["pairs"] * 8), ("flood", PROBE["flood"] * 16), ("sink", 8)]
+    sizes = [
+        ("late", PROBE["late"]),
+        ("order", PROBE["pairs"] * PROBE["row"]),
+        ("overtake", PROBE["pairs"] * 8),
+        ("own", PROBE["pairs"] * 8),
+        ("flood", PROBE["flood"] * 16),
+        ("sink", 8),
+    ]
     out, off = [], 0
     for name, size in sizes:
         out.append((name, off, size))
@@ -44,8 +51,9 @@ def net_probe(rank, num_ranks):
     from ep_rt.runtime import abi
     from ep_rt.runtime.launch import Launcher
 
-    buf = Buffer(dist.group.WORLD, 0, PROBE_RDMA_BYTES, low_latency_mode=True, num_qps_per_rank=1,
-                 explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD, 0, PROBE_RDMA_BYTES, low_latency_mode=True, num_qps_per_rank=1, explicitly_destroy=True
+    )
     op = buf._ll
     rdma = op.rdma_tensor()
     rdma.zero_()
@@ -60,7 +68,7 @@ def net_probe(rank, num_ranks):
     stats = op.net_stats.read() if op.net_stats is not None else None
     sweep = int(op.net_stats.sweep.item()) if op.net_stats is not None else None
     dist.barrier()  # every rank's probe (and so every put into us) is complete
-    area = {name: rdma[RECV_OFF + off:RECV_OFF + off + size].cpu().clone() for name, off, size in probe_areas()}
+    area = {name: rdma[RECV_OFF + off : RECV_OFF + off + size].cpu().clone() for name, off, size in probe_areas()}
     buf.destroy()
 
     peer = rank ^ 1
@@ -77,15 +85,16 @@ def net_probe(rank, num_ranks):
 
     return {
         "variant": op.module.entry["variant"],
-        "late_old": int((late == old).sum()),             # the words as they were at the put
+        "late_old": int((late == old).sum()),  # the words as they were at the put
         "late_new": int((late == (old | (1 << 23))).sum()),  # the words rewritten before the flush
         "order_second_last": int((order == 2).all(dim=1).sum()),  # the pair arrived in issue order
-        "order_first_last": int((order == 1).all(dim=1).sum()),   # reordered
-        "overtake": counts(area["overtake"].view(torch.int64)),   # 101: signal after the data, 100: overtook it
-        "own": counts(area["own"].view(torch.int64)),             # 101: a put_signal's signal after its own data
+        "order_first_last": int((order == 1).all(dim=1).sum()),  # reordered
+        "overtake": counts(area["overtake"].view(torch.int64)),  # 101: signal after the data, 100: overtook it
+        "own": counts(area["own"].view(torch.int64)),  # 101: a put_signal's signal after its own data
         "flood_ok": int((area["flood"].view(torch.int32).view(-1, 4) == flood_want).all(dim=1).sum()),
         "sink": int(area["sink"].view(torch.int64)[0]),  # one per put-with-signal of the probe
-        "stats": stats, "sweep_ns": sweep,  # the chaos build's counts of the probe's operations, and its charge
+        "stats": stats,
+        "sweep_ns": sweep,  # the chaos build's counts of the probe's operations, and its charge
     }
 
 
@@ -122,8 +131,12 @@ def net_ops(rank, num_ranks):
     g = torch.Generator(device="cuda").manual_seed(1234 + rank)
     out = {"rank": rank}
     # ---- internode high-throughput (an HT-only Buffer: the rail world) ----
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, G, T),
-                 internode_layout.rdma_size_hint(2 * H, num_ranks, G, T), explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        internode_layout.nvl_size_hint(2 * H, num_ranks, G, T),
+        internode_layout.rdma_size_hint(2 * H, num_ranks, G, T),
+        explicitly_destroy=True,
+    )
     stats = buf._ht.net_stats
     assert stats is not None, "the chaos variant counts"
     out["flavour"] = buf._ht.module.entry["flavour"]
@@ -134,9 +147,15 @@ def net_ops(rank, num_ranks):
     torch.cuda.synchronize()
     dist.barrier()
     stats.reset()
-    recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, num_tokens_per_rank=layout[0], num_tokens_per_rdma_rank=layout[1],
-                                                   is_token_in_rank=layout[3], num_tokens_per_expert=layout[2],
-                                                   topk_idx=idx, topk_weights=w)
+    recv_x, _, recv_w, _, handle, _ = buf.dispatch(
+        x,
+        num_tokens_per_rank=layout[0],
+        num_tokens_per_rdma_rank=layout[1],
+        is_token_in_rank=layout[3],
+        num_tokens_per_expert=layout[2],
+        topk_idx=idx,
+        topk_weights=w,
+    )
     got = stats.read()
     puts, bare = _streams(handle[1], me_node)  # rdma_channel_prefix_matrix: my streams to each node
     out["dispatch"] = (got, {"put_signals": (N - 1) + puts, "signals": bare})
@@ -164,8 +183,14 @@ def net_ops_ll(rank, num_ranks):
     T, H, K, E = 32, 1024, 4, 4 * num_ranks
     L = E // num_ranks
     g = torch.Generator(device="cuda").manual_seed(99 + rank)
-    buf = Buffer(dist.group.WORLD, 0, Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E), low_latency_mode=True,
-                 num_qps_per_rank=L, explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        0,
+        Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E),
+        low_latency_mode=True,
+        num_qps_per_rank=L,
+        explicitly_destroy=True,
+    )
     stats = buf._ll.net_stats
     assert stats is not None, "the chaos variant counts"
     x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
@@ -182,8 +207,11 @@ def net_ops_ll(rank, num_ranks):
     valid = idx[idx >= 0]
     messages = int(sum(int(remote(int(e) // L)) for e in valid.tolist()))
     other = sum(1 for r in range(num_ranks) if remote(r))
-    out = {"rank": rank, "flavour": buf._ll.module.entry["flavour"],
-           "dispatch": (got, {"put_signals": messages, "signals": L * other + other})}
+    out = {
+        "rank": rank,
+        "flavour": buf._ll.module.entry["flavour"],
+        "dispatch": (got, {"put_signals": messages, "signals": L * other + other}),
+    }
     dist.barrier()
     stats.reset()
     buf.low_latency_combine(recv, idx, w, handle)
@@ -191,8 +219,9 @@ def net_ops_ll(rank, num_ranks):
     got = stats.read()
     # rows I send back to other nodes: every row I received from one (the dispatch layout of my experts)
     layout_range = handle[1]
-    rows_back = int(sum(int(v) & 0xFFFFFFFF for i, v in enumerate(layout_range.flatten().tolist())
-                        if remote(i % num_ranks)))
+    rows_back = int(
+        sum(int(v) & 0xFFFFFFFF for i, v in enumerate(layout_range.flatten().tolist()) if remote(i % num_ranks))
+    )
     out["combine"] = (got, {"put_signals": rows_back, "signals": L * other + other})
     buf.destroy()
     return out

@@ -34,8 +34,11 @@ def report_line(report) -> str | None:
         if not report.failed:
             return line
         # The rank processes' output (a hang's stack dumps among it: ep_rt.testing.spawn) is captured with the test's.
-        captured = "".join(f"\n----- {name} (last {TAIL_LINES} lines) -----\n" + "\n".join(text.splitlines()[-TAIL_LINES:])
-                           for name, text in report.sections if "stderr" in name or "stdout" in name)
+        captured = "".join(
+            f"\n----- {name} (last {TAIL_LINES} lines) -----\n" + "\n".join(text.splitlines()[-TAIL_LINES:])
+            for name, text in report.sections
+            if "stderr" in name or "stdout" in name
+        )
         return line + "\n" + report.longreprtext + captured
     return None
 

@@ -2,6 +2,7 @@
 inside, after the deep_ep alias is installed). Megatron's own fused_dispatch / fused_combine run forward and backward
 on ep_rt; the ranks return what they got as plain lists (tensors shared between processes would need the sender
 alive when the parent reads them)."""
+
 from __future__ import annotations
 
 import torch
@@ -29,8 +30,11 @@ def expert(recv_x, recv_idx, recv_probs):
 
 
 def _plain(t):
-    return {"dtype": str(t.dtype), "shape": list(t.shape),
-            "values": (t.float() if t.is_floating_point() else t).cpu().tolist()}
+    return {
+        "dtype": str(t.dtype),
+        "shape": list(t.shape),
+        "values": (t.float() if t.is_floating_point() else t).cpu().tolist(),
+    }
 
 
 def megatron_rank(rank, num_ranks, seed, async_modes):
@@ -48,15 +52,29 @@ def megatron_rank(rank, num_ranks, seed, async_modes):
         x = x0.to(dev).requires_grad_()
         probs = probs0.to(dev).requires_grad_()
         recv_x, recv_idx, recv_probs, tokens_per_expert, handle = fused_a2a.fused_dispatch(
-            x, idx0.to(dev), probs, E, group, async_finish=async_finish, allocate_on_comm_stream=async_finish)
-        combined, _ = fused_a2a.fused_combine(expert(recv_x, recv_idx, recv_probs), group, handle,
-                                              async_finish=async_finish, allocate_on_comm_stream=async_finish)
+            x, idx0.to(dev), probs, E, group, async_finish=async_finish, allocate_on_comm_stream=async_finish
+        )
+        combined, _ = fused_a2a.fused_combine(
+            expert(recv_x, recv_idx, recv_probs),
+            group,
+            handle,
+            async_finish=async_finish,
+            allocate_on_comm_stream=async_finish,
+        )
         (combined.float() * g0.to(dev)).sum().backward()
         torch.cuda.synchronize()
-        out[async_finish] = {name: _plain(t) for name, t in (
-            ("recv_x", recv_x), ("recv_idx", recv_idx), ("recv_probs", recv_probs),
-            ("tokens_per_expert", tokens_per_expert), ("combined", combined), ("grad_x", x.grad),
-            ("grad_probs", probs.grad))}
+        out[async_finish] = {
+            name: _plain(t)
+            for name, t in (
+                ("recv_x", recv_x),
+                ("recv_idx", recv_idx),
+                ("recv_probs", recv_probs),
+                ("tokens_per_expert", tokens_per_expert),
+                ("combined", combined),
+                ("grad_x", x.grad),
+                ("grad_probs", probs.grad),
+            )
+        }
     dist.barrier()  # every rank's kernels are done before any rank frees its buffer
     fused_a2a._buffer = None  # Megatron's cached Buffer: released here, while the process group still exists
     return out

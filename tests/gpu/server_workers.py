@@ -1,6 +1,7 @@
 """Per-rank bodies of tests/gpu/test_server_gpu.py (issue 25 items 3 and 4: threads and interrupts in a serving
 process). Module level so spawned ranks can import them. Every rank makes the same Buffer calls in the same order;
 the last rank is the late peer that keeps the others in the dispatch's host wait."""
+
 from __future__ import annotations
 
 import signal

@@ -1,5 +1,6 @@
 """Per-rank bodies of the Buffer-setup GPU tests (issue 21 items 6 and 7): ranks that disagree all raise before any
 collective allocation, the NVSHMEM world each kind of Buffer joins, and a Buffer that would need a second world."""
+
 from __future__ import annotations
 
 import os
@@ -25,12 +26,16 @@ def _error(make):
 def disagreeing_ranks(rank, num_ranks):
     """The last rank asks for another NVL size, then another EP_RT_NVSHMEM_DEBUG: every rank raises (naming it), and
     a Buffer made alike afterwards works."""
-    out = {"nvl": _error(lambda: Buffer(dist.group.WORLD, (2 if rank == num_ranks - 1 else 1) * MB,
-                                       explicitly_destroy=True))}
+    out = {
+        "nvl": _error(
+            lambda: Buffer(dist.group.WORLD, (2 if rank == num_ranks - 1 else 1) * MB, explicitly_destroy=True)
+        )
+    }
     hint = Buffer.get_low_latency_rdma_size_hint(16, 1024, num_ranks, 4 * num_ranks)
     os.environ["EP_RT_NVSHMEM_DEBUG"] = "1" if rank == num_ranks - 1 else "0"
-    out["knob"] = _error(lambda: Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=4,
-                                        explicitly_destroy=True))
+    out["knob"] = _error(
+        lambda: Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    )
     os.environ["EP_RT_NVSHMEM_DEBUG"] = "0"
     buf = Buffer(dist.group.WORLD, 1 * MB, explicitly_destroy=True)
     buf._nvl.barrier(buf.comm_stream)
@@ -51,13 +56,25 @@ def worlds(rank, num_ranks, ranks_per_node):
     ll = Buffer(dist.group.WORLD, 0, hint, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
     w = ll._session.world
     got = {"ll": (w.kind, w.npes, w.my_pe, ll._session.pe_base, ll._session.pe_stride)}
-    ht = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(256, num_ranks, G, 64),
-                internode_layout.rdma_size_hint(256, num_ranks, G, 64), explicitly_destroy=True)
+    ht = Buffer(
+        dist.group.WORLD,
+        internode_layout.nvl_size_hint(256, num_ranks, G, 64),
+        internode_layout.rdma_size_hint(256, num_ranks, G, 64),
+        explicitly_destroy=True,
+    )
     got["ht_shares"] = ht._session.world == w and nvshmem._state["users"] == 2
     sub = dist.new_group(list(range(G)))  # every rank creates it; only the first node's ranks use it
     if rank < G:
-        got["sub"] = _error(lambda: Buffer(sub, 0, Buffer.get_low_latency_rdma_size_hint(16, 1024, G, 4 * G),
-                                           low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True))
+        got["sub"] = _error(
+            lambda: Buffer(
+                sub,
+                0,
+                Buffer.get_low_latency_rdma_size_hint(16, 1024, G, 4 * G),
+                low_latency_mode=True,
+                num_qps_per_rank=4,
+                explicitly_destroy=True,
+            )
+        )
     ht.destroy()
     ll.destroy()
     return got

@@ -6,6 +6,7 @@ network is emulated (EP_RT_RANKS_PER_NODE): the ranks share one GPU or several, 
     before its destination acknowledged it, puts and signals assumed to land in issue order) and keeps what it must (a signal after its
     own data, every put delivered, also past a full queue);
   * the whole LL suite passes with its remote puts going through the chaos transport (2 nodes x 1 and 2 x 2)."""
+
 import pytest
 
 from ep_rt.testing.spawn import run_ranks
@@ -83,8 +84,9 @@ def _check_counts(results, calls):
                 if got[key] != value:
                     problems.append(f"rank {res['rank']} {call}: {key} {got[key]}, the design says {value}")
             if got["quiets"] or got["fences"]:  # neither flavour quiets or fences (net.cuh)
-                problems.append(f"rank {res['rank']} {call} ({res['flavour']}): {got['quiets']} quiets, "
-                                f"{got['fences']} fences")
+                problems.append(
+                    f"rank {res['rank']} {call} ({res['flavour']}): {got['quiets']} quiets, {got['fences']} fences"
+                )
     return problems
 
 
@@ -97,8 +99,9 @@ def test_internode_network_operations_per_call_are_the_designs():
     fence."""
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_CHAOS_TRANSPORT": "1"}  # (the flavour: as the step sets it)
     results = run_ranks(chaos_workers.net_ops, 4, env=env, timeout_s=600)
-    assert not _check_counts(results, ("dispatch", "cached", "combine")), _check_counts(results, ("dispatch", "cached",
-                                                                                                  "combine"))
+    assert not _check_counts(results, ("dispatch", "cached", "combine")), _check_counts(
+        results, ("dispatch", "cached", "combine")
+    )
 
 
 @pytest.mark.net_counts

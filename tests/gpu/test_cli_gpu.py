@@ -1,6 +1,7 @@
 """The commands on a GPU machine, as a user runs them (a fresh interpreter each): doctor's smoke round and exit
 code, tune writing a config file that Buffer then returns, and (marked bench: long) bench --json. Two ranks, which
 may share one GPU."""
+
 import json
 import os
 import subprocess
@@ -16,8 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def ep_rt(*args, timeout=1200, **env):
     environ = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **env)
-    proc = subprocess.run([sys.executable, "-m", "ep_rt", *args], capture_output=True, text=True, env=environ,
-                          timeout=timeout, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ep_rt", *args], capture_output=True, text=True, env=environ, timeout=timeout, cwd=ROOT
+    )
     return proc, proc.stdout + proc.stderr
 
 
@@ -33,15 +35,42 @@ def test_doctor_smoke_round_passes():
 @gpus(1)
 def test_tune_writes_a_config_that_buffer_returns(tmp_path):
     cfg = tmp_path / "tuned.json"
-    proc, out = ep_rt("tune", "--ranks", "2", "--tokens", "512", "--hidden", "1024", "--topk", "4", "--experts", "16",
-                      "--sms", "4,8", "--warmup", "1", "--iters", "2", "--output", str(cfg), "--no-plot")
+    proc, out = ep_rt(
+        "tune",
+        "--ranks",
+        "2",
+        "--tokens",
+        "512",
+        "--hidden",
+        "1024",
+        "--topk",
+        "4",
+        "--experts",
+        "16",
+        "--sms",
+        "4,8",
+        "--warmup",
+        "1",
+        "--iters",
+        "2",
+        "--output",
+        str(cfg),
+        "--no-plot",
+    )
     assert proc.returncode == 0, out
     doc = json.loads(cfg.read_text())
     chosen = doc["tuned"]["2"]["num_sms"]
     assert chosen in (4, 8) and [r["num_sms"] for r in doc["tuned"]["2"]["sweep"]] == [4, 8]
-    code = "from ep_rt import Buffer; print(Buffer.get_dispatch_config(2).num_sms, Buffer.get_combine_config(2).num_sms)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT), EP_RT_CONFIG_FILE=str(cfg)))
+    code = (
+        "from ep_rt import Buffer; print(Buffer.get_dispatch_config(2).num_sms, Buffer.get_combine_config(2).num_sms)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), EP_RT_CONFIG_FILE=str(cfg)),
+    )
     assert out.stdout.split() == [str(chosen)] * 2, out.stderr
 
 

@@ -1,5 +1,6 @@
 """Every cubin in the manifest that this GPU and driver can run loads (both flavours where the driver allows), and
 every kernel it lists resolves."""
+
 import pytest
 import torch
 
@@ -12,8 +13,11 @@ def test_every_runnable_manifest_cubin_loads_and_its_kernels_resolve():
     torch.cuda.init()
     dev = torch.cuda.current_device()
     cc, version = driver.compute_capability(dev), driver.driver_version()
-    entries = [e for e in cubins.manifest()["cubins"]
-               if choice.arch_distance(e["arch"], cc) is not None and e["min_driver"] <= version]
+    entries = [
+        e
+        for e in cubins.manifest()["cubins"]
+        if choice.arch_distance(e["arch"], cc) is not None and e["min_driver"] <= version
+    ]
     assert entries, f"no cubins for {cubins.arch_of(dev)}"
     for entry in entries:
         module = cubins.load_entry(dev, entry)

@@ -1,6 +1,7 @@
 """EP8 on an 8-GPU node (issue 5): the high-throughput and low-latency suites with 8 ranks, one per GPU, against
 ep_rt.reference on fresh random inputs. Skipped with fewer than 8 GPUs; the EP8 / EP4 benchmark tables come from
 `python -m ep_rt` and `python -m ep_rt --ranks 4` (tools/gpu_run.sh steps ep8 and ep4)."""
+
 import pytest
 
 from ep_rt.testing.spawn import run_ranks
@@ -10,8 +11,12 @@ from .conftest import gpus
 
 
 def _problems(results):
-    return [f"rank {rank} {name}: {f}" for rank, res in enumerate(results) for name, _, failures in res["cases"]
-            for f in failures]
+    return [
+        f"rank {rank} {name}: {f}"
+        for rank, res in enumerate(results)
+        for name, _, failures in res["cases"]
+        for f in failures
+    ]
 
 
 @gpus(8)

@@ -2,6 +2,7 @@
 one GPU into nodes, so inter-node traffic takes the NVSHMEM put path (which NVSHMEM executes within the GPU) and
 intra-node traffic the NVLink (IPC / nvshmem_ptr) path. Every case is bit-exact against ep_rt.reference.internode_*
 on fresh random inputs. Nothing here has run on a real network."""
+
 import pytest
 import torch
 
@@ -102,26 +103,39 @@ def test_internode_caller_errors_found_by_the_kernels_keep_the_protocol_in_step(
         for name, error, out_of_step in res["calls"]:
             assert error is not None, (rank, name, "no error raised")
             assert not out_of_step, (rank, name, "(node, channel, chunk, words, consumed, ...)", out_of_step[:4])
-        want = {"num_worst_tokens too small": "num_worst_tokens=1",
-                "num_worst dispatch too large for the RDMA buffer": "num_rdma_bytes",
-                "cached dispatch of a rebuilt handle, too large for the RDMA buffer": "num_rdma_bytes",
-                "combine of a rebuilt handle, too large for the NVL buffer": "num_nvl_bytes"}
+        want = {
+            "num_worst_tokens too small": "num_worst_tokens=1",
+            "num_worst dispatch too large for the RDMA buffer": "num_rdma_bytes",
+            "cached dispatch of a rebuilt handle, too large for the RDMA buffer": "num_rdma_bytes",
+            "combine of a rebuilt handle, too large for the NVL buffer": "num_nvl_bytes",
+        }
         for name, error, _ in res["calls"]:
             assert want[name] in error, (rank, name, error)
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40])
 
 
-CHAOS_CASES = ["bf16 uniform", "fp8 ue8m0 packed scales", "num_worst_tokens", "bias pair",
-               "every token spans every node", "many channels (64 SMs)", "2 SMs"]
+CHAOS_CASES = [
+    "bf16 uniform",
+    "fp8 ue8m0 packed scales",
+    "num_worst_tokens",
+    "bias pair",
+    "every token spans every node",
+    "many channels (64 SMs)",
+    "2 SMs",
+]
 
 
 @gpus(1)
 def test_internode_under_the_chaos_transport():
     """The same kernels built against the chaos transport (net.cuh): every put lands late, split and reordered at
     the sender's quiet, each signal only after its own data; the cases must still match the reference."""
-    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_CHAOS_TRANSPORT": "1", "EP_RT_TIMEOUT_S": "30",
-           "EP_RT_NET_TIMEOUT_S": "90"}
+    env = {
+        "EP_RT_RANKS_PER_NODE": "2",
+        "EP_RT_CHAOS_TRANSPORT": "1",
+        "EP_RT_TIMEOUT_S": "30",
+        "EP_RT_NET_TIMEOUT_S": "90",
+    }
     results = run_ranks(workers.internode_suite, 4, args=(2, CHAOS_CASES, False, False), env=env, timeout_s=900)
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
@@ -150,8 +164,15 @@ def test_internode_and_low_latency_in_one_buffer():
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
 
-EIGHT = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "every token spans every node",
-         "a node receives nothing", "bias pair", "many channels (64 SMs)"]
+EIGHT = [
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "every token spans every node",
+    "a node receives nothing",
+    "bias pair",
+    "many channels (64 SMs)",
+]
 
 
 @gpus(1)
@@ -159,14 +180,19 @@ EIGHT = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "every token span
 def test_internode_eight_ranks_on_one_gpu(ranks_per_node):
     """Nodes of 4 ranks (and 4 nodes of 2) with 8 processes sharing the GPU: the 2-GPU layouts' shapes, smaller."""
     env = {"EP_RT_RANKS_PER_NODE": str(ranks_per_node), "EP_RT_TIMEOUT_S": "60", "EP_RT_NET_TIMEOUT_S": "120"}
-    results = run_ranks(workers.internode_suite, 8, args=(ranks_per_node, EIGHT, False, False), env=env,
-                        timeout_s=900)
+    results = run_ranks(workers.internode_suite, 8, args=(ranks_per_node, EIGHT, False, False), env=env, timeout_s=900)
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
 
-SIXTEEN = ["bf16 uniform", "fp8 row scales", "num_worst_tokens", "every token spans every node",
-           "a node receives nothing", "bias pair"]
+SIXTEEN = [
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "every token spans every node",
+    "a node receives nothing",
+    "bias pair",
+]
 
 
 @pytest.mark.sixteen
@@ -175,8 +201,9 @@ def test_internode_nodes_of_eight_ranks_sixteen_on_one_gpu():
     """DeepEP's node size: 2 nodes of 8 ranks, 16 processes sharing the GPU (6 cases and the graph replays; buffers
     sized for these cases, not the 4096 x 7168 shape, so that 16 of them fit)."""
     env = {"EP_RT_RANKS_PER_NODE": "8", "EP_RT_TIMEOUT_S": "120", "EP_RT_NET_TIMEOUT_S": "240"}
-    results = run_ranks(workers.internode_suite, 16, args=(8, SIXTEEN, False, True, (4096, 2048)), env=env,
-                        timeout_s=900)
+    results = run_ranks(
+        workers.internode_suite, 16, args=(8, SIXTEEN, False, True, (4096, 2048)), env=env, timeout_s=900
+    )
     assert results[0]["nodes"] == 2
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"

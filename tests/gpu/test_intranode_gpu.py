@@ -1,5 +1,6 @@
 """Multi-rank GPU tests: Buffer, peer mapping, barrier, dispatch/combine against the reference (both cubin
 variants), create/destroy cycles, timeouts, capacity errors, and more ranks than GPUs."""
+
 import pytest
 
 from ep_rt.testing.spawn import run_ranks
@@ -63,15 +64,24 @@ def test_buffer_too_small_raises_on_every_rank_and_buffer_stays_usable():
         assert rows > 0
 
 
-SHARED_GPU_CASES = ("bf16 uniform", "fp8 row scales", "num_worst_tokens", "holes (-1 in topk_idx)",
-                    "a rank receives nothing", "bias pair", "uneven token counts", workers.GRAPH_CASE)
+SHARED_GPU_CASES = (
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "holes (-1 in topk_idx)",
+    "a rank receives nothing",
+    "bias pair",
+    "uneven token counts",
+    workers.GRAPH_CASE,
+)
 
 
 @pytest.mark.more_ranks
 @gpus(1)
 @pytest.mark.parametrize("num_ranks", [4, 8])
 def test_more_ranks_than_gpus(num_ranks):
-    results = run_ranks(workers.suite, num_ranks, args=(SHARED_GPU_CASES, False), num_gpus=min(2, device_count()),
-                        timeout_s=900)
+    results = run_ranks(
+        workers.suite, num_ranks, args=(SHARED_GPU_CASES, False), num_gpus=min(2, device_count()), timeout_s=900
+    )
     problems = _report(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"

@@ -1,4 +1,5 @@
 """The layout kernel against ep_rt.reference, bit-exact, on fresh random and adversarial routing."""
+
 import os
 
 import pytest
@@ -19,13 +20,29 @@ def routings(num_tokens, num_experts, num_topk, gen):
     all_minus_one = torch.full_like(uniform, -1)
     hot = torch.zeros_like(uniform)  # duplicates: every k picks expert 0
     rand_dupes = torch.randint(-1, num_experts, uniform.shape, generator=gen)
-    return {"uniform": uniform, "holes": holes, "all -1": all_minus_one, "one hot expert": hot,
-            "random with duplicates": rand_dupes}
+    return {
+        "uniform": uniform,
+        "holes": holes,
+        "all -1": all_minus_one,
+        "one hot expert": hot,
+        "random with duplicates": rand_dupes,
+    }
 
 
-@pytest.mark.parametrize("num_ranks,num_experts,num_topk,num_tokens", [
-    (2, 256, 8, 4096), (4, 64, 4, 1000), (8, 288, 8, 128), (8, 8192, 32, 3000), (16, 256, 8, 777),
-    (32, 64, 6, 513), (2, 2, 1, 1), (8, 64, 8, 0), (1, 16, 3, 100)])
+@pytest.mark.parametrize(
+    "num_ranks,num_experts,num_topk,num_tokens",
+    [
+        (2, 256, 8, 4096),
+        (4, 64, 4, 1000),
+        (8, 288, 8, 128),
+        (8, 8192, 32, 3000),
+        (16, 256, 8, 777),
+        (32, 64, 6, 513),
+        (2, 2, 1, 1),
+        (8, 64, 8, 0),
+        (1, 16, 3, 100),
+    ],
+)
 def test_layout_kernel_matches_reference(num_ranks, num_experts, num_topk, num_tokens):
     op = LayoutOp(torch.cuda.current_device(), torch.cuda.get_device_properties(0).multi_processor_count)
     gen = torch.Generator().manual_seed(SEED + num_ranks * 7919 + num_tokens)
@@ -54,8 +71,9 @@ def test_launch_with_attributes_matches_plain_launch():
     gen = torch.Generator().manual_seed(SEED)
     idx = torch.topk(torch.rand(2048, 64, generator=gen), 6, dim=1).indices.cuda()
     want = reference.dispatch_layout(idx, 64, 4)
-    op.kernel = Launcher(cubins.load_family(dev, "layout"), "ep_rt_get_dispatch_layout", params.LayoutParams,
-                         cooperative=True)
+    op.kernel = Launcher(
+        cubins.load_family(dev, "layout"), "ep_rt_get_dispatch_layout", params.LayoutParams, cooperative=True
+    )
     stream = torch.cuda.current_stream()
     per_rank, _, per_expert, in_rank, _ = op(idx, 64, 4, stream, stream)
     torch.cuda.synchronize()

@@ -1,6 +1,7 @@
 """LL soak (issue 15): thousands of rounds with every LL mode and shape changing each round, ranks with no
 tokens, checked on the GPU. Marked `soak` (not in CI, not in the default run): python -m pytest -m soak.
 EP_RT_SOAK_ROUNDS sets the rounds (default 3000)."""
+
 import os
 
 import pytest

@@ -1,5 +1,6 @@
 """Low-latency mode on 2 GPUs against ep_rt.reference_ll: every option, both buffers, hooks, zero-copy,
 LogFMT combine, CUDA-graph replays, and shrink mode with a rank that stops answering."""
+
 import pytest
 
 from ep_rt.testing.spawn import run_ranks
@@ -47,8 +48,7 @@ def test_low_latency_put_path_on_emulated_nodes(num_ranks, ranks_per_node, capsy
     fence, NVSHMEM stores of the signals) instead of NVLink stores, and the whole LL suite must still match."""
     # (NVSHMEM_QP_DEPTH: DeepEP's rule for queue pairs, >= (T + 1) * 2, applies once peers are remote; T=1024 here)
     env = {"EP_RT_RANKS_PER_NODE": str(ranks_per_node), "NVSHMEM_QP_DEPTH": "4096"}
-    results = run_ranks(workers.ll_suite, num_ranks, env=env,
-                        timeout_s=900)
+    results = run_ranks(workers.ll_suite, num_ranks, env=env, timeout_s=900)
     log_notes(capsys, results)
     problems = []
     for rank, res in enumerate(results):

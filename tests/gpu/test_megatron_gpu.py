@@ -6,6 +6,7 @@ received rows in DeepEP's order, the per-expert counts, the combined sum, and th
 sum(combined * g) with respect to x and the routing probabilities.
 
 Needs megatron-core (pip install '.[megatron]'; wheels for an offline machine: see the README)."""
+
 import importlib.util
 import random
 
@@ -20,9 +21,10 @@ from .conftest import gpus
 R = 2
 L = mw.E // R
 
-needs_megatron = pytest.mark.skipif(importlib.util.find_spec("megatron") is None
-                                    or importlib.util.find_spec("megatron.core") is None,
-                                    reason="megatron-core is not installed (pip install '.[megatron]')")
+needs_megatron = pytest.mark.skipif(
+    importlib.util.find_spec("megatron") is None or importlib.util.find_spec("megatron.core") is None,
+    reason="megatron-core is not installed (pip install '.[megatron]')",
+)
 
 
 def tensor(p):
@@ -91,5 +93,6 @@ def test_megatron_fused_dispatch_combine_forward_backward():
             # hidden may add in another order on the GPU, so within bf16 / f32 rounding.
             torch.testing.assert_close(g["combined"], w["combined"], msg=f"combined ({where})")
             torch.testing.assert_close(g["grad_x"], w["grad_x"], msg=f"grad_x ({where})")
-            torch.testing.assert_close(g["grad_probs"], w["grad_probs"], rtol=1e-4, atol=1e-3,
-                                       msg=f"grad_probs ({where})")
+            torch.testing.assert_close(
+                g["grad_probs"], w["grad_probs"], rtol=1e-4, atol=1e-3, msg=f"grad_probs ({where})"
+            )

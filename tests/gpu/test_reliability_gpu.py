@@ -1,6 +1,7 @@
 """Reliability suite (issue 15) on GPUs, ranks sharing one GPU where there is only one: the bad-input catalogue,
 fault tests (late, skipping and killed peers, with and without shrink mode) and, marked `soak`, 3,000 HT and
 3,000 LL rounds (test_ll_soak_gpu.py) with memory sampled."""
+
 import os
 
 import pytest

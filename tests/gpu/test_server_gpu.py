@@ -3,6 +3,7 @@ keeps running while a dispatch waits for a late peer; a second thread calling a 
 refused; SIGINT during a dispatch's host wait leaves every rank raising within the timeout, destroy() completing and
 a fresh Buffer working. The CPU side of the same rules: tests/buffer/test_buffer_threads.py,
 test_buffer_interrupts.py, tests/transport/test_host_wait.py."""
+
 import os
 
 import pytest
@@ -24,8 +25,7 @@ def _seed():
 @gpus(1)
 @pytest.mark.parametrize("num_ranks", RANKS)
 def test_a_thread_keeps_running_while_a_dispatch_waits_for_a_late_peer(num_ranks):
-    res = run_ranks(server_workers.thread_progress_while_waiting, num_ranks, args=(TIMEOUT, _seed()),
-                    timeout_s=300)[0]
+    res = run_ranks(server_workers.thread_progress_while_waiting, num_ranks, args=(TIMEOUT, _seed()), timeout_s=300)[0]
     assert res["dispatch_s"] > 0.5 * server_workers.LATE_S, res  # the dispatch did wait for the late rank
     assert res["waiting_rate"] > 0.7 * res["alone_rate"], res  # a wait holding the GIL gives about 0.5
     assert res["max_gap_s"] < 0.2, res

@@ -1,5 +1,6 @@
 """Buffer setup on the GPU (issue 21 items 6 and 7), with the ranks sharing one GPU: ranks that disagree on a size or
 a knob all raise before any collective allocation, and the NVSHMEM worlds Buffers join."""
+
 from ep_rt.testing.spawn import run_ranks
 
 from . import setup_workers

@@ -1,6 +1,7 @@
 """EP_RT_TOPK_IDX_BITS=32 and 64 end to end: layout, dispatch (recv_topk_idx in ep_rt.topk_idx_t, num_worst_tokens
 padding), cached dispatch, combine, graph replays and LL dispatch / combine, with int64 and int32 topk_idx inputs,
 all against the reference. Two ranks, which may share one GPU."""
+
 import pytest
 
 from ep_rt.testing.spawn import run_ranks

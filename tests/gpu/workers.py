@@ -1,4 +1,5 @@
 """Per-rank bodies of the multi-GPU tests (module level so spawned processes can import them)."""
+
 from __future__ import annotations
 
 import os
@@ -28,7 +29,7 @@ def buffer_basics(rank, num_ranks):
     buf._nvl.barrier(buf.comm_stream)
     seen = []
     for peer in range(num_ranks):
-        view = buf._nvl.data_tensor(peer)[256:256 + 4096].view(torch.int32)
+        view = buf._nvl.data_tensor(peer)[256 : 256 + 4096].view(torch.int32)
         want = torch.arange(1024, dtype=torch.int32, device=buf.device) * (peer + 1) + 7
         seen.append(bool(torch.equal(view, want)))
     assert all(seen), f"rank {rank} read wrong bytes from peers: {seen}"
@@ -93,8 +94,14 @@ def create_destroy(rank, num_ranks, cycles=20):
         x = torch.randn(64, 256, device=buf.device).to(torch.bfloat16)
         idx = torch.randint(0, 16, (64, 2), device=buf.device)
         per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, 16)
-        buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                     topk_idx=idx, topk_weights=torch.rand(64, 2, device=buf.device))
+        buf.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=torch.rand(64, 2, device=buf.device),
+        )
         buf.destroy()
 
     # One whole cycle first: the first launch of a kernel may grow the context's local-memory reserve for good (a
@@ -121,8 +128,14 @@ def timeout(rank, num_ranks):
         per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, 8)
         t0 = time.monotonic()
         try:
-            buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                         topk_idx=idx, topk_weights=w)
+            buf.dispatch(
+                x,
+                num_tokens_per_rank=per_rank,
+                is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert,
+                topk_idx=idx,
+                topk_weights=w,
+            )
             raise AssertionError("dispatch without peers returned")
         except CommTimeoutError as e:
             messages.append((str(e), time.monotonic() - t0))
@@ -136,8 +149,15 @@ def timeout(rank, num_ranks):
     buf2 = Buffer(dist.group.WORLD, 16 * MB, timeout_s=3.0)
     if rank == 0:
         per_rank, _, per_expert, in_rank, _ = buf2.get_dispatch_layout(idx, 8)
-        buf2.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                      topk_idx=idx, topk_weights=w, num_worst_tokens=64)
+        buf2.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+            num_worst_tokens=64,
+        )
         torch.cuda.synchronize()
         try:
             buf2.get_dispatch_layout(idx, 8)
@@ -157,15 +177,27 @@ def too_small(rank, num_ranks):
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, 8)
     message = None
     try:
-        buf.dispatch(x, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                     topk_idx=idx, topk_weights=w)
+        buf.dispatch(
+            x,
+            num_tokens_per_rank=per_rank,
+            is_token_in_rank=in_rank,
+            num_tokens_per_expert=per_expert,
+            topk_idx=idx,
+            topk_weights=w,
+        )
     except BufferTooSmallError as e:
         message = str(e)
     small = x[:8].contiguous()
     sidx = idx[:8].contiguous()
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(sidx, 8)
-    recv, *_ = buf.dispatch(small, num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
-                            num_tokens_per_expert=per_expert, topk_idx=sidx, topk_weights=w[:8].contiguous())
+    recv, *_ = buf.dispatch(
+        small,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=sidx,
+        topk_weights=w[:8].contiguous(),
+    )
     torch.cuda.synchronize()
     buf.destroy()
     return message, recv.size(0)
@@ -175,10 +207,13 @@ def ll_buffer(num_ranks, **kwargs):
     from ep_rt import Buffer
     from ep_rt.testing.selfcheck_ll import ll_cases
 
-    need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
-               for c in ll_cases(num_ranks))
-    return Buffer(dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True,
-                  **kwargs)
+    need = max(
+        Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
+        for c in ll_cases(num_ranks)
+    )
+    return Buffer(
+        dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True, **kwargs
+    )
 
 
 def ll_suite(rank, num_ranks):
@@ -229,8 +264,10 @@ def ll_shrink(rank, num_ranks):
         ys = [expert_outputs(seed, r, L, num_ranks, T, H, buf.device) for r in range(num_ranks)]
         x = to_packed(ys[0], handle[0], handle[1], T)
         combined, _, _ = buf.low_latency_combine(x, idxs[0], ws[0], handle)
-        ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
-                  for r in range(num_ranks)]
+        ref_in = [
+            to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
+            for r in range(num_ranks)
+        ]
         ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked)[0]["combined_x"]
         torch.cuda.synchronize()
         result["combine_ok"] = bool(torch.equal(combined.view(torch.int16), ref.view(torch.int16)))
@@ -246,8 +283,14 @@ def ll_shrink(rank, num_ranks):
     return result
 
 
-TOPK_BITS_HT_CASES = ("bf16 uniform", "int32 topk_idx", "int32 topk_idx, num_worst_tokens", "num_worst_tokens",
-                      "holes (-1 in topk_idx)", "no top-k")
+TOPK_BITS_HT_CASES = (
+    "bf16 uniform",
+    "int32 topk_idx",
+    "int32 topk_idx, num_worst_tokens",
+    "num_worst_tokens",
+    "holes (-1 in topk_idx)",
+    "no top-k",
+)
 TOPK_BITS_LL_CASES = ("fp8", "int32 topk_idx", "int32 topk_idx, hooks, bf16", "hooks")
 
 
@@ -267,8 +310,9 @@ def topk_bits(rank, num_ranks):
     return {"topk_idx_t": str(ep_rt.topk_idx_t), "cases": out}
 
 
-def internode_suite(rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True,
-                    max_shape=(7168 * 2, 4096)):
+def internode_suite(
+    rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True, max_shape=(7168 * 2, 4096)
+):
     """The internode suite on emulated nodes (EP_RT_RANKS_PER_NODE set by the test): every case bit-exact against
     ep_rt.reference.internode_*, then CUDA-graph replays. Buffers sized for max_shape = (hidden bytes, tokens)."""
     from ep_rt.testing import selfcheck_internode as sci
@@ -302,8 +346,12 @@ def internode_missing_peer(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, G, 256),
-                 internode_layout.rdma_size_hint(2048, num_ranks, G, 256), explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        internode_layout.nvl_size_hint(2048, num_ranks, G, 256),
+        internode_layout.rdma_size_hint(2048, num_ranks, G, 256),
+        explicitly_destroy=True,
+    )
     x = torch.randn(256, 1024, device=buf.device).to(torch.bfloat16)
     idx = torch.randint(0, 16 * num_ranks, (256, 4), device=buf.device)
     w = torch.rand(256, 4, device=buf.device)
@@ -312,8 +360,15 @@ def internode_missing_peer(rank, num_ranks, ranks_per_node):
     start = time.monotonic()
     if rank != num_ranks - 1:
         try:
-            buf.dispatch(x, num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
-                         num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+            buf.dispatch(
+                x,
+                num_tokens_per_rank=per_rank,
+                num_tokens_per_rdma_rank=per_node,
+                is_token_in_rank=in_rank,
+                num_tokens_per_expert=per_expert,
+                topk_idx=idx,
+                topk_weights=w,
+            )
             torch.cuda.synchronize()
             buf.raise_if_failed()
         except CommTimeoutError as e:
@@ -342,11 +397,19 @@ def internode_with_low_latency(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
-    ll_need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
-                  for c in selfcheck_ll.ll_cases(num_ranks)[:3])
+    ll_need = max(
+        Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
+        for c in selfcheck_ll.ll_cases(num_ranks)[:3]
+    )
     rdma = max(ll_need, internode_layout.rdma_size_hint(2048 * 2, num_ranks, G, 1024))
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048 * 2, num_ranks, G, 1024), rdma,
-                 low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        internode_layout.nvl_size_hint(2048 * 2, num_ranks, G, 1024),
+        rdma,
+        low_latency_mode=True,
+        num_qps_per_rank=4,
+        explicitly_destroy=True,
+    )
     seed = checker.shared_seed(buf.group)
     ht_cases = checker.select(sci.internode_cases(num_ranks, G), INTERNODE_LL_COMPAT_CASES)
     out = []
@@ -368,15 +431,25 @@ def internode_too_small(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2048, num_ranks, G, 1024),
-                 internode_layout.rdma_size_hint(2048, num_ranks, G, 64), explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        internode_layout.nvl_size_hint(2048, num_ranks, G, 1024),
+        internode_layout.rdma_size_hint(2048, num_ranks, G, 64),
+        explicitly_destroy=True,
+    )
     E = 16 * num_ranks
     x = torch.randn(1024, 1024, device=buf.device).to(torch.bfloat16)
     idx = torch.randint(0, E, (1024, 4), device=buf.device)
     w = torch.rand(1024, 4, device=buf.device)
     per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
-    args = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
-                num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w)
+    args = dict(
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_node,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+    )
     res = {}
     try:
         buf.dispatch(x, **args)
@@ -401,8 +474,9 @@ def _internode_counters(buf):
     n = abi.EP_RT_IN_MAX_NODES * abi.EP_RT_MAX_CHANNELS * K
     words = {}
     for kind in ("dispatch_words", "combine_words"):
-        words[kind] = device_tensor(op.sym_base + op.control[kind], (op.N * abi.EP_RT_MAX_CHANNELS * K,), buf.device,
-                                    "<i8").clone()
+        words[kind] = device_tensor(
+            op.sym_base + op.control[kind], (op.N * abi.EP_RT_MAX_CHANNELS * K,), buf.device, "<i8"
+        ).clone()
     torch.cuda.synchronize()
     consumed = op.consumed.cpu()
     out = []
@@ -412,8 +486,17 @@ def _internode_counters(buf):
         for c in range(abi.EP_RT_MAX_CHANNELS):
             for k in range(K):
                 i = (s * abi.EP_RT_MAX_CHANNELS + c) * K + k
-                out.append((s, c, k, int(words["dispatch_words"][i]), int(consumed[i]),
-                            int(words["combine_words"][i]), int(consumed[n + i])))
+                out.append(
+                    (
+                        s,
+                        c,
+                        k,
+                        int(words["dispatch_words"][i]),
+                        int(consumed[i]),
+                        int(words["combine_words"][i]),
+                        int(consumed[n + i]),
+                    )
+                )
     return [row for row in out if row[3] != row[4] or row[5] != row[6]]
 
 
@@ -427,13 +510,17 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
     from ep_rt.transport import internode_layout
 
     G, T, H, E = ranks_per_node, 256, 1024, 16 * num_ranks
-    buf = Buffer(dist.group.WORLD, internode_layout.nvl_size_hint(2 * H, num_ranks, G, T),
-                 internode_layout.rdma_size_hint(2 * H, num_ranks, G, T), explicitly_destroy=True)
+    buf = Buffer(
+        dist.group.WORLD,
+        internode_layout.nvl_size_hint(2 * H, num_ranks, G, T),
+        internode_layout.rdma_size_hint(2 * H, num_ranks, G, T),
+        explicitly_destroy=True,
+    )
     seed = checker.shared_seed(buf.group)
     # get_local_buffer_tensor(use_rdma_buffer=True): a view of this rank's RDMA area (written before any call)
     view = buf.get_local_buffer_tensor(torch.int32, size=(4096,), offset=512, use_rdma_buffer=True)
     view.copy_(torch.arange(4096, dtype=torch.int32, device=buf.device) + rank)
-    again = buf.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)[512:512 + 4 * 4096].view(torch.int32)
+    again = buf.get_local_buffer_tensor(torch.uint8, use_rdma_buffer=True)[512 : 512 + 4 * 4096].view(torch.int32)
     want = torch.arange(4096, dtype=torch.int32) + rank
     rdma_view_ok = again.numel() == 4096 and bool(torch.equal(again.cpu(), want))
     good = sci.selfcheck_ht.Case("good round", num_tokens=T, hidden=H, num_experts=E, num_sms=8)
@@ -442,19 +529,29 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
     idx = torch.topk(torch.rand(T, E, generator=g, device=buf.device), 4).indices
     w = torch.rand(T, 4, generator=g, device=buf.device)
     per_rank, per_node, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, E)
-    kw = dict(num_tokens_per_rank=per_rank, num_tokens_per_rdma_rank=per_node, is_token_in_rank=in_rank,
-              num_tokens_per_expert=per_expert, topk_idx=idx, topk_weights=w, config=Config(8))
+    kw = dict(
+        num_tokens_per_rank=per_rank,
+        num_tokens_per_rdma_rank=per_node,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+        config=Config(8),
+    )
     recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, **kw)
     rebuilt = tuple(handle)  # a plain tuple: no facts, so the host cannot refuse what does not fit
-    wide = 16 * H            # rows 16x wider: neither buffer holds this call's streams / combine rows
+    wide = 16 * H  # rows 16x wider: neither buffer holds this call's streams / combine rows
     calls = {
         "num_worst_tokens too small": lambda: buf.dispatch(x, num_worst_tokens=1, **kw),
         "num_worst dispatch too large for the RDMA buffer": lambda: buf.dispatch(
-            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), num_worst_tokens=T * num_ranks, **kw),
+            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), num_worst_tokens=T * num_ranks, **kw
+        ),
         "cached dispatch of a rebuilt handle, too large for the RDMA buffer": lambda: buf.dispatch(
-            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), handle=rebuilt, config=Config(8)),
+            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), handle=rebuilt, config=Config(8)
+        ),
         "combine of a rebuilt handle, too large for the NVL buffer": lambda: buf.combine(
-            torch.zeros(recv_x.size(0), wide, dtype=torch.bfloat16, device=buf.device), rebuilt, config=Config(8)),
+            torch.zeros(recv_x.size(0), wide, dtype=torch.bfloat16, device=buf.device), rebuilt, config=Config(8)
+        ),
     }
     res = {"cases": [], "calls": [], "rdma_view_ok": rdma_view_ok}
     for i, (name, call) in enumerate(calls.items()):

@@ -10,6 +10,7 @@ the parameter struct), every stream wait and every record_stream, in order. Poin
 point at ("&intranode.D2[4][0]": the first handle tensor of dispatch D2); the few internal ones by first appearance.
 Regenerate it only for an intended change of what the kernels receive, and say so in the commit.
 """
+
 import ctypes
 import json
 
@@ -42,16 +43,22 @@ def test_the_launches_and_parameters_are_those_recorded_before_the_call_plans(tr
     expected = json.loads(FIXTURE.read_text())
     assert len(trace) == len(expected)
     for i, (got, want) in enumerate(zip(trace, expected)):
-        assert got == want, f"entry {i} differs (entries before it: {expected[max(0, i - 3):i]})"
+        assert got == want, f"entry {i} differs (entries before it: {expected[max(0, i - 3) : i]})"
 
 
 def test_the_sequence_covers_what_it_claims(trace):
     launches = [e for e in trace if "launch" in e]
     names = {e["launch"] for e in launches}
-    assert {"ep_rt_get_dispatch_layout", "ep_rt_intranode_notify", "ep_rt_intranode_dispatch",
-            "ep_rt_intranode_combine"} <= names
-    assert {f"ep_rt_internode_{k}" for k in ("notify", "send", "forward", "recv", "combine_publish",
-                                             "combine_forward", "combine_reduce")} <= names
+    assert {
+        "ep_rt_get_dispatch_layout",
+        "ep_rt_intranode_notify",
+        "ep_rt_intranode_dispatch",
+        "ep_rt_intranode_combine",
+    } <= names
+    assert {
+        f"ep_rt_internode_{k}"
+        for k in ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce")
+    } <= names
     intra = [e["params"] for e in launches if e["launch"] == "ep_rt_intranode_dispatch"]
     assert {p["hidden_bytes"] for p in intra} >= {256, 512, 768, 1024}
     assert {p["num_topk"] for p in intra} == {0, 2, 4} and {p["num_channels"] for p in intra} >= {4, 6, 20}

@@ -3,6 +3,7 @@ stream waits reuse one event per stream, outputs are allocated without a stream 
 comm stream, a call makes one allocation per tensor it returns (plus the cached dispatch's scratch), config=None
 builds no Config after the first call, plans are reused and bounded, and after the dispatch's host wait only the
 outputs are allocated before the launch."""
+
 import json
 
 import pytest
@@ -54,11 +55,25 @@ CFG = ep_rt.Config(8, 6, 256, 6, 128)
 # scratch for the source indices its kernel writes.
 ALLOCATIONS = {
     # the handle's 4 matrices; recv_x (+ scales, top-k, weights); the handle's recv_src_idx
-    "intranode": {"layout": 2, "dispatch": 4 + 3 + 1, "dispatch fp8": 4 + 4 + 1, "dispatch no top-k": 4 + 1 + 1,
-                  "cached": 1 + 1, "combine": 2, "combine no weights": 1},
+    "intranode": {
+        "layout": 2,
+        "dispatch": 4 + 3 + 1,
+        "dispatch fp8": 4 + 4 + 1,
+        "dispatch no top-k": 4 + 1 + 1,
+        "cached": 1 + 1,
+        "combine": 2,
+        "combine no weights": 1,
+    },
     # the handle's 7 matrices; recv_x (+ scales, top-k, weights); the handle's recv_src_meta and send_nvl_head
-    "internode": {"layout": 2, "dispatch": 7 + 3 + 2, "dispatch fp8": 7 + 4 + 2, "dispatch no top-k": 7 + 1 + 2,
-                  "cached": 1, "combine": 2, "combine no weights": 1},
+    "internode": {
+        "layout": 2,
+        "dispatch": 7 + 3 + 2,
+        "dispatch fp8": 7 + 4 + 2,
+        "dispatch no top-k": 7 + 1 + 2,
+        "cached": 1,
+        "combine": 2,
+        "combine no weights": 1,
+    },
 }
 
 
@@ -69,16 +84,22 @@ def test_allocations_per_call(stubbed, kind):
     kw = routing(buf, idx, w)
     fp8 = (torch.zeros(TOKENS, H, dtype=torch.float8_e4m3fn), torch.zeros(TOKENS, H // 128))
     no_topk = {k: v for k, v in kw.items() if k not in ("topk_idx", "topk_weights")}
-    calls = {"layout": lambda: buf.get_dispatch_layout(idx, E),
-             "dispatch": lambda: buf.dispatch(x, **kw, config=CFG),
-             "dispatch fp8": lambda: buf.dispatch(fp8, **kw, config=CFG),
-             "dispatch no top-k": lambda: buf.dispatch(x, **no_topk, config=CFG)}
+    calls = {
+        "layout": lambda: buf.get_dispatch_layout(idx, E),
+        "dispatch": lambda: buf.dispatch(x, **kw, config=CFG),
+        "dispatch fp8": lambda: buf.dispatch(fp8, **kw, config=CFG),
+        "dispatch no top-k": lambda: buf.dispatch(x, **no_topk, config=CFG),
+    }
     handle = buf.dispatch(x, **kw, config=CFG)[4]
     rows = handle[3].size(0) if kind == "intranode" else handle.recv_src_meta.size(0)
     y, rw = torch.zeros(rows, H, dtype=torch.bfloat16), torch.zeros(rows, K)
-    calls.update({"cached": lambda: buf.dispatch(x, handle=handle, config=CFG),
-                  "combine": lambda: buf.combine(y, handle, topk_weights=rw),
-                  "combine no weights": lambda: buf.combine(y, handle)})
+    calls.update(
+        {
+            "cached": lambda: buf.dispatch(x, handle=handle, config=CFG),
+            "combine": lambda: buf.combine(y, handle, topk_weights=rw),
+            "combine no weights": lambda: buf.combine(y, handle),
+        }
+    )
     for name, call in calls.items():
         call()
         got, _ = census(call)
@@ -98,8 +119,10 @@ def test_no_event_after_the_first_call_and_no_stream_context_that_changes_nothin
     got, _ = census(lambda: buf.get_dispatch_layout(idx, E))
     assert got["with torch.cuda.stream(s)"] == 1  # the counts are zeroed on the comm stream
     handle = buf.dispatch(x, **kw, config=CFG)[4]
-    for call in (lambda: buf.dispatch(x, handle=handle, config=CFG),
-                 lambda: buf.combine(torch.zeros(24, H, dtype=torch.bfloat16), handle)):
+    for call in (
+        lambda: buf.dispatch(x, handle=handle, config=CFG),
+        lambda: buf.combine(torch.zeros(24, H, dtype=torch.bfloat16), handle),
+    ):
         got, _ = census(call)
         assert "with torch.cuda.stream(s)" not in got and "torch.cuda.Event()" not in got
 
@@ -155,9 +178,15 @@ def test_config_none_builds_no_config_after_the_first_call(stubbed, monkeypatch,
     assert buf._ht.notify.params.num_channels == 12
     # A config file is still read on every call (a changed file is picked up).
     path = tmp_path / "configs.json"
-    entry = dict(kind="dispatch", num_ranks=buf.group_size, num_sms=10, num_max_nvl_chunked_send_tokens=6,
-                 num_max_nvl_chunked_recv_tokens=256, num_max_rdma_chunked_send_tokens=6,
-                 num_max_rdma_chunked_recv_tokens=128)
+    entry = dict(
+        kind="dispatch",
+        num_ranks=buf.group_size,
+        num_sms=10,
+        num_max_nvl_chunked_send_tokens=6,
+        num_max_nvl_chunked_recv_tokens=256,
+        num_max_rdma_chunked_send_tokens=6,
+        num_max_rdma_chunked_recv_tokens=128,
+    )
     path.write_text(json.dumps({"format": "ep_rt-config", "version": 1, "configs": [entry]}))
     monkeypatch.setenv("EP_RT_CONFIG_FILE", str(path))
     buf.dispatch(x, **kw)
@@ -212,5 +241,5 @@ def test_after_the_host_wait_only_the_outputs_are_allocated_before_the_launch(st
     monkeypatch.setattr(op.__class__, "call_plans", None)  # the first call builds its plan: before the wait
     op.call_plans = None
     buf.dispatch(x, **kw, config=CFG)
-    after = log[log.index("wait") + 1:log.index(first_data_kernel)]
+    after = log[log.index("wait") + 1 : log.index(first_data_kernel)]
     assert after and set(after) == {"empty"}, log

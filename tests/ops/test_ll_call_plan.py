@@ -10,6 +10,7 @@ Pointers are named by the tensor they point at ("&c3[2][0]": the first handle te
 comparison is exact wherever run-to-run addresses do not matter. Regenerate it only for an intended change of what
 the kernels receive, and say so in the commit.
 """
+
 import ctypes
 import json
 
@@ -44,14 +45,15 @@ def test_the_launches_and_parameters_are_those_recorded_before_the_call_plans(tr
     expected = json.loads(FIXTURE.read_text())
     assert len(trace) == len(expected)
     for i, (got, want) in enumerate(zip(trace, expected)):
-        assert got == want, f"entry {i} differs (entries before it: {expected[max(0, i - 3):i]})"
+        assert got == want, f"entry {i} differs (entries before it: {expected[max(0, i - 3) : i]})"
 
 
 def test_the_sequence_covers_what_it_claims(trace):
     launches = [e for e in trace if "launch" in e]
     fields = [e["params"] for e in launches]
-    assert {e["launch"] for e in launches} == {f"ep_rt_ll_{k}" for k in ("dispatch_send", "dispatch_recv",
-                                                                          "combine_send", "combine_recv")}
+    assert {e["launch"] for e in launches} == {
+        f"ep_rt_ll_{k}" for k in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+    }
     assert {p["hidden"] for p in fields} == {256, 512} and {p["use_fp8"] for p in fields} == {0, 1}
     assert any(p["use_ue8m0"] for p in fields) and any(p["use_logfmt"] for p in fields)
     assert any(p["zero_copy"] for p in fields) and any(p["has_remote_peers"] for p in fields)

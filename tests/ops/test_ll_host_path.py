@@ -1,6 +1,7 @@
 """The lean LL host path's own rules (issue 23 item 2), with the CUDA calls stubbed (tools/host_path_stub.py):
 stream waits reuse one event per stream, plans and checked shapes are reused, a call makes no more allocations than
 it returns tensors, and bad shapes are still refused after a good call of the same numbers."""
+
 import pytest
 import torch
 
@@ -57,8 +58,9 @@ def test_plans_are_reused_and_bounded(ll):
     assert len(op.call_plans) <= 64
 
 
-@pytest.mark.parametrize("T,E,error", [(True, 8, TypeError), (8.0, 8, TypeError), (8, 8.0, TypeError),
-                                       (8, 7, ValueError)])
+@pytest.mark.parametrize(
+    "T,E,error", [(True, 8, TypeError), (8.0, 8, TypeError), (8, 8.0, TypeError), (8, 7, ValueError)]
+)
 def test_a_checked_shape_does_not_let_other_types_through(ll, T, E, error):
     x, idx = torch.zeros(4, 256, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64)
     ll.low_latency_dispatch(x, idx, 8, 8)

@@ -1,4 +1,5 @@
 """CPU tests of the low-latency argument checks (they run before any kernel), with a stand-in for the GPU side."""
+
 import pytest
 import torch
 
@@ -26,18 +27,21 @@ def idx(n=4, k=2):
     return torch.zeros(n, k, dtype=torch.int64)
 
 
-@pytest.mark.parametrize("args,error,match", [
-    ((x(dtype=torch.float32), idx(), T, E), TypeError, "bfloat16"),
-    ((x(h=200), idx(), T, E), ValueError, "multiple of 128"),
-    ((x(h=16384 + 128), idx(), T, E), ValueError, "16384"),
-    ((x(), idx(), 0, E), ValueError, "num_max_dispatch_tokens_per_rank"),
-    ((x(), idx(), 1025, E), ValueError, "num_max_dispatch_tokens_per_rank"),
-    ((x(n=9), idx(n=9), T, E), ValueError, "more than"),
-    ((x(), idx(), T, 7), ValueError, "multiple of 2"),
-    ((x(), idx().short(), T, E), TypeError, "dtypes"),
-    ((x(), idx(n=3), T, E), ValueError, "rows"),
-    ((x(), idx(k=17), T, E), ValueError, "at most 16"),
-])
+@pytest.mark.parametrize(
+    "args,error,match",
+    [
+        ((x(dtype=torch.float32), idx(), T, E), TypeError, "bfloat16"),
+        ((x(h=200), idx(), T, E), ValueError, "multiple of 128"),
+        ((x(h=16384 + 128), idx(), T, E), ValueError, "16384"),
+        ((x(), idx(), 0, E), ValueError, "num_max_dispatch_tokens_per_rank"),
+        ((x(), idx(), 1025, E), ValueError, "num_max_dispatch_tokens_per_rank"),
+        ((x(n=9), idx(n=9), T, E), ValueError, "more than"),
+        ((x(), idx(), T, 7), ValueError, "multiple of 2"),
+        ((x(), idx().short(), T, E), TypeError, "dtypes"),
+        ((x(), idx(n=3), T, E), ValueError, "rows"),
+        ((x(), idx(k=17), T, E), ValueError, "at most 16"),
+    ],
+)
 def test_dispatch_argument_errors(args, error, match):
     with pytest.raises(error, match=match):
         op()._check(*args)
@@ -61,10 +65,21 @@ def test_stats_shapes():
 def test_combine_argument_errors():
     o = op()
     L = E // R
-    good = dict(x=torch.zeros(L, R * T, H, dtype=torch.bfloat16), topk_idx=idx(), topk_weights=torch.zeros(4, 2),
-                src_info=torch.zeros(L, R * T, dtype=torch.int32), layout_range=torch.zeros(L, R, dtype=torch.int64),
-                T=T, hidden=H, num_experts=E, out=None, wait_stats=None, zero_copy=False, use_logfmt=False,
-                stream_for_send=None)
+    good = dict(
+        x=torch.zeros(L, R * T, H, dtype=torch.bfloat16),
+        topk_idx=idx(),
+        topk_weights=torch.zeros(4, 2),
+        src_info=torch.zeros(L, R * T, dtype=torch.int32),
+        layout_range=torch.zeros(L, R, dtype=torch.int64),
+        T=T,
+        hidden=H,
+        num_experts=E,
+        out=None,
+        wait_stats=None,
+        zero_copy=False,
+        use_logfmt=False,
+        stream_for_send=None,
+    )
     for change, error, match in (
         (dict(x=torch.zeros(L, R * T, H + 128, dtype=torch.bfloat16)), ValueError, "must be"),
         (dict(topk_weights=torch.zeros(4, 3)), ValueError, "shape of topk_idx"),
@@ -88,8 +103,14 @@ def test_logfmt_with_zero_copy_is_refused():
     L = E // R
     handle = (torch.zeros(L, R * T, dtype=torch.int32), torch.zeros(L, R, dtype=torch.int64), T, H, E)
     with pytest.raises(ValueError, match="use_logfmt and zero_copy"):
-        buf.low_latency_combine(torch.zeros(L, R * T, H, dtype=torch.bfloat16), idx(), torch.zeros(4, 2), handle,
-                                use_logfmt=True, zero_copy=True)
+        buf.low_latency_combine(
+            torch.zeros(L, R * T, H, dtype=torch.bfloat16),
+            idx(),
+            torch.zeros(4, 2),
+            handle,
+            use_logfmt=True,
+            zero_copy=True,
+        )
     buf.destroyed = True  # keeps __del__ quiet
 
 
@@ -97,8 +118,15 @@ def test_buffer_too_small_names_the_hint():
     o = op()
     o.num_rdma_bytes = 1 << 20
     with pytest.raises(Exception, match="get_low_latency_rdma_size_hint"):
-        o._common(params.LowLatencyParams(), 128, 7168, 288, ll_layout.dispatch_msg_bytes(7168), combine=False,
-                  message_format=1)
+        o._common(
+            params.LowLatencyParams(),
+            128,
+            7168,
+            288,
+            ll_layout.dispatch_msg_bytes(7168),
+            combine=False,
+            message_format=1,
+        )
 
 
 def test_layout_offsets_fit_the_hint():
@@ -122,8 +150,13 @@ def test_layout_offsets_fit_the_hint():
 
 
 def test_shape_digest_tells_shapes_apart():
-    seen = {ll_layout.shape_digest(T_, H_, E_, f) for T_ in (1, 64, 128, 129) for H_ in (1024, 7168, 7296)
-            for E_ in (16, 256, 288) for f in range(4)}
+    seen = {
+        ll_layout.shape_digest(T_, H_, E_, f)
+        for T_ in (1, 64, 128, 129)
+        for H_ in (1024, 7168, 7296)
+        for E_ in (16, 256, 288)
+        for f in range(4)
+    }
     assert len(seen) == 4 * 3 * 3 * 4 and all(0 <= d < 1 << 16 for d in seen)
     assert ll_layout.shape_digest(128, 7168, 288, 1) == ll_layout.shape_digest(128, 7168, 288, 1)
 
@@ -136,12 +169,14 @@ def test_hint_is_deepeps_formula():
         recv = max(E_ * T_ * msg_d, E_ * T_ * msg_c)
         signal = (E_ * 4 + 127) // 128 * 128
         return (2 * (signal + send + recv) + 128) // 128 * 128
+
     for args in ((128, 7168, 16, 288), (256, 4096, 8, 64), (1, 128, 2, 2)):
         assert ll_layout.rdma_size_hint(*args) == deepep(*args)
 
 
-@pytest.mark.parametrize("bad", [(0, 7168, 2, 16), (128, 7168, -2, 16), (128, 7168, 2, 0), (128, 100, 2, 16),
-                                 (128.0, 7168, 2, 16)])
+@pytest.mark.parametrize(
+    "bad", [(0, 7168, 2, 16), (128, 7168, -2, 16), (128, 7168, 2, 0), (128, 100, 2, 16), (128.0, 7168, 2, 16)]
+)
 def test_hint_refuses_bad_arguments(bad):
     with pytest.raises(ValueError):
         ll_layout.rdma_size_hint(*bad)

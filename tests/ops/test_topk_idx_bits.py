@@ -2,6 +2,7 @@
 int32 topk_idx is accepted wherever int64 is, handed to the kernels in place with its width (no copy). The kernels
 run on the GPU (tests/gpu/test_topk_idx_bits_gpu.py); here: the env knob, the checks, the parameters each op packs
 (with stand-ins for the launches), and the reference giving the same answers for both widths."""
+
 import os
 import subprocess
 import sys
@@ -27,8 +28,11 @@ def python(code, **env):
 
 @pytest.mark.parametrize("bits,dtype", [("32", "torch.int32"), ("64", "torch.int64"), ("", "torch.int64")])
 def test_env_knob_sets_topk_idx_t(bits, dtype):
-    out = python("import ep_rt, _ep_rt_deep_ep; ep_rt.install_deep_ep_alias(); import deep_ep; "
-                 "print(ep_rt.topk_idx_t, deep_ep.topk_idx_t)", EP_RT_TOPK_IDX_BITS=bits)
+    out = python(
+        "import ep_rt, _ep_rt_deep_ep; ep_rt.install_deep_ep_alias(); import deep_ep; "
+        "print(ep_rt.topk_idx_t, deep_ep.topk_idx_t)",
+        EP_RT_TOPK_IDX_BITS=bits,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [dtype, dtype]
 
@@ -48,6 +52,7 @@ def test_both_widths_pass_the_checks_and_others_do_not():
 
 # ---- what the ops hand the kernels ---------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("out_dtype", [torch.int64, torch.int32])
 @pytest.mark.parametrize("in_dtype", [torch.int64, torch.int32])
 def test_intranode_dispatch_reads_the_input_in_place_and_writes_topk_idx_t(monkeypatch, in_dtype, out_dtype):
@@ -55,9 +60,20 @@ def test_intranode_dispatch_reads_the_input_in_place_and_writes_topk_idx_t(monke
     N, K = 6, 2
     op = intranode_op(2, [1, 2, 3, 4], num_recv=5)
     idx = torch.zeros(N, K, dtype=in_dtype)
-    r = op.dispatch(torch.zeros(N, 64, dtype=torch.bfloat16), None, idx, torch.zeros(N, K),
-                    torch.zeros(2, dtype=torch.int32), torch.zeros(N, 2, dtype=torch.bool),
-                    torch.zeros(8, dtype=torch.int32), 1, 0, 4, None, None)
+    r = op.dispatch(
+        torch.zeros(N, 64, dtype=torch.bfloat16),
+        None,
+        idx,
+        torch.zeros(N, K),
+        torch.zeros(2, dtype=torch.int32),
+        torch.zeros(N, 2, dtype=torch.bool),
+        torch.zeros(8, dtype=torch.int32),
+        1,
+        0,
+        4,
+        None,
+        None,
+    )
     p = op.dispatch_kernel.params
     assert p.topk_idx == idx.data_ptr()  # the caller's tensor, not a converted copy
     assert p.topk_idx_bits == in_dtype.itemsize * 8 and p.recv_topk_idx_bits == out_dtype.itemsize * 8
@@ -66,9 +82,14 @@ def test_intranode_dispatch_reads_the_input_in_place_and_writes_topk_idx_t(monke
 
 def test_cached_dispatch_has_no_topk():
     op = intranode_op(2, [], num_recv=0)
-    handle = (torch.zeros(2, 2, dtype=torch.int32), torch.zeros(2, 4, dtype=torch.int32),
-              torch.zeros(2, 4, dtype=torch.int32), torch.zeros(3, dtype=torch.int32),
-              torch.zeros(4, 2, dtype=torch.bool), torch.zeros(4, 2, dtype=torch.int32))
+    handle = (
+        torch.zeros(2, 2, dtype=torch.int32),
+        torch.zeros(2, 4, dtype=torch.int32),
+        torch.zeros(2, 4, dtype=torch.int32),
+        torch.zeros(3, dtype=torch.int32),
+        torch.zeros(4, 2, dtype=torch.bool),
+        torch.zeros(4, 2, dtype=torch.int32),
+    )
     op.cached_dispatch(torch.zeros(4, 64, dtype=torch.bfloat16), None, handle, None, None)
     p = op.dispatch_kernel.params
     assert p.topk_idx == 0 and p.recv_topk_idx == 0 and p.num_topk == 0
@@ -98,8 +119,10 @@ def ll_op(R=2, E=8):
     op.sym, op.peer_bases, op.nvlink_peers = 0, torch.zeros(R, dtype=torch.int64), R
     op.workspace, op.mask = torch.zeros(64, dtype=torch.int32), None
     op.num_sms, op.dispatch_recv_grid, op.combine_send_grid = 4, 8, 4
-    op.kernels = {n: FakeLLLauncher(abi.LowLatencyParams)
-                  for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")}
+    op.kernels = {
+        n: FakeLLLauncher(abi.LowLatencyParams)
+        for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
+    }
     return op
 
 
@@ -109,18 +132,33 @@ def test_low_latency_kernels_get_the_width(dtype):
     op = ll_op(R, E)
     idx = torch.zeros(N, K, dtype=dtype)
     (recv_x, scales, count, src_info, layout_range), recv = op.dispatch(
-        torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None)
+        torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None
+    )
     for name in ("dispatch_send", "dispatch_recv"):  # the receive kernel gets the send kernel's parameters
         p = op.kernels[name].params
         assert p.topk_idx == idx.data_ptr() and p.topk_idx_bits == dtype.itemsize * 8, name
     recv(None)
-    op.combine(torch.zeros(E // R, R * T, H, dtype=torch.bfloat16), idx, torch.zeros(N, K), src_info,
-               layout_range, T, H, E, None, None, False, False, None)
+    op.combine(
+        torch.zeros(E // R, R * T, H, dtype=torch.bfloat16),
+        idx,
+        torch.zeros(N, K),
+        src_info,
+        layout_range,
+        T,
+        H,
+        E,
+        None,
+        None,
+        False,
+        False,
+        None,
+    )
     p = op.kernels["combine_send"].params
     assert p.topk_idx == idx.data_ptr() and p.topk_idx_bits == dtype.itemsize * 8
 
 
 # ---- the reference is width-blind ----------------------------------------------------------------------
+
 
 def routing(R=2, N=12, E=8, K=3, seed=0):
     g = torch.Generator().manual_seed(seed)

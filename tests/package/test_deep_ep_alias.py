@@ -1,6 +1,7 @@
 """`import deep_ep` gets ep_rt when asked (ep_rt.install_deep_ep_alias(), or EP_RT_DEEP_EP_ALIAS=1 with the
 startup hook), and never when a real DeepEP is installed. Each case runs in a fresh interpreter, so sys.modules
 starts clean; a stand-in 'real' DeepEP is a deep_ep package in a temporary folder on PYTHONPATH."""
+
 import os
 import subprocess
 import sys
@@ -17,8 +18,9 @@ def run(code, tmp_path, extra_path=(), env=None):
     # The caller's PYTHONPATH stays (after ours): megatron-core may be installed in a folder of its own.
     environ["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(ROOT), os.environ.get("PYTHONPATH", "")])
     environ.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=tmp_path, env=environ)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=tmp_path, env=environ
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
 
@@ -33,7 +35,8 @@ def real_deep_ep(tmp_path):
 
 
 def test_install_gives_deep_ep_names_to_ep_rt(tmp_path):
-    run("""
+    run(
+        """
         import ep_rt
         mod = ep_rt.install_deep_ep_alias()
         import deep_ep
@@ -60,11 +63,14 @@ def test_install_gives_deep_ep_names_to_ep_rt(tmp_path):
             raise AssertionError("deep_ep.ops should not import")
         import importlib.util
         assert importlib.util.find_spec("deep_ep").name == "deep_ep"
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
 
 
 def test_without_the_alias_there_is_no_deep_ep(tmp_path):
-    run("""
+    run(
+        """
         import ep_rt
         try:
             import deep_ep
@@ -72,11 +78,14 @@ def test_without_the_alias_there_is_no_deep_ep(tmp_path):
             pass
         else:
             raise AssertionError("deep_ep imported without the alias")
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
 
 
 def test_install_refuses_when_a_real_deep_ep_is_installed(tmp_path, real_deep_ep):
-    run(f"""
+    run(
+        f"""
         import sys, ep_rt, _ep_rt_deep_ep
         try:
             ep_rt.install_deep_ep_alias()
@@ -87,11 +96,15 @@ def test_install_refuses_when_a_real_deep_ep_is_installed(tmp_path, real_deep_ep
         assert "deep_ep" not in sys.modules
         import deep_ep
         assert deep_ep.REAL
-        """, tmp_path, extra_path=[real_deep_ep])
+        """,
+        tmp_path,
+        extra_path=[real_deep_ep],
+    )
 
 
 def test_install_refuses_when_a_real_deep_ep_is_already_imported(tmp_path, real_deep_ep):
-    run("""
+    run(
+        """
         import deep_ep, ep_rt, _ep_rt_deep_ep
         try:
             ep_rt.install_deep_ep_alias()
@@ -100,7 +113,10 @@ def test_install_refuses_when_a_real_deep_ep_is_already_imported(tmp_path, real_
         else:
             raise AssertionError("the alias replaced an imported DeepEP")
         assert deep_ep.REAL
-        """, tmp_path, extra_path=[real_deep_ep])
+        """,
+        tmp_path,
+        extra_path=[real_deep_ep],
+    )
 
 
 def _site_with_hook(tmp_path):
@@ -123,30 +139,47 @@ HOOKED = """
 
 def test_startup_hook_with_the_variable_gives_ep_rt(tmp_path):
     site_dir = _site_with_hook(tmp_path)
-    run(HOOKED.format(site=str(site_dir), body=textwrap.dedent("""
+    run(
+        HOOKED.format(
+            site=str(site_dir),
+            body=textwrap.dedent("""
         from deep_ep import Buffer
         from deep_ep.utils import EventOverlap
         import ep_rt
         assert Buffer is ep_rt.Buffer and EventOverlap is ep_rt.EventOverlap
-    """).replace("\n", "\n    ")), tmp_path, env={"EP_RT_DEEP_EP_ALIAS": "1"})
+    """).replace("\n", "\n    "),
+        ),
+        tmp_path,
+        env={"EP_RT_DEEP_EP_ALIAS": "1"},
+    )
 
 
 def test_startup_hook_without_the_variable_does_nothing(tmp_path):
     site_dir = _site_with_hook(tmp_path)
-    run(HOOKED.format(site=str(site_dir), body=textwrap.dedent("""
+    run(
+        HOOKED.format(
+            site=str(site_dir),
+            body=textwrap.dedent("""
         try:
             import deep_ep
         except ModuleNotFoundError:
             pass
         else:
             raise AssertionError("deep_ep imported without EP_RT_DEEP_EP_ALIAS")
-    """).replace("\n", "\n    ")), tmp_path)
+    """).replace("\n", "\n    "),
+        ),
+        tmp_path,
+    )
 
 
 def test_startup_hook_lets_a_real_deep_ep_win_and_says_so(tmp_path, real_deep_ep):
     site_dir = _site_with_hook(tmp_path)
-    proc = run(HOOKED.format(site=str(site_dir), body="import deep_ep; assert deep_ep.REAL"), tmp_path,
-               extra_path=[real_deep_ep], env={"EP_RT_DEEP_EP_ALIAS": "1"})
+    proc = run(
+        HOOKED.format(site=str(site_dir), body="import deep_ep; assert deep_ep.REAL"),
+        tmp_path,
+        extra_path=[real_deep_ep],
+        env={"EP_RT_DEEP_EP_ALIAS": "1"},
+    )
     assert "will not shadow" in proc.stderr and str(real_deep_ep) in proc.stderr
 
 
@@ -156,8 +189,7 @@ def test_hook_line_is_harmless_once_ep_rt_is_gone(tmp_path):
     site_dir = _site_with_hook(tmp_path)
     environ = dict(os.environ, PYTHONPATH="", EP_RT_DEEP_EP_ALIAS="1")
     code = f"import site; site.addsitedir({str(site_dir)!r}); print('fine')"
-    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                          env=environ)
+    proc = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path, env=environ)
     assert proc.returncode == 0 and proc.stdout.strip() == "fine" and "Error" not in proc.stderr, proc.stderr
     assert alias.remove(site_dir) and not alias.hook_path(site_dir).exists() and not alias.remove(site_dir)
 
@@ -176,24 +208,31 @@ def test_megatron_sees_deep_ep_through_the_alias(tmp_path):
     """Megatron-Core's fused_a2a imports `from deep_ep import Buffer` and `from deep_ep.utils import EventHandle,
     EventOverlap` at import time; through the alias it finds ep_rt's."""
     pytest.importorskip("megatron.core", reason="megatron-core is not installed (pip install '.[megatron]')")
-    run("""
+    run(
+        """
         import ep_rt
         ep_rt.install_deep_ep_alias()
         import megatron.core.transformer.moe.fused_a2a as fa
         assert fa.HAVE_DEEP_EP and fa.Buffer is ep_rt.Buffer and fa.EventOverlap is ep_rt.EventOverlap
         assert fa.fused_dispatch is not None and fa.fused_combine is not None and not fa.HAVE_HYBRIDEP
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
 
 
 # ---- the hook's cost and its removal, in a real environment --------------------------------------------------
 # A bare venv (no pip, no torch) with ep_rt's wheel installed by this interpreter's pip (--python), so site runs
 # the .pth at interpreter start exactly as in a user's environment.
 
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("alias_wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
     (found,) = out.glob("*.whl")
@@ -204,10 +243,17 @@ def make_env(folder, wheel):
     """(python, site-packages) of a fresh venv holding ep_rt's wheel (no dependencies: the hook needs none)."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(folder)], check=True)
     python = folder / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
-                   check=True, capture_output=True)
-    site_dir = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                              check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    site_dir = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return python, Path(site_dir)
 
 
@@ -222,8 +268,9 @@ def plain_env():
 
 def modules_at_start(python, **extra):
     code = "import sys; print(' '.join(sorted(sys.modules)))"
-    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True,
-                         env={**plain_env(), **extra}).stdout.split()
+    out = subprocess.run(
+        [str(python), "-c", code], capture_output=True, text=True, check=True, env={**plain_env(), **extra}
+    ).stdout.split()
     return set(out)
 
 
@@ -271,7 +318,9 @@ def test_the_hook_costs_under_a_millisecond_per_interpreter_start(env_with_ep_rt
     # Lower quartiles: a loaded machine (CI's 2 cores, other jobs) adds spikes to single starts, and once moved a
     # median by more than the bound; a hook that costs on every start shifts every quantile.
     a, b = statistics.quantiles(without, n=4)[0], statistics.quantiles(with_hook, n=4)[0]
-    assert b - a < 1e-3, f"lower-quartile CPU time per start: {a * 1e3:.2f} ms without the hook, {b * 1e3:.2f} ms with it"
+    assert b - a < 1e-3, (
+        f"lower-quartile CPU time per start: {a * 1e3:.2f} ms without the hook, {b * 1e3:.2f} ms with it"
+    )
 
 
 def test_pip_uninstall_removes_the_hook(wheel, tmp_path):
@@ -280,8 +329,11 @@ def test_pip_uninstall_removes_the_hook(wheel, tmp_path):
     python, site_dir = make_env(tmp_path / "venv", wheel)
     path = alias.install(site_dir)
     assert path.is_file()
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "ep-rt"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "uninstall", "-y", "-q", "ep-rt"],
+        check=True,
+        capture_output=True,
+    )
     assert not path.exists() and not (site_dir / "_ep_rt_deep_ep.py").exists()
     assert not list(site_dir.glob("ep_rt*"))
 

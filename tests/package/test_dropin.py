@@ -1,6 +1,7 @@
 """Drop-in behaviour DeepEP clients rely on, on the CPU with stand-ins for the GPU parts:
 num_recv_tokens_per_expert_list without top-k, and an EventOverlap without an event taken as no event (Megatron's
 FusedDispatch passes get_dispatch_layout's event on to dispatch)."""
+
 import ctypes
 from types import SimpleNamespace
 
@@ -47,8 +48,15 @@ def intranode_op(R, published_expert_counts, num_recv):
             counters[abi.EP_RT_HOST_EXPERT_COUNTS + i] = c
         counters[abi.EP_RT_HOST_TOKEN] = p.host_token
 
-    nvl = SimpleNamespace(num_ranks=R, rank=0, num_nvl_bytes=1 << 24, counters=counters, counters_dev_ptr=0,
-                          next_host_token=lambda: 5, wait_host_counters=lambda token, what: None)
+    nvl = SimpleNamespace(
+        num_ranks=R,
+        rank=0,
+        num_nvl_bytes=1 << 24,
+        counters=counters,
+        counters_dev_ptr=0,
+        next_host_token=lambda: 5,
+        wait_host_counters=lambda token, what: None,
+    )
     op = object.__new__(IntranodeOp)
     op.nvl, op.timer, op.serial = nvl, None, 1
     op.notify = FakeLauncher(abi.NotifyParams, notify)
@@ -64,8 +72,20 @@ def test_per_expert_list_comes_from_the_counts_with_or_without_topk(with_topk):
     x = torch.zeros(N, H, dtype=torch.bfloat16)
     topk_idx = torch.zeros(N, K, dtype=torch.int64) if with_topk else None
     topk_w = torch.zeros(N, K) if with_topk else None
-    r = op.dispatch(x, None, topk_idx, topk_w, torch.zeros(R, dtype=torch.int32),
-                    torch.zeros(N, R, dtype=torch.bool), torch.zeros(E, dtype=torch.int32), 1, 0, 4, None, None)
+    r = op.dispatch(
+        x,
+        None,
+        topk_idx,
+        topk_w,
+        torch.zeros(R, dtype=torch.int32),
+        torch.zeros(N, R, dtype=torch.bool),
+        torch.zeros(E, dtype=torch.int32),
+        1,
+        0,
+        4,
+        None,
+        None,
+    )
     assert r.num_recv_tokens_per_expert_list == published
     assert r.recv_x.shape == (9, H)
     assert (r.recv_topk_idx is not None) == with_topk
@@ -73,9 +93,20 @@ def test_per_expert_list_comes_from_the_counts_with_or_without_topk(with_topk):
 
 def test_num_worst_tokens_gives_an_empty_list():
     op = intranode_op(2, [1, 2, 3, 4], num_recv=0)
-    r = op.dispatch(torch.zeros(4, 64, dtype=torch.bfloat16), None, torch.zeros(4, 1, dtype=torch.int64),
-                    torch.zeros(4, 1), torch.zeros(2, dtype=torch.int32), torch.zeros(4, 2, dtype=torch.bool),
-                    torch.zeros(8, dtype=torch.int32), 1, 16, 4, None, None)
+    r = op.dispatch(
+        torch.zeros(4, 64, dtype=torch.bfloat16),
+        None,
+        torch.zeros(4, 1, dtype=torch.int64),
+        torch.zeros(4, 1),
+        torch.zeros(2, dtype=torch.int32),
+        torch.zeros(4, 2, dtype=torch.bool),
+        torch.zeros(8, dtype=torch.int32),
+        1,
+        16,
+        4,
+        None,
+        None,
+    )
     assert r.num_recv_tokens_per_expert_list == [] and r.recv_x.shape == (16, 64)
     assert op.notify.params.host_token == 0  # the host did not wait for the counts
 
@@ -84,10 +115,18 @@ def test_dispatch_without_topk_still_needs_the_counts():
     from ep_rt.ops import ht_args
 
     buf = SimpleNamespace(group_size=2, device=CPU)
-    args = dict(x=torch.zeros(4, 64, dtype=torch.bfloat16), handle=None,
-                num_tokens_per_rank=torch.zeros(2, dtype=torch.int32),
-                is_token_in_rank=torch.zeros(4, 2, dtype=torch.bool), num_tokens_per_expert=None, topk_idx=None,
-                topk_weights=None, expert_alignment=1, num_worst_tokens=0, config=Config())
+    args = dict(
+        x=torch.zeros(4, 64, dtype=torch.bfloat16),
+        handle=None,
+        num_tokens_per_rank=torch.zeros(2, dtype=torch.int32),
+        is_token_in_rank=torch.zeros(4, 2, dtype=torch.bool),
+        num_tokens_per_expert=None,
+        topk_idx=None,
+        topk_weights=None,
+        expert_alignment=1,
+        num_worst_tokens=0,
+        config=Config(),
+    )
     with pytest.raises(ValueError, match="num_tokens_per_expert"):
         ht_args.check(buf, **args)
     args["num_tokens_per_expert"] = torch.zeros(7, dtype=torch.int32)  # experts are checked without top-k too
@@ -101,13 +140,15 @@ def test_reference_fills_the_list_from_the_counts_without_topk():
     xs = [torch.arange(8, dtype=torch.bfloat16).view(4, 2) for _ in range(2)]
     routes = [torch.tensor([[1, 0], [1, 1], [0, 1], [0, 0]], dtype=torch.bool)] * 2
     counts = [torch.tensor([1, 2, 3, 4], dtype=torch.int32), torch.tensor([5, 0, 1, 1], dtype=torch.int32)]
-    out = reference.intranode_dispatch(xs, None, None, 4, 2, expert_alignment=4, is_token_in_ranks=routes,
-                                       num_tokens_per_experts=counts)
-    assert out[0]["num_recv_tokens_per_expert_list"] == [8, 4]   # 1 + 5 and 2 + 0, rounded up to 4
-    assert out[1]["num_recv_tokens_per_expert_list"] == [4, 8]   # 3 + 1 and 4 + 1
+    out = reference.intranode_dispatch(
+        xs, None, None, 4, 2, expert_alignment=4, is_token_in_ranks=routes, num_tokens_per_experts=counts
+    )
+    assert out[0]["num_recv_tokens_per_expert_list"] == [8, 4]  # 1 + 5 and 2 + 0, rounded up to 4
+    assert out[1]["num_recv_tokens_per_expert_list"] == [4, 8]  # 3 + 1 and 4 + 1
 
 
 # ---- previous_event=EventOverlap(None) -------------------------------------------------------------------
+
 
 class FakeStream:
     def __init__(self, name):
@@ -164,22 +205,36 @@ def test_megatron_call_sequence_layout_event_into_dispatch(compute_stream):
 
     def dispatch(*args):
         dispatched["args"] = args
-        return SimpleNamespace(recv_x=torch.zeros(0, H), recv_x_scales=None, recv_topk_idx=None,
-                               recv_topk_weights=None, num_recv_tokens_per_expert_list=[0, 0, 0, 0], handle=(),
-                               tensors=[])
+        return SimpleNamespace(
+            recv_x=torch.zeros(0, H),
+            recv_x_scales=None,
+            recv_topk_idx=None,
+            recv_topk_weights=None,
+            num_recv_tokens_per_expert_list=[0, 0, 0, 0],
+            handle=(),
+            tensors=[],
+        )
 
     buf._ht = SimpleNamespace(raise_if_failed=lambda: None, check_dispatch=lambda call: None, run_dispatch=dispatch)
     idx = torch.zeros(N, K, dtype=torch.int64)
     *_, event = buf.get_dispatch_layout(idx, E)
     assert isinstance(event, EventOverlap) and event.event is None
-    out = buf.dispatch(torch.zeros(N, H, dtype=torch.bfloat16), topk_idx=idx, topk_weights=torch.zeros(N, K),
-                       num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                       previous_event=event, config=Config(4))
+    out = buf.dispatch(
+        torch.zeros(N, H, dtype=torch.bfloat16),
+        topk_idx=idx,
+        topk_weights=torch.zeros(N, K),
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        previous_event=event,
+        config=Config(4),
+    )
     assert out[3] == [0, 0, 0, 0] and "args" in dispatched
     buf.destroyed = True  # keeps __del__ quiet
 
 
 # ---- deep_ep.utils.check_nvlink_connections ------------------------------------------------------------
+
 
 def test_check_nvlink_connections_as_deepep(monkeypatch):
     import torch.distributed as dist
@@ -198,8 +253,11 @@ def test_check_nvlink_connections_as_deepep(monkeypatch):
     monkeypatch.setattr(dist, "get_world_size", lambda group: 2)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(utils.driver, "pci_bus_id", lambda i: "0000:01:00.0")
-    monkeypatch.setattr(Topology, "gather", classmethod(
-        lambda cls, group, bus: Topology.from_table(0, ["a", "a"], ["0000:01:00.0", "0000:02:00.0"])))
+    monkeypatch.setattr(
+        Topology,
+        "gather",
+        classmethod(lambda cls, group, bus: Topology.from_table(0, ["a", "a"], ["0000:01:00.0", "0000:02:00.0"])),
+    )
     asked = []
     monkeypatch.setattr(utils, "nvlink_problems", lambda ids: asked.append(ids) or ["0000:01:00.0 <-> 0000:02:00.0"])
     with pytest.raises(TopologyError, match="not connected by NVLink"):

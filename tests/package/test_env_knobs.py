@@ -1,5 +1,6 @@
 """Every EP_RT_ variable ep_rt reads is in env.KNOBS (what doctor knows) and in the README's knobs table (or, for a
 test mode documented on its own page, that page's knobs table)."""
+
 import re
 
 from ep_rt import env
@@ -15,5 +16,5 @@ def test_knobs_are_listed_and_documented():
     tables = ""
     for doc in ("README.md", "docs/CHAOS_TRANSPORT.md"):
         text = (ROOT / doc).read_text()
-        tables += text[text.index("## Environment knobs"):]
+        tables += text[text.index("## Environment knobs") :]
     assert [k for k in env.KNOBS if f"| `{k}` |" not in tables] == []

@@ -1,6 +1,7 @@
 """The import rules of the package layout (README "Layout"), drawn from the code: every module is parsed, every
 import (function-local ones too) is mapped onto a wing, and the edges must point downward; no import cycles;
 only runtime/driver.py names cuda.bindings."""
+
 import ast
 from pathlib import Path
 
@@ -8,8 +9,16 @@ from ..repo import REPO as ROOT
 
 PKG = ROOT / "ep_rt"
 
-API = {"ep_rt.config", "ep_rt.config_tables", "ep_rt.config_file", "ep_rt.handles", "ep_rt.events", "ep_rt.validate",
-       "ep_rt.utils", "ep_rt.ht_op"}
+API = {
+    "ep_rt.config",
+    "ep_rt.config_tables",
+    "ep_rt.config_file",
+    "ep_rt.handles",
+    "ep_rt.events",
+    "ep_rt.validate",
+    "ep_rt.utils",
+    "ep_rt.ht_op",
+}
 # The Buffer and its other face: deep_ep_runtime.py is `Buffer.runtime` (DeepEP's C++ runtime methods), answered from
 # the Buffer's own state, so it shares the Buffer's private names; call_guard.py wraps the Buffer's calls (threads,
 # interrupts) and reads a few of its names.
@@ -79,7 +88,7 @@ def imports_of(mod: str):
                     continue
             else:
                 base = mod.split(".") if is_pkg else mod.split(".")[:-1]
-                base = base[:len(base) - (node.level - 1)]
+                base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             for a in node.names:
                 sub = f"{target}.{a.name}"
@@ -112,7 +121,7 @@ def test_no_import_cycles():
             if t not in state:
                 visit(t)
             elif state[t] == "open":
-                cycles.append(" -> ".join(stack[stack.index(t):] + [t]))
+                cycles.append(" -> ".join(stack[stack.index(t) :] + [t]))
         stack.pop()
         state[m] = "done"
 
@@ -170,8 +179,11 @@ def private_names_defined(tree) -> set:
                 targets = st.targets if isinstance(st, ast.Assign) else [st.target]
                 names.update(n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name) and _private(n.id))
                 if any(isinstance(t, ast.Name) and t.id == "__slots__" for t in targets):
-                    names.update(n.value for n in ast.walk(st.value)
-                                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and _private(n.value))
+                    names.update(
+                        n.value
+                        for n in ast.walk(st.value)
+                        if isinstance(n, ast.Constant) and isinstance(n.value, str) and _private(n.value)
+                    )
             elif isinstance(st, (ast.Import, ast.ImportFrom)):
                 names.update(b for a in st.names if _private(b := a.asname or a.name.split(".")[0]))
             elif isinstance(st, (ast.If, ast.Try)):
@@ -182,8 +194,12 @@ def private_names_defined(tree) -> set:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _private(node.name):
             names.add(node.name)  # methods and helpers at any depth
-        if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and _own(node.value) and \
-                _private(node.attr):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and _own(node.value)
+            and _private(node.attr)
+        ):
             names.add(node.attr)
     return names
 
@@ -193,10 +209,16 @@ def private_names_used(tree):
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and _private(node.attr) and not _own(node.value):
             yield node.attr, node.lineno, ast.unparse(node)
-        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and \
-                node.func.id in ("getattr", "setattr", "hasattr", "delattr") and len(node.args) >= 2 and \
-                isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str) and \
-                _private(node.args[1].value) and not _own(node.args[0]):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+            and not _own(node.args[0])
+        ):
             yield node.args[1].value, node.lineno, ast.unparse(node)
         elif isinstance(node, ast.ImportFrom):
             for a in node.names:
@@ -229,13 +251,18 @@ def test_no_module_uses_a_private_name_of_another_wing():
 def test_the_private_name_rule_finds_each_kind_of_use():
     sources = {
         "ep_rt.buffer": "class Buffer:\n    __slots__ = ('_kept',)\n    def __init__(self):\n        self._ht = 1\n"
-                        "    def _live(self):\n        return self._ht\n_TABLE = {}\n",
+        "    def _live(self):\n        return self._ht\n_TABLE = {}\n",
         "ep_rt.ops.layout": "def f(buf):\n    return buf._ht, buf._fields, buf._replace()\n",
         "ep_rt.testing.bench": "import torch\nfrom ..buffer import _TABLE\n\ndef g(buffer, t):\n"
-                               "    buffer._ht.timer = t\n    setattr(buffer, '_kept', 1)\n    buffer._live()\n"
-                               "    torch.cuda._sleep(1)\n",
+        "    buffer._ht.timer = t\n    setattr(buffer, '_kept', 1)\n    buffer._live()\n"
+        "    torch.cuda._sleep(1)\n",
     }
     problems = private_access_problems(sources)
     assert sorted(p.split(" uses ")[1].split(": ")[0] for p in problems) == [
-        "buf._ht", "buffer._ht", "buffer._live", "from ..buffer import _TABLE", "setattr(buffer, '_kept', 1)"], problems
+        "buf._ht",
+        "buffer._ht",
+        "buffer._live",
+        "from ..buffer import _TABLE",
+        "setattr(buffer, '_kept', 1)",
+    ], problems
     assert "ep_rt.ops.layout:2 (ops) uses buf._ht: _ht is private to top" in problems

@@ -2,6 +2,7 @@
 pins ep-rt cannot follow fails here first: the base install must resolve beside each torch build, the extra of the
 build's NVSHMEM flavour must too, and the shipped NVSHMEM-linked cubin of that flavour must run on the NVSHMEM
 host library that torch pins (NVSHMEM's version rule). To support a new torch, add its row with its source."""
+
 import sys
 from typing import NamedTuple, Optional
 
@@ -27,38 +28,81 @@ PYPI_METADATA = "PyPI wheel METADATA read with pip install --dry-run --no-deps -
 
 class TorchBuild(NamedTuple):
     torch: str
-    build: str                      # CUDA variant of the wheel
-    cuda_bindings: Optional[str]    # torch's own requirement on cuda-bindings, if any
-    nvshmem: str                    # the NVSHMEM distribution torch pins
-    nvshmem_pin: str                # and its specifier
+    build: str  # CUDA variant of the wheel
+    cuda_bindings: Optional[str]  # torch's own requirement on cuda-bindings, if any
+    nvshmem: str  # the NVSHMEM distribution torch pins
+    nvshmem_pin: str  # and its specifier
     source: str
 
 
 TORCH_BUILDS = [
     TorchBuild("2.9.0", "cu128 (PyPI default)", None, "nvidia-nvshmem-cu12", "==3.3.20", PYPI_METADATA),
     TorchBuild("2.9.1", "cu128 (PyPI default)", None, "nvidia-nvshmem-cu12", "==3.3.20", PYPI_METADATA),
-    TorchBuild("2.9.0", "cu126", None, "nvidia-nvshmem-cu12", "==3.3.20",
-               "2.9-era generate_binary_build_matrix.py in the stored code index (HARDWARE_REACH.md §1.1)"),
-    TorchBuild("2.9.0", "cu130", None, "nvidia-nvshmem-cu13", "==3.3.24",
-               "2.9-era generate_binary_build_matrix.py in the stored code index (HARDWARE_REACH.md §1.1)"),
+    TorchBuild(
+        "2.9.0",
+        "cu126",
+        None,
+        "nvidia-nvshmem-cu12",
+        "==3.3.20",
+        "2.9-era generate_binary_build_matrix.py in the stored code index (HARDWARE_REACH.md §1.1)",
+    ),
+    TorchBuild(
+        "2.9.0",
+        "cu130",
+        None,
+        "nvidia-nvshmem-cu13",
+        "==3.3.24",
+        "2.9-era generate_binary_build_matrix.py in the stored code index (HARDWARE_REACH.md §1.1)",
+    ),
     TorchBuild("2.10.0", "cu128 (PyPI default)", "==12.9.4", "nvidia-nvshmem-cu12", "==3.4.5", PYPI_METADATA),
     TorchBuild("2.11.0", "cu130 (PyPI default)", None, "nvidia-nvshmem-cu13", "==3.4.5", PYPI_METADATA),
-    TorchBuild("2.11.0", "cu128", ">=12.9.4,<13", "nvidia-nvshmem-cu12", "==3.4.5",
-               "a third-party pip log of the 2.11.0+cu128 METADATA (HARDWARE_REACH.md §1.1)"),
+    TorchBuild(
+        "2.11.0",
+        "cu128",
+        ">=12.9.4,<13",
+        "nvidia-nvshmem-cu12",
+        "==3.4.5",
+        "a third-party pip log of the 2.11.0+cu128 METADATA (HARDWARE_REACH.md §1.1)",
+    ),
     TorchBuild("2.12.0", "cu130 (PyPI default)", None, "nvidia-nvshmem-cu13", "==3.4.5", PYPI_METADATA),
     TorchBuild("2.12.1", "cu130 (PyPI default)", None, "nvidia-nvshmem-cu13", "==3.4.5", PYPI_METADATA),
-    TorchBuild("2.12.0", "cu126", ">=12.9.4,<13", "nvidia-nvshmem-cu12", "==3.4.5",
-               "a 2.12-dev generated workflow (HARDWARE_REACH.md §1.1)"),
+    TorchBuild(
+        "2.12.0",
+        "cu126",
+        ">=12.9.4,<13",
+        "nvidia-nvshmem-cu12",
+        "==3.4.5",
+        "a 2.12-dev generated workflow (HARDWARE_REACH.md §1.1)",
+    ),
     TorchBuild("2.13.0", "cu130 (PyPI default)", None, "nvidia-nvshmem-cu13", "==3.4.5", PYPI_METADATA),
     TorchBuild("2.14.0", "cu130 (PyPI default)", None, "nvidia-nvshmem-cu13", "==3.4.5", PYPI_METADATA),
     TorchBuild("2.14.1", "cu130 (PyPI default)", None, "nvidia-nvshmem-cu13", "==3.4.5", PYPI_METADATA),
-    TorchBuild("2.15.0", "CUDA 13.2 (PyPI default, cuda-toolkit==13.2.2)", None, "nvidia-nvshmem-cu13", "==3.7.2",
-               PYPI_METADATA),
+    TorchBuild(
+        "2.15.0",
+        "CUDA 13.2 (PyPI default, cuda-toolkit==13.2.2)",
+        None,
+        "nvidia-nvshmem-cu13",
+        "==3.7.2",
+        PYPI_METADATA,
+    ),
 ]
 # Released cuda-bindings versions (pip index versions cuda-bindings, 2026-12-01), to test specifier overlap.
 CUDA_BINDINGS_RELEASES = [f"12.9.{i}" for i in range(11)] + [
-    "13.0.0", "13.0.1", "13.0.2", "13.0.3", "13.1.0", "13.1.1", "13.2.0", "13.3.0", "13.3.1",
-    "13.4.1", "13.4.2", "13.4.3", "13.4.4", "13.5.0"]
+    "13.0.0",
+    "13.0.1",
+    "13.0.2",
+    "13.0.3",
+    "13.1.0",
+    "13.1.1",
+    "13.2.0",
+    "13.3.0",
+    "13.3.1",
+    "13.4.1",
+    "13.4.2",
+    "13.4.3",
+    "13.4.4",
+    "13.5.0",
+]
 FLAVOUR_OF = {"nvidia-nvshmem-cu12": "cu12", "nvidia-nvshmem-cu13": "cu13"}
 
 

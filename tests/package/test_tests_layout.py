@@ -1,6 +1,7 @@
 """The test suite's own layout: every CPU test lives in the folder of the wing or tool it tests (tests/runtime/,
 tests/transport/, ..., tests/package/), never flat in tests/, and every folder on the way to a test file is a
 package (the tests import each other relatively, and pytest names a module by its package path)."""
+
 from pathlib import Path
 
 from ..repo import REPO
@@ -30,9 +31,11 @@ def folders_without_init(tests: Path) -> list[str]:
 
 def test_no_test_file_lies_flat_in_tests():
     flat = flat_test_files(TESTS)
-    assert not flat, (f"{flat} in tests/: put each into the folder of the wing or tool it tests (tests/buffer/ for "
-                      f"ep_rt/buffer.py, tests/transport/ for ep_rt/transport/, tests/tools/ for tools/, ...; "
-                      f"`git mv` keeps its history) and take the checkout root from tests/repo.py")
+    assert not flat, (
+        f"{flat} in tests/: put each into the folder of the wing or tool it tests (tests/buffer/ for "
+        f"ep_rt/buffer.py, tests/transport/ for ep_rt/transport/, tests/tools/ for tools/, ...; "
+        f"`git mv` keeps its history) and take the checkout root from tests/repo.py"
+    )
 
 
 def test_every_folder_holding_tests_is_a_package():

@@ -1,5 +1,6 @@
 """The wheel is pure Python (py3-none-any), carries every cubin of both flavours and the manifest, stays small, and
 an installed copy finds its cubins in its own package data (not in the checkout)."""
+
 import json
 import os
 import subprocess
@@ -17,8 +18,11 @@ pytestmark = pytest.mark.pypi  # pip's isolated build fetches setuptools
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
-    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(ROOT)],
+        capture_output=True,
+        text=True,
+    )
     if proc.returncode != 0:
         pytest.fail(f"building the wheel failed:\n{proc.stdout}\n{proc.stderr}")
     wheels = list(out.glob("*.whl"))
@@ -51,7 +55,7 @@ MAX_WHEEL_BYTES = 4_600_000  # 34 cubins; the NVSHMEM-linked ones (LL, internode
 
 def test_wheel_carries_both_flavours_and_stays_small(wheel):
     zf = zipfile.ZipFile(wheel)
-    cubins = {i.filename[len("ep_rt/cubins/"):]: i for i in zf.infolist() if i.filename.endswith(".cubin")}
+    cubins = {i.filename[len("ep_rt/cubins/") :]: i for i in zf.infolist() if i.filename.endswith(".cubin")}
     on_disk = {p.relative_to(ROOT / "cubins").as_posix(): p.stat().st_size for p in (ROOT / "cubins").rglob("*.cubin")}
     assert {name: i.file_size for name, i in cubins.items()} == on_disk
     assert {name.split("/")[0] for name in cubins} == {"cu12", "cu13"}
@@ -61,10 +65,13 @@ def test_wheel_carries_both_flavours_and_stays_small(wheel):
 
 def test_installed_wheel_uses_its_own_cubins(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-                   check=True)
-    code = ("import ep_rt, ep_rt.runtime.modules as c; r = c.cubin_root(); m = c.manifest(); "
-            "e = m['cubins'][0]; c.read_verified(r, e); print(r)")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)], check=True
+    )
+    code = (
+        "import ep_rt, ep_rt.runtime.modules as c; r = c.cubin_root(); m = c.manifest(); "
+        "e = m['cubins'][0]; c.read_verified(r, e); print(r)"
+    )
     env = dict(os.environ, PYTHONPATH=str(target))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert out.returncode == 0, out.stderr

@@ -1,4 +1,5 @@
 """Exact comparison for the reference's CPU tests: same dtype, same shape, same bits (as the GPU checker compares)."""
+
 import torch
 
 

@@ -1,4 +1,5 @@
 """CPU tests of ep_rt.reference: hand-worked small cases plus property tests against loops."""
+
 import pytest
 import torch
 
@@ -124,7 +125,7 @@ def test_cached_dispatch_hand():
     # Handles from a num_worst_tokens dispatch: cached result = first num_recv rows.
     worst = hand_dispatch(num_worst_tokens=6)
     for o, c in zip(worst, ref.intranode_cached_dispatch(X, worst)):
-        assert_eq(c["recv_x"], o["recv_x"][:o["num_recv"]])
+        assert_eq(c["recv_x"], o["recv_x"][: o["num_recv"]])
 
 
 # Combine inputs in each rank's receive order:
@@ -177,8 +178,8 @@ def test_dispatch_without_topk():
 # ----------------------------------------------------------------------------------------
 def test_fp8_cast_hand_row():
     x = torch.zeros(1, 256, dtype=bf16)
-    x[0, :4] = T([448, -224, 1, 0.5], bf16)      # group 0: amax 448 -> scale_inv 1
-    x[0, 128:130] = T([1, -0.5], bf16)           # group 1: amax 1 -> scale_inv f32(1/448)
+    x[0, :4] = T([448, -224, 1, 0.5], bf16)  # group 0: amax 448 -> scale_inv 1
+    x[0, 128:130] = T([1, -0.5], bf16)  # group 1: amax 1 -> scale_inv f32(1/448)
     v, s = ref.per_token_cast_to_fp8(x)
     assert s.dtype == f32 and s.shape == (1, 2)
     assert s[0, 0].item() == 1.0
@@ -213,14 +214,38 @@ def test_fp8_cast_hand_row():
 FP8_SCALE_CASES = [
     # amax, probes, scale_inv, scale, bytes, round_scale scale_inv, round_scale bytes, directions
     (3.0, [3.0, -2.25], 0x3BDB6DB8, 0x43155555, [0x7E, 0xFA], 0x3C000000, [0x7C, 0xF9], "+"),
-    (3.0625, [3.0625, -2.296875, 2.953125], 0x3BE00001, 0x43124925, [0x7E, 0xFA, 0x7E], 0x3C000000,
-     [0x7C, 0xF9, 0x7C], "+-"),
+    (
+        3.0625,
+        [3.0625, -2.296875, 2.953125],
+        0x3BE00001,
+        0x43124925,
+        [0x7E, 0xFA, 0x7E],
+        0x3C000000,
+        [0x7C, 0xF9, 0x7C],
+        "+-",
+    ),
     (13.0, [13.0, 9.75], 0x3CEDB6DC, 0x4209D89E, [0x7E, 0x7B], 0x3D000000, [0x7D, 0x7A], "-"),
-    (0.30078125, [0.30078125, -0.2255859375, 0.2470703125], 0x3A300001, 0x44BA2E8C, [0x7E, 0xFA, 0x7C], 0x3A800000,
-     [0x7A, 0xF6, 0x78], "+-"),
+    (
+        0.30078125,
+        [0.30078125, -0.2255859375, 0.2470703125],
+        0x3A300001,
+        0x44BA2E8C,
+        [0x7E, 0xFA, 0x7C],
+        0x3A800000,
+        [0x7A, 0xF6, 0x78],
+        "+-",
+    ),
     (100.0, [100.0, -75.0], 0x3E64924A, 0x408F5C29, [0x7E, 0xFA], 0x3E800000, [0x7C, 0xF9], "+"),
-    (0.010009765625, [0.010009765625, -0.00750732421875], 0x37BB6DB7, 0x472ED44B, [0x7E, 0xFA], 0x38000000,
-     [0x7A, 0xF7], "+"),
+    (
+        0.010009765625,
+        [0.010009765625, -0.00750732421875],
+        0x37BB6DB7,
+        0x472ED44B,
+        [0x7E, 0xFA],
+        0x38000000,
+        [0x7A, 0xF7],
+        "+",
+    ),
     (5.0, [5.0, -3.75], 0x3C36DB6E, 0x42B33333, [0x7E, 0xFA], 0x3C800000, [0x7A, 0xF7], "+"),
     # max |x| = 9.965896606445312e-05 < 1e-4: amax clamps to f32(1e-4) = 0x38d1b717, scale = rn(448 / that) = 4480000
     (9.965896606445312e-05, [9.965896606445312e-05], 0x346FACAD, 0x4A88B800, [0x7E], 0x34800000, [0x7D], ""),
@@ -230,8 +255,8 @@ FP8_SCALE_CASES = [
 def _fp8_case_rows():
     x = torch.zeros(len(FP8_SCALE_CASES), 128, dtype=bf16)
     for i, (_, probes, *_rest) in enumerate(FP8_SCALE_CASES):
-        x[i, :len(probes)] = T(probes, bf16)
-        assert x[i, :len(probes)].float().tolist() == probes  # every probe is a bf16 value
+        x[i, : len(probes)] = T(probes, bf16)
+        assert x[i, : len(probes)].float().tolist() == probes  # every probe is a bf16 value
     return x
 
 
@@ -242,8 +267,8 @@ def test_fp8_scale_bits_hand(round_scale):
     for i, (amax, probes, inv, _scale, bytes_, rs_inv, rs_bytes, _dirs) in enumerate(FP8_SCALE_CASES):
         want_inv, want_bytes = (rs_inv, rs_bytes) if round_scale else (inv, bytes_)
         assert s[i].view(i32).tolist() == [want_inv], (amax, hex(s[i].view(i32).item()), hex(want_inv))
-        assert v[i, :len(probes)].view(torch.uint8).tolist() == want_bytes, (amax, v[i].view(torch.uint8)[:4])
-        assert not v[i, len(probes):].view(torch.uint8).any()
+        assert v[i, : len(probes)].view(torch.uint8).tolist() == want_bytes, (amax, v[i].view(torch.uint8)[:4])
+        assert not v[i, len(probes) :].view(torch.uint8).any()
     # The LL dispatch sends exactly these scales and bytes (one token per row, all to expert 0).
     n = len(FP8_SCALE_CASES)
     out = ref.low_latency_dispatch([x], [torch.zeros(n, 1, dtype=i64)], n, 1, round_scale=round_scale)[0]
@@ -274,10 +299,10 @@ def test_fp8_ue8m0_packed_bits_hand():
 
 def test_fp8_round_scale_power_of_two():
     x = torch.zeros(4, 128, dtype=bf16)
-    x[:, 0] = T([448, 449, 224, 1], bf16)   # 449 in bf16 is 448 -> use 450
+    x[:, 0] = T([448, 449, 224, 1], bf16)  # 449 in bf16 is 448 -> use 450
     x[1, 0] = 450
     v, s = ref.per_token_cast_to_fp8(x, round_scale=True)
-    assert_eq(s[:, 0], T([1.0, 2.0, 0.5, 2.0 ** -8], f32))
+    assert_eq(s[:, 0], T([1.0, 2.0, 0.5, 2.0**-8], f32))
     assert_eq(v[:, 0].float(), T([448, 224, 448, 256], f32))
     torch.manual_seed(0)
     y = torch.randn(16, 512) * torch.logspace(-3, 3, 16).unsqueeze(1)
@@ -291,9 +316,9 @@ def test_fp8_round_scale_power_of_two():
 def test_ue8m0_pack_unpack_hand():
     packed = ref.pack_ue8m0(T([[1.0, 2.0, 0.5, 4.0], [1.0, 1.0, 1.0, 1.0]], f32))
     # bytes 127, 128, 126, 129 little-endian -> 0x817E807F (as signed int32)
-    assert_eq(packed, T([[0x817E807F - 2 ** 32], [0x7F7F7F7F]], i32))
+    assert_eq(packed, T([[0x817E807F - 2**32], [0x7F7F7F7F]], i32))
     assert_eq(ref.unpack_ue8m0(packed), T([[1.0, 2.0, 0.5, 4.0], [1.0, 1.0, 1.0, 1.0]], f32))
-    s = T([2.0 ** -127 * 2, 2.0 ** 127, 2.0 ** -20, 8.0], f32)
+    s = T([2.0**-127 * 2, 2.0**127, 2.0**-20, 8.0], f32)
     assert_eq(ref.unpack_ue8m0(ref.pack_ue8m0(s)), s)
 
 
@@ -322,7 +347,7 @@ def test_fp8_cast_back_error(round_scale):
     assert back.dtype == bf16 and back.shape == x.shape
     assert calc_diff(back, x) < 1e-3
     # e4m3 has 3 mantissa bits: relative error <= 1/16 for normal values.
-    big = x.float().abs() > s.repeat_interleave(128, dim=1) * 2 ** -6 * 2
+    big = x.float().abs() > s.repeat_interleave(128, dim=1) * 2**-6 * 2
     assert ((back.float() - x.float()).abs() <= x.float().abs() / 16 + 1e-6)[big].all()
 
 
@@ -333,8 +358,7 @@ def random_case(seed, R=4, E=16, K=4, H=64, ns=(7, 0, 13, 5)):
     g = torch.Generator().manual_seed(seed)
     xs, idxs, ws = [], [], []
     for n in ns:
-        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]) if n else \
-            torch.empty(0, K, dtype=i64)
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]) if n else torch.empty(0, K, dtype=i64)
         idx = torch.where(torch.rand(n, K, generator=g) < 0.3, torch.full_like(idx, -1), idx)
         idxs.append(idx)
         ws.append(torch.rand(n, K, generator=g))
@@ -348,8 +372,7 @@ def test_dispatch_random_vs_loops(seed):
     L = E // R
     xs, idxs, ws = random_case(seed)
     out = ref.intranode_dispatch(xs, idxs, ws, E, C, expert_alignment=3)
-    routes = [[[any(int(e) >= 0 and int(e) // L == r for e in row) for r in range(R)] for row in idx]
-              for idx in idxs]
+    routes = [[[any(int(e) >= 0 and int(e) // L == r for e in row) for r in range(R)] for row in idx] for idx in idxs]
     sent = [[sum(rt[r] for rt in routes[s]) for r in range(R)] for s in range(R)]
     for me in range(R):
         o = out[me]
@@ -368,8 +391,9 @@ def test_dispatch_random_vs_loops(seed):
         rpm = [[sum(sent[s][j] for s in range(i + 1)) for j in range(R)] for i in range(R)]
         assert o["rank_prefix_matrix"].tolist() == rpm
         ends = [e for _, e in ref.channel_ranges(len(routes[me]), C)]
-        assert o["channel_prefix_matrix"].tolist() == \
-            [[sum(routes[me][t][d] for t in range(end)) for end in ends] for d in range(R)]
+        assert o["channel_prefix_matrix"].tolist() == [
+            [sum(routes[me][t][d] for t in range(end)) for end in ends] for d in range(R)
+        ]
         for s in range(R):
             s_ends = [e for _, e in ref.channel_ranges(len(routes[s]), C)]
             cpm = [sum(routes[s][t][me] for t in range(end)) for end in s_ends]
@@ -384,8 +408,7 @@ def test_dispatch_random_vs_loops(seed):
 def test_random_weights_reconstruct_and_cached():
     xs, idxs, ws = random_case(5)
     out = ref.intranode_dispatch(xs, idxs, ws, 16, 2, num_worst_tokens=40)
-    res = ref.intranode_combine([o["recv_x"] for o in out], out,
-                                topk_weights=[o["recv_topk_weights"] for o in out])
+    res = ref.intranode_combine([o["recv_x"] for o in out], out, topk_weights=[o["recv_topk_weights"] for o in out])
     for r in range(4):
         assert_eq(res[r]["combined_topk_weights"], torch.where(idxs[r] >= 0, ws[r], torch.zeros_like(ws[r])))
         # combining the dispatched x gives x times the number of destination ranks
@@ -393,7 +416,7 @@ def test_random_weights_reconstruct_and_cached():
         n_dst = out[r]["is_token_in_rank"].sum(1, keepdim=True).float()
         assert_eq(res[r]["combined_x"], (xs[r].float() * n_dst).to(bf16))
     for o, c in zip(out, ref.intranode_cached_dispatch(xs, out)):
-        assert_eq(c["recv_x"], o["recv_x"][:o["num_recv"]])
+        assert_eq(c["recv_x"], o["recv_x"][: o["num_recv"]])
 
 
 @pytest.mark.parametrize("int_scales", [False, True])
@@ -427,7 +450,7 @@ def test_combine_bit_exact_order():
     xs, idxs, ws = random_case(9, H=H)
     out = ref.intranode_dispatch(xs, idxs, ws, 16, 2)
     # Values mixing +-2**30 with small numbers: the f32 result depends on the summation order.
-    palette = T([2.0 ** 30, -2.0 ** 30, 1.0, 3.0, -0.5], bf16)
+    palette = T([2.0**30, -(2.0**30), 1.0, 3.0, -0.5], bf16)
 
     def pick(n):
         return palette[torch.randint(0, len(palette), (n, H), generator=g)]

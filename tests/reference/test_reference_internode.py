@@ -3,6 +3,7 @@
 Hand-worked small cases (every expected value below was worked out by hand from the routing written next to
 it), invariants on random routings up to 32 nodes compared with an independent loop, and cross-checks with the
 intranode reference (N = 1, G = 1) and of the combine's two-level rounding."""
+
 import pytest
 import torch
 
@@ -57,16 +58,28 @@ def test_a_2x1_dispatch_hand():
     assert_eq(o0["recv_topk_weights"], T([[0.1, 0.0], [0.3, 0.0], [1.1, 0.0]], f32))
     assert_eq(o1["recv_topk_weights"], T([[0.0, 0.2], [0.5, 0.6], [0.7, 0.8], [0.0, 1.2]], f32))
     assert o0["num_recv_tokens_per_expert_list"] == [2, 1] and o1["num_recv_tokens_per_expert_list"] == [3, 3]
-    check_fields(o0, rdma_channel_prefix_matrix=[[2, 2], [1, 2]], gbl_channel_prefix_matrix=[[2, 2], [1, 2]],
-                 send_rdma_head=[[0, 0], [1, -1], [-1, 0]],
-                 recv_rdma_channel_prefix_matrix=[[2, 2], [0, 1]], recv_rdma_rank_prefix_sum=[2, 3],
-                 recv_gbl_rank_prefix_sum=[2, 3], recv_gbl_channel_prefix_matrix=[[0, 2], [2, 2]],
-                 send_nvl_head=[[0], [1], [0]])
-    check_fields(o1, rdma_channel_prefix_matrix=[[0, 1], [1, 2]], gbl_channel_prefix_matrix=[[0, 1], [1, 2]],
-                 send_rdma_head=[[-1, 0], [-1, -1], [0, 0]],
-                 recv_rdma_channel_prefix_matrix=[[1, 2], [1, 2]], recv_rdma_rank_prefix_sum=[2, 4],
-                 recv_gbl_rank_prefix_sum=[2, 4], recv_gbl_channel_prefix_matrix=[[0, 1], [2, 3]],
-                 send_nvl_head=[[0], [1], [0], [1]])
+    check_fields(
+        o0,
+        rdma_channel_prefix_matrix=[[2, 2], [1, 2]],
+        gbl_channel_prefix_matrix=[[2, 2], [1, 2]],
+        send_rdma_head=[[0, 0], [1, -1], [-1, 0]],
+        recv_rdma_channel_prefix_matrix=[[2, 2], [0, 1]],
+        recv_rdma_rank_prefix_sum=[2, 3],
+        recv_gbl_rank_prefix_sum=[2, 3],
+        recv_gbl_channel_prefix_matrix=[[0, 2], [2, 2]],
+        send_nvl_head=[[0], [1], [0]],
+    )
+    check_fields(
+        o1,
+        rdma_channel_prefix_matrix=[[0, 1], [1, 2]],
+        gbl_channel_prefix_matrix=[[0, 1], [1, 2]],
+        send_rdma_head=[[-1, 0], [-1, -1], [0, 0]],
+        recv_rdma_channel_prefix_matrix=[[1, 2], [1, 2]],
+        recv_rdma_rank_prefix_sum=[2, 4],
+        recv_gbl_rank_prefix_sum=[2, 4],
+        recv_gbl_channel_prefix_matrix=[[0, 1], [2, 3]],
+        send_nvl_head=[[0], [1], [0], [1]],
+    )
     assert_eq(o0["recv_src_meta"], meta([(0, 1), (0, 1), (1, 1)]))
     assert_eq(o1["recv_src_meta"], meta([(0, 1), (0, 1), (1, 1), (1, 1)]))
     assert_eq(o0["is_token_in_rank"], T([[True, True], [True, False], [False, True]], torch.bool))
@@ -81,12 +94,24 @@ def test_a_2x1_dispatch_hand():
 #   rank 3 (node 1, local 1): t0 -> [7, 6, 5] ranks 3,2
 # Channels: 3 tokens -> [0,2) [2,3); 2 tokens -> [0,1) [1,2); 1 token -> [0,1) [1,1).
 # ----------------------------------------------------------------------------------------
-B_IDX = [T([[0, 5, 7], [2, -1, 3], [6, -1, -1]], i64), T([[4, 1, -1], [-1, -1, -1]], i64),
-         T([[3, 2, 6], [0, 1, 4]], i64), T([[7, 6, 5]], i64)]
-B_W = [T([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9]], f32), T([[1.1, 1.2, 1.3], [1.4, 1.5, 1.6]], f32),
-       T([[2.1, 2.2, 2.3], [2.4, 2.5, 2.6]], f32), T([[3.1, 3.2, 3.3]], f32)]
-B_X = [T([[1, 2], [3, 4], [5, 6]], bf16), T([[7, 8], [9, 10]], bf16), T([[11, 12], [13, 14]], bf16),
-       T([[15, 16]], bf16)]
+B_IDX = [
+    T([[0, 5, 7], [2, -1, 3], [6, -1, -1]], i64),
+    T([[4, 1, -1], [-1, -1, -1]], i64),
+    T([[3, 2, 6], [0, 1, 4]], i64),
+    T([[7, 6, 5]], i64),
+]
+B_W = [
+    T([[0.1, 0.2, 0.3], [0.4, 0.5, 0.6], [0.7, 0.8, 0.9]], f32),
+    T([[1.1, 1.2, 1.3], [1.4, 1.5, 1.6]], f32),
+    T([[2.1, 2.2, 2.3], [2.4, 2.5, 2.6]], f32),
+    T([[3.1, 3.2, 3.3]], f32),
+]
+B_X = [
+    T([[1, 2], [3, 4], [5, 6]], bf16),
+    T([[7, 8], [9, 10]], bf16),
+    T([[11, 12], [13, 14]], bf16),
+    T([[15, 16]], bf16),
+]
 
 
 def dispatch_b(**kw):
@@ -108,16 +133,24 @@ def test_b_2x2_receive_side_hand():
     assert_eq(o[0]["recv_topk_weights"], T([[0.1, 0, 0], [0, 1.2, 0], [2.4, 2.5, 0]], f32))
     assert_eq(o[3]["recv_topk_weights"], T([[0, 0, 0.3], [0.7, 0, 0], [0, 0, 2.3], [3.1, 3.2, 0]], f32))
     assert [x["num_recv_tokens_per_expert_list"] for x in o] == [[2, 2], [2, 2], [2, 2], [3, 2]]
-    assert [x["num_recv_tokens_per_expert_list"] for x in dispatch_b(expert_alignment=2)] == \
-        [[2, 2], [2, 2], [2, 2], [4, 2]]
-    check_fields(o[0], recv_gbl_rank_prefix_sum=[1, 2, 3, 3],
-                 recv_gbl_channel_prefix_matrix=[[0, 1], [1, 2], [2, 2], [3, 3]])
-    check_fields(o[1], recv_gbl_rank_prefix_sum=[1, 1, 2, 2],
-                 recv_gbl_channel_prefix_matrix=[[0, 1], [1, 1], [1, 2], [2, 2]])
-    check_fields(o[2], recv_gbl_rank_prefix_sum=[1, 2, 3, 4],
-                 recv_gbl_channel_prefix_matrix=[[0, 1], [1, 2], [2, 2], [3, 4]])
-    check_fields(o[3], recv_gbl_rank_prefix_sum=[2, 2, 3, 4],
-                 recv_gbl_channel_prefix_matrix=[[0, 1], [2, 2], [2, 3], [3, 4]])
+    assert [x["num_recv_tokens_per_expert_list"] for x in dispatch_b(expert_alignment=2)] == [
+        [2, 2],
+        [2, 2],
+        [2, 2],
+        [4, 2],
+    ]
+    check_fields(
+        o[0], recv_gbl_rank_prefix_sum=[1, 2, 3, 3], recv_gbl_channel_prefix_matrix=[[0, 1], [1, 2], [2, 2], [3, 3]]
+    )
+    check_fields(
+        o[1], recv_gbl_rank_prefix_sum=[1, 1, 2, 2], recv_gbl_channel_prefix_matrix=[[0, 1], [1, 1], [1, 2], [2, 2]]
+    )
+    check_fields(
+        o[2], recv_gbl_rank_prefix_sum=[1, 2, 3, 4], recv_gbl_channel_prefix_matrix=[[0, 1], [1, 2], [2, 2], [3, 4]]
+    )
+    check_fields(
+        o[3], recv_gbl_rank_prefix_sum=[2, 2, 3, 4], recv_gbl_channel_prefix_matrix=[[0, 1], [2, 2], [2, 3], [3, 4]]
+    )
     # (source node, mask over the receiving node's local ranks)
     assert_eq(o[0]["recv_src_meta"], meta([(0, 1), (0, 1), (1, 1)]))
     assert_eq(o[1]["recv_src_meta"], meta([(0, 2), (1, 2)]))
@@ -130,27 +163,55 @@ def test_b_2x2_receive_side_hand():
 
 def test_b_2x2_sender_and_forwarder_side_hand():
     o = dispatch_b()
-    check_fields(o[0], rdma_channel_prefix_matrix=[[2, 2], [1, 2]],
-                 gbl_channel_prefix_matrix=[[1, 1], [1, 1], [1, 1], [1, 2]],
-                 send_rdma_head=[[0, 0], [1, -1], [-1, 0]])
-    check_fields(o[1], rdma_channel_prefix_matrix=[[1, 1], [1, 1]],
-                 gbl_channel_prefix_matrix=[[1, 1], [0, 0], [1, 1], [0, 0]],
-                 send_rdma_head=[[0, 0], [-1, -1]])
-    check_fields(o[2], rdma_channel_prefix_matrix=[[1, 2], [1, 2]],
-                 gbl_channel_prefix_matrix=[[0, 1], [1, 1], [0, 1], [1, 1]],
-                 send_rdma_head=[[0, 0], [0, 0]])
-    check_fields(o[3], rdma_channel_prefix_matrix=[[0, 0], [1, 1]],
-                 gbl_channel_prefix_matrix=[[0, 0], [0, 0], [1, 1], [1, 1]],
-                 send_rdma_head=[[-1, 0]])
+    check_fields(
+        o[0],
+        rdma_channel_prefix_matrix=[[2, 2], [1, 2]],
+        gbl_channel_prefix_matrix=[[1, 1], [1, 1], [1, 1], [1, 2]],
+        send_rdma_head=[[0, 0], [1, -1], [-1, 0]],
+    )
+    check_fields(
+        o[1],
+        rdma_channel_prefix_matrix=[[1, 1], [1, 1]],
+        gbl_channel_prefix_matrix=[[1, 1], [0, 0], [1, 1], [0, 0]],
+        send_rdma_head=[[0, 0], [-1, -1]],
+    )
+    check_fields(
+        o[2],
+        rdma_channel_prefix_matrix=[[1, 2], [1, 2]],
+        gbl_channel_prefix_matrix=[[0, 1], [1, 1], [0, 1], [1, 1]],
+        send_rdma_head=[[0, 0], [0, 0]],
+    )
+    check_fields(
+        o[3],
+        rdma_channel_prefix_matrix=[[0, 0], [1, 1]],
+        gbl_channel_prefix_matrix=[[0, 0], [0, 0], [1, 1], [1, 1]],
+        send_rdma_head=[[-1, 0]],
+    )
     # Forwarders: rank (m, j) forwards the tokens of ranks j (node 0) and 2 + j (node 1) that hit node m.
-    check_fields(o[0], recv_rdma_channel_prefix_matrix=[[2, 2], [1, 2]], recv_rdma_rank_prefix_sum=[2, 4],
-                 send_nvl_head=[[0, -1], [-1, 0], [-1, 0], [0, -1]])
-    check_fields(o[1], recv_rdma_channel_prefix_matrix=[[1, 1], [0, 0]], recv_rdma_rank_prefix_sum=[1, 1],
-                 send_nvl_head=[[0, -1]])
-    check_fields(o[2], recv_rdma_channel_prefix_matrix=[[1, 2], [1, 2]], recv_rdma_rank_prefix_sum=[2, 4],
-                 send_nvl_head=[[0, 0], [-1, 1], [-1, 0], [0, -1]])
-    check_fields(o[3], recv_rdma_channel_prefix_matrix=[[1, 1], [1, 1]], recv_rdma_rank_prefix_sum=[1, 2],
-                 send_nvl_head=[[0, -1], [0, 0]])
+    check_fields(
+        o[0],
+        recv_rdma_channel_prefix_matrix=[[2, 2], [1, 2]],
+        recv_rdma_rank_prefix_sum=[2, 4],
+        send_nvl_head=[[0, -1], [-1, 0], [-1, 0], [0, -1]],
+    )
+    check_fields(
+        o[1],
+        recv_rdma_channel_prefix_matrix=[[1, 1], [0, 0]],
+        recv_rdma_rank_prefix_sum=[1, 1],
+        send_nvl_head=[[0, -1]],
+    )
+    check_fields(
+        o[2],
+        recv_rdma_channel_prefix_matrix=[[1, 2], [1, 2]],
+        recv_rdma_rank_prefix_sum=[2, 4],
+        send_nvl_head=[[0, 0], [-1, 1], [-1, 0], [0, -1]],
+    )
+    check_fields(
+        o[3],
+        recv_rdma_channel_prefix_matrix=[[1, 1], [1, 1]],
+        recv_rdma_rank_prefix_sum=[1, 2],
+        send_nvl_head=[[0, -1], [0, 0]],
+    )
 
 
 # Combine inputs, one value per received row (column 1 = -2 x column 0):
@@ -164,9 +225,9 @@ def test_b_2x2_combine_hand():
     c = ref.internode_combine(B_Y, [x["handle"] for x in o], topk_weights=[x["recv_topk_weights"] for x in o])
     # rank 0: t0 = 1 (r0) + 6 (r2) + 10 (r3); t1 = 4 (r1); t2 = 11 (r3)
     assert_eq(c[0]["combined_x"], T([[17, -34], [4, -8], [11, -22]], bf16))
-    assert_eq(c[1]["combined_x"], T([[9, -18], [0, 0]], bf16))      # t0 = 2 (r0) + 7 (r2); t1 sent nowhere
+    assert_eq(c[1]["combined_x"], T([[9, -18], [0, 0]], bf16))  # t0 = 2 (r0) + 7 (r2); t1 sent nowhere
     assert_eq(c[2]["combined_x"], T([[17, -34], [11, -22]], bf16))  # t0 = 5 (r1) + 12 (r3); t1 = 3 (r0) + 8 (r2)
-    assert_eq(c[3]["combined_x"], T([[22, -44]], bf16))            # t0 = 9 (r2) + 13 (r3)
+    assert_eq(c[3]["combined_x"], T([[22, -44]], bf16))  # t0 = 9 (r2) + 13 (r3)
     # Each expert lives on one rank: the weights come back where idx >= 0, 0 where idx == -1.
     assert_eq(c[0]["combined_topk_weights"], T([[0.1, 0.2, 0.3], [0.4, 0, 0.6], [0.7, 0, 0]], f32))
     assert_eq(c[1]["combined_topk_weights"], T([[1.1, 1.2, 0], [0, 0, 0]], f32))
@@ -246,11 +307,13 @@ def case_c():
 def test_c_4x2_token_spanning_every_node_hand():
     xs, idx, ws = case_c()
     o = ref.internode_dispatch(xs, idx, ws, 8, 2, 2)
-    check_fields(o[0], rdma_channel_prefix_matrix=[[1, 2], [1, 2], [1, 1], [1, 1]],
-                 gbl_channel_prefix_matrix=[[1, 1], [0, 1], [1, 1], [0, 1], [1, 1], [0, 0], [1, 1], [0, 0]],
-                 send_rdma_head=[[0, 0, 0, 0], [0, 0, -1, -1]])
-    check_fields(o[3], rdma_channel_prefix_matrix=[[0, 0], [0, 0], [1, 1], [1, 1]],
-                 send_rdma_head=[[-1, -1, 0, 0]])
+    check_fields(
+        o[0],
+        rdma_channel_prefix_matrix=[[1, 2], [1, 2], [1, 1], [1, 1]],
+        gbl_channel_prefix_matrix=[[1, 1], [0, 1], [1, 1], [0, 1], [1, 1], [0, 0], [1, 1], [0, 0]],
+        send_rdma_head=[[0, 0, 0, 0], [0, 0, -1, -1]],
+    )
+    check_fields(o[3], rdma_channel_prefix_matrix=[[0, 0], [0, 0], [1, 1], [1, 1]], send_rdma_head=[[-1, -1, 0, 0]])
     check_fields(o[5], send_rdma_head=[[-1, -1, -1, -1]], rdma_channel_prefix_matrix=[[0, 0]] * 4)
     assert [x["num_recv"] for x in o] == [1, 1, 1, 1, 1, 1, 2, 1]
     assert [x["num_rdma_recv"] for x in o] == [2, 0, 2, 0, 1, 1, 1, 1]
@@ -259,13 +322,21 @@ def test_c_4x2_token_spanning_every_node_hand():
     assert_eq(o[6]["recv_x"], T([[1, 2], [5, 6]], bf16))  # ... rank 6 also rank 3's t0
     assert_eq(o[1]["recv_x"], T([[3, 4]], bf16))
     assert_eq(o[7]["recv_x"], T([[5, 6]], bf16))
-    check_fields(o[6], recv_gbl_rank_prefix_sum=[1, 1, 1, 2, 2, 2, 2, 2],
-                 recv_gbl_channel_prefix_matrix=[[0, 1], [1, 1], [1, 1], [1, 2]] + [[2, 2]] * 4,
-                 recv_rdma_channel_prefix_matrix=[[1, 1], [0, 0], [0, 0], [0, 0]],
-                 recv_rdma_rank_prefix_sum=[1, 1, 1, 1], send_nvl_head=[[0, -1]])
-    check_fields(o[5], recv_gbl_rank_prefix_sum=[0, 0, 0, 1, 1, 1, 1, 1],
-                 recv_rdma_channel_prefix_matrix=[[0, 0], [1, 1], [0, 0], [0, 0]],
-                 recv_rdma_rank_prefix_sum=[0, 1, 1, 1], send_nvl_head=[[-1, 0]])
+    check_fields(
+        o[6],
+        recv_gbl_rank_prefix_sum=[1, 1, 1, 2, 2, 2, 2, 2],
+        recv_gbl_channel_prefix_matrix=[[0, 1], [1, 1], [1, 1], [1, 2]] + [[2, 2]] * 4,
+        recv_rdma_channel_prefix_matrix=[[1, 1], [0, 0], [0, 0], [0, 0]],
+        recv_rdma_rank_prefix_sum=[1, 1, 1, 1],
+        send_nvl_head=[[0, -1]],
+    )
+    check_fields(
+        o[5],
+        recv_gbl_rank_prefix_sum=[0, 0, 0, 1, 1, 1, 1, 1],
+        recv_rdma_channel_prefix_matrix=[[0, 0], [1, 1], [0, 0], [0, 0]],
+        recv_rdma_rank_prefix_sum=[0, 1, 1, 1],
+        send_nvl_head=[[-1, 0]],
+    )
     check_fields(o[7], recv_rdma_rank_prefix_sum=[0, 1, 1, 1], send_nvl_head=[[0, 0]])
     check_fields(o[0], recv_rdma_rank_prefix_sum=[2, 2, 2, 2], send_nvl_head=[[0, -1], [-1, 0]])
     check_fields(o[2], recv_rdma_rank_prefix_sum=[2, 2, 2, 2], send_nvl_head=[[0, -1], [-1, 0]])
@@ -313,28 +384,44 @@ def test_d_2x4_all_tokens_to_one_node_hand():
         assert o[r]["send_nvl_head"].shape == (0, 4)
         check_fields(o[r], recv_gbl_rank_prefix_sum=[0] * 8, recv_rdma_rank_prefix_sum=[0, 0])
         assert o[r]["num_recv_tokens_per_expert_list"] == [0, 0]
-    check_fields(o[0], rdma_channel_prefix_matrix=[[0, 0], [1, 2]], send_rdma_head=[[-1, 0], [-1, 0]],
-                 gbl_channel_prefix_matrix=[[0, 0]] * 4 + [[1, 2], [1, 1], [0, 0], [1, 1]])
+    check_fields(
+        o[0],
+        rdma_channel_prefix_matrix=[[0, 0], [1, 2]],
+        send_rdma_head=[[-1, 0], [-1, 0]],
+        gbl_channel_prefix_matrix=[[0, 0]] * 4 + [[1, 2], [1, 1], [0, 0], [1, 1]],
+    )
     check_fields(o[2], rdma_channel_prefix_matrix=[[0, 0], [0, 0]], send_rdma_head=[[-1, -1]])
     assert_eq(o[4]["recv_x"], T([[1, 1], [2, 2], [5, 5]], bf16))
     assert_eq(o[5]["recv_x"], T([[1, 1], [5, 5]], bf16))
     assert_eq(o[6]["recv_x"], T([[4, 4]], bf16))
     assert_eq(o[7]["recv_x"], T([[1, 1], [4, 4]], bf16))
-    check_fields(o[4], recv_gbl_rank_prefix_sum=[2, 2, 2, 2, 2, 2, 3, 3],
-                 recv_rdma_channel_prefix_matrix=[[1, 2], [0, 0]], recv_rdma_rank_prefix_sum=[2, 2],
-                 send_nvl_head=[[0, 0, -1, 0], [1, -1, -1, -1]])
-    check_fields(o[5], recv_gbl_rank_prefix_sum=[1, 1, 1, 1, 1, 1, 2, 2],
-                 recv_rdma_channel_prefix_matrix=[[0, 0], [1, 1]], recv_rdma_rank_prefix_sum=[0, 1],
-                 send_nvl_head=[[-1, -1, 0, 0]])
-    check_fields(o[6], recv_gbl_rank_prefix_sum=[0, 0, 0, 0, 0, 1, 1, 1], recv_rdma_rank_prefix_sum=[0, 1],
-                 send_nvl_head=[[0, 0, -1, -1]])
+    check_fields(
+        o[4],
+        recv_gbl_rank_prefix_sum=[2, 2, 2, 2, 2, 2, 3, 3],
+        recv_rdma_channel_prefix_matrix=[[1, 2], [0, 0]],
+        recv_rdma_rank_prefix_sum=[2, 2],
+        send_nvl_head=[[0, 0, -1, 0], [1, -1, -1, -1]],
+    )
+    check_fields(
+        o[5],
+        recv_gbl_rank_prefix_sum=[1, 1, 1, 1, 1, 1, 2, 2],
+        recv_rdma_channel_prefix_matrix=[[0, 0], [1, 1]],
+        recv_rdma_rank_prefix_sum=[0, 1],
+        send_nvl_head=[[-1, -1, 0, 0]],
+    )
+    check_fields(
+        o[6],
+        recv_gbl_rank_prefix_sum=[0, 0, 0, 0, 0, 1, 1, 1],
+        recv_rdma_rank_prefix_sum=[0, 1],
+        send_nvl_head=[[0, 0, -1, -1]],
+    )
     check_fields(o[7], recv_gbl_rank_prefix_sum=[1, 1, 1, 1, 1, 2, 2, 2], recv_rdma_rank_prefix_sum=[0, 0])
     assert_eq(o[4]["recv_src_meta"], meta([(0, 0b1011), (0, 0b0001), (1, 0b0011)]))
     assert_eq(o[6]["recv_src_meta"], meta([(1, 0b1100)]))
     assert_eq(o[7]["recv_src_meta"], meta([(0, 0b1011), (1, 0b1100)]))
     assert_eq(o[6]["recv_topk_idx"], T([[0, 1, -1]], i64))
     assert [x["num_recv_tokens_per_expert_list"] for x in o[4:]] == [[2, 1], [1, 1], [1, 1], [1, 1]]
-    ys = [torch.full((x["num_recv"], 2), float(2 ** r), dtype=bf16) for r, x in enumerate(o)]
+    ys = [torch.full((x["num_recv"], 2), float(2**r), dtype=bf16) for r, x in enumerate(o)]
     c = ref.internode_combine(ys, o)
     assert_eq(c[0]["combined_x"], T([[16 + 32 + 128] * 2, [16] * 2], bf16))
     assert_eq(c[2]["combined_x"], T([[0, 0]], bf16))
@@ -376,8 +463,12 @@ def test_fp8_dispatch_and_cached(kind):
     bf = dispatch_b()
     cached = ref.internode_cached_dispatch(fp8_xs, o)
     # Receive order of case B, by hand: (source rank, token) per row.
-    order = {0: [(0, 0), (1, 0), (2, 1)], 1: [(0, 1), (2, 0)], 2: [(0, 0), (1, 0), (2, 1), (3, 0)],
-             3: [(0, 0), (0, 2), (2, 0), (3, 0)]}
+    order = {
+        0: [(0, 0), (1, 0), (2, 1)],
+        1: [(0, 1), (2, 0)],
+        2: [(0, 0), (1, 0), (2, 1), (3, 0)],
+        3: [(0, 0), (0, 2), (2, 0), (3, 0)],
+    }
     for me, rows in order.items():
         rx, rs = o[me]["recv_x"], o[me]["recv_x_scales"]
         assert rx.dtype == fp8 and rs.dtype == fp8_xs[0][1].dtype and rs.is_contiguous()
@@ -399,10 +490,10 @@ def test_layout_per_node_counts_hand():
     idx = T([[0, 5, 7], [2, -1, 3], [6, -1, -1], [-1, -1, -1]], i64)  # case B rank 0 plus a token to nowhere
     per_rank, per_node, per_expert, in_rank = ref.dispatch_layout(idx, 8, 4, num_ranks_per_node=2)
     assert_eq(per_rank, T([1, 1, 1, 2], i32))
-    assert_eq(per_node, T([2, 2], i32))                     # node 0: t0, t1; node 1: t0, t2
+    assert_eq(per_node, T([2, 2], i32))  # node 0: t0, t1; node 1: t0, t2
     assert_eq(ref.dispatch_layout(idx, 8, 4, 1)[1], T([1, 1, 1, 2], i32))  # G = 1: nodes are ranks
-    assert ref.dispatch_layout(idx, 8, 4, 4)[1] is None     # one node of 4
-    assert ref.dispatch_layout(idx, 8, 4)[1] is None        # DeepEP's default G = 8: R <= 8 is one node
+    assert ref.dispatch_layout(idx, 8, 4, 4)[1] is None  # one node of 4
+    assert ref.dispatch_layout(idx, 8, 4)[1] is None  # DeepEP's default G = 8: R <= 8 is one node
     assert_eq(ref.dispatch_layout(idx, 16, 16)[1], T([3, 0], i32))  # R = 16, G = 8: experts 0..7 on node 0
     assert_eq(ref.dispatch_layout(idx, 16, 16, 2)[1], T([1, 1, 1, 2, 0, 0, 0, 0], i32))  # t0: n0 n2 n3; t1: n1; t2: n3
     with pytest.raises(ValueError, match="multiple of 3"):
@@ -421,8 +512,7 @@ def random_routing(seed, R, L, K, max_tokens, H=2):
     xs, idxs, ws = [], [], []
     for r in range(R):
         n = int(torch.randint(0, max_tokens + 1, (1,), generator=g))
-        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]) if n else \
-            torch.empty(0, K, dtype=i64)
+        idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(n)]) if n else torch.empty(0, K, dtype=i64)
         idx = torch.where(torch.rand(n, K, generator=g) < 0.25, torch.full_like(idx, -1), idx)
         idxs.append(idx)
         ws.append(torch.rand(n, K, generator=g))
@@ -433,8 +523,7 @@ def random_routing(seed, R, L, K, max_tokens, H=2):
 def loop_expected(idxs, R, G, L, C):
     """Every handle field and the receive order of every rank, with plain Python loops over lists."""
     NN = R // G
-    routes = [[[any(e >= 0 and e // L == d for e in row) for d in range(R)] for row in idx.tolist()]
-              for idx in idxs]
+    routes = [[[any(e >= 0 and e // L == d for e in row) for d in range(R)] for row in idx.tolist()] for idx in idxs]
     hit = [[[any(rt[t][n * G + l] for l in range(G)) for n in range(NN)] for t in range(len(rt))] for rt in routes]
     chan = [[c for c, (b, e) in enumerate(ref.channel_ranges(len(rt), C)) for _ in range(b, e)] for rt in routes]
 
@@ -446,34 +535,50 @@ def loop_expected(idxs, R, G, L, C):
         m, j = divmod(me, G)
         rows = [(s, t) for s in range(R) for t in range(len(routes[s])) if routes[s][t][me]]
         per_src = [sum(1 for s, _ in rows if s == src) for src in range(R)]
-        gbl_prefix = [sum(per_src[:src + 1]) for src in range(R)]
+        gbl_prefix = [sum(per_src[: src + 1]) for src in range(R)]
         fwd = [(n, t) for n in range(NN) for t in range(len(routes[n * G + j])) if hit[n * G + j][t][m]]
         fwd_prefix = [sum(1 for n, _ in fwd if n <= s) for s in range(NN)]
         nvl_head = []
         for n, t in fwd:
             src = n * G + j
-            nvl_head.append([sum(routes[src][u][m * G + l] for u in range(t)) if routes[src][t][m * G + l] else -1
-                             for l in range(G)])
+            nvl_head.append(
+                [
+                    sum(routes[src][u][m * G + l] for u in range(t)) if routes[src][t][m * G + l] else -1
+                    for l in range(G)
+                ]
+            )
         rdma_head = []
         for t in range(len(routes[me])):
-            rdma_head.append([sum(hit[me][u][n] for u in range(t) if chan[me][u] == chan[me][t])
-                              if hit[me][t][n] else -1 for n in range(NN)])
-        out.append({
-            "rows": rows,
-            "rdma_channel_prefix_matrix": [prefix_by_channel(hit[me], chan[me], n) for n in range(NN)],
-            "gbl_channel_prefix_matrix": [prefix_by_channel(routes[me], chan[me], d) for d in range(R)],
-            "recv_rdma_channel_prefix_matrix": [prefix_by_channel(hit[s * G + j], chan[s * G + j], m)
-                                                for s in range(NN)],
-            "recv_rdma_rank_prefix_sum": fwd_prefix,
-            "recv_gbl_channel_prefix_matrix": [
-                [(gbl_prefix[src - 1] if src else 0) + (prefix_by_channel(routes[src], chan[src], me)[c - 1] if c else 0)
-                 for c in range(C)] for src in range(R)],
-            "recv_gbl_rank_prefix_sum": gbl_prefix,
-            "meta": [(s // G, sum(routes[s][t][m * G + l] << l for l in range(G))) for s, t in rows],
-            "send_rdma_head": rdma_head,
-            "send_nvl_head": nvl_head,
-            "num_tokens_per_rdma_rank": [sum(hit[me][t][n] for t in range(len(routes[me]))) for n in range(NN)],
-        })
+            rdma_head.append(
+                [
+                    sum(hit[me][u][n] for u in range(t) if chan[me][u] == chan[me][t]) if hit[me][t][n] else -1
+                    for n in range(NN)
+                ]
+            )
+        out.append(
+            {
+                "rows": rows,
+                "rdma_channel_prefix_matrix": [prefix_by_channel(hit[me], chan[me], n) for n in range(NN)],
+                "gbl_channel_prefix_matrix": [prefix_by_channel(routes[me], chan[me], d) for d in range(R)],
+                "recv_rdma_channel_prefix_matrix": [
+                    prefix_by_channel(hit[s * G + j], chan[s * G + j], m) for s in range(NN)
+                ],
+                "recv_rdma_rank_prefix_sum": fwd_prefix,
+                "recv_gbl_channel_prefix_matrix": [
+                    [
+                        (gbl_prefix[src - 1] if src else 0)
+                        + (prefix_by_channel(routes[src], chan[src], me)[c - 1] if c else 0)
+                        for c in range(C)
+                    ]
+                    for src in range(R)
+                ],
+                "recv_gbl_rank_prefix_sum": gbl_prefix,
+                "meta": [(s // G, sum(routes[s][t][m * G + l] << l for l in range(G))) for s, t in rows],
+                "send_rdma_head": rdma_head,
+                "send_nvl_head": nvl_head,
+                "num_tokens_per_rdma_rank": [sum(hit[me][t][n] for t in range(len(routes[me]))) for n in range(NN)],
+            }
+        )
     return out
 
 
@@ -481,8 +586,18 @@ def as_list(t):
     return t.tolist()
 
 
-SHAPES = [(2, 1, 2, 3), (2, 8, 1, 6), (3, 2, 2, 3), (4, 2, 1, 4), (2, 4, 2, 3), (8, 2, 1, 2), (16, 1, 2, 2),
-          (32, 1, 1, 3), (32, 2, 1, 2), (32, 8, 1, 2)]
+SHAPES = [
+    (2, 1, 2, 3),
+    (2, 8, 1, 6),
+    (3, 2, 2, 3),
+    (4, 2, 1, 4),
+    (2, 4, 2, 3),
+    (8, 2, 1, 2),
+    (16, 1, 2, 2),
+    (32, 1, 1, 3),
+    (32, 2, 1, 2),
+    (32, 8, 1, 2),
+]
 
 
 @pytest.mark.parametrize("N,G,L,C", SHAPES)
@@ -496,8 +611,14 @@ def test_random_routing_vs_loop(N, G, L, C):
         assert x["num_recv"] == len(w["rows"]) and x["num_rdma_recv"] == len(w["send_nvl_head"])
         for j, (s, t) in enumerate(w["rows"]):
             assert torch.equal(x["recv_x"][j], xs[s][t])
-        for name in ("rdma_channel_prefix_matrix", "gbl_channel_prefix_matrix", "recv_rdma_channel_prefix_matrix",
-                     "recv_rdma_rank_prefix_sum", "recv_gbl_channel_prefix_matrix", "recv_gbl_rank_prefix_sum"):
+        for name in (
+            "rdma_channel_prefix_matrix",
+            "gbl_channel_prefix_matrix",
+            "recv_rdma_channel_prefix_matrix",
+            "recv_rdma_rank_prefix_sum",
+            "recv_gbl_channel_prefix_matrix",
+            "recv_gbl_rank_prefix_sum",
+        ):
             assert as_list(x[name]) == w[name], name
         assert as_list(x["send_rdma_head"]) == (w["send_rdma_head"] or [])
         assert as_list(x["send_nvl_head"]) == w["send_nvl_head"]
@@ -521,7 +642,7 @@ def test_random_combine_vs_loop(N, G):
     xs, idxs, ws, E = random_routing(7 + R, R, L=2, K=4, max_tokens=6, H=16)
     o = ref.internode_dispatch(xs, idxs, ws, E, 2, G)
     g = torch.Generator().manual_seed(5)
-    palette = T([2.0 ** 9, -2.0 ** 9, 1.0, 3.0, -0.5, 2.0 ** -3], bf16)  # order- and rounding-sensitive sums
+    palette = T([2.0**9, -(2.0**9), 1.0, 3.0, -0.5, 2.0**-3], bf16)  # order- and rounding-sensitive sums
 
     def pick(n):
         return palette[torch.randint(0, len(palette), (n, 16), generator=g)]
@@ -592,10 +713,10 @@ def test_one_node_with_bias_rounds_twice():
     ws = [torch.ones(1, 2), torch.empty(0, 2)]
     inter = ref.internode_dispatch(xs, idx, ws, 2, 1, 2)
     intra = ref.intranode_dispatch(xs, idx, ws, 2, 1)
-    ys = [T([[1.0]], bf16), T([[2.0 ** -8]], bf16)]
-    bias = [T([[2.0 ** -8]], bf16), None]
+    ys = [T([[1.0]], bf16), T([[2.0**-8]], bf16)]
+    bias = [T([[2.0**-8]], bf16), None]
     # intranode: bf16(2^-8 + 1 + 2^-8) = bf16(1 + 2^-7) = 1 + 2^-7
-    assert ref.intranode_combine(ys, intra, biases=bias)[0]["combined_x"].item() == 1 + 2 ** -7
+    assert ref.intranode_combine(ys, intra, biases=bias)[0]["combined_x"].item() == 1 + 2**-7
     # internode: the node partial bf16(1 + 2^-8) ties to even = 1, then bf16(2^-8 + 1) = 1
     assert ref.internode_combine(ys, inter, biases=bias)[0]["combined_x"].item() == 1.0
 
@@ -606,13 +727,13 @@ def test_two_level_rounding_differs_from_single_sum():
     xs = [torch.zeros(1, 1, dtype=bf16)] + [torch.empty(0, 1, dtype=bf16)] * 3
     ws = [torch.ones(1, 3)] + [torch.empty(0, 3)] * 3
     o = ref.internode_dispatch(xs, idx, ws, 4, 1, 2)
-    ys = [T([[1.0]], bf16), T([[2.0 ** -8]], bf16), T([[2.0 ** -8]], bf16), torch.empty(0, 1, dtype=bf16)]
-    single = (torch.zeros(1) + 1.0 + 2.0 ** -8 + 2.0 ** -8).to(bf16)  # one f32 sum, one rounding
-    assert single.item() == 1 + 2 ** -7
+    ys = [T([[1.0]], bf16), T([[2.0**-8]], bf16), T([[2.0**-8]], bf16), torch.empty(0, 1, dtype=bf16)]
+    single = (torch.zeros(1) + 1.0 + 2.0**-8 + 2.0**-8).to(bf16)  # one f32 sum, one rounding
+    assert single.item() == 1 + 2**-7
     # node 0: bf16(1 + 2^-8) = 1 (tie to even); + node 1's 2^-8 = 1 + 2^-8 -> bf16 = 1
     assert ref.internode_combine(ys, o)[0]["combined_x"].item() == 1.0
     # The same routing on one node of 4 is the single sum.
-    assert ref.intranode_combine(ys, ref.intranode_dispatch(xs, idx, ws, 4, 1))[0]["combined_x"].item() == 1 + 2 ** -7
+    assert ref.intranode_combine(ys, ref.intranode_dispatch(xs, idx, ws, 4, 1))[0]["combined_x"].item() == 1 + 2**-7
 
 
 @pytest.mark.parametrize("N", [2, 4])
@@ -623,7 +744,7 @@ def test_one_rank_per_node_equals_single_sum(N):
     inter = ref.internode_dispatch(xs, idxs, ws, E, 2, 1)
     intra = ref.intranode_dispatch(xs, idxs, ws, E, 2)
     g = torch.Generator().manual_seed(N)
-    palette = T([2.0 ** 30, -2.0 ** 30, 1.0, 3.0, -0.5], bf16)
+    palette = T([2.0**30, -(2.0**30), 1.0, 3.0, -0.5], bf16)
 
     def pick(n):
         return palette[torch.randint(0, len(palette), (n, 16), generator=g)]
@@ -675,8 +796,9 @@ def test_the_per_expert_list_comes_without_topk_too():
     for me in range(4):  # local experts me*2, me*2+1: sum over sources r of (e + r)
         e0 = 2 * me
         assert got[me]["num_recv_tokens_per_expert_list"] == [4 * e0 + 6, 4 * (e0 + 1) + 6]
-    aligned = ref.internode_dispatch(B_X, None, None, 8, 2, 2, expert_alignment=4, is_token_in_ranks=routes,
-                                     num_tokens_per_experts=counts)
+    aligned = ref.internode_dispatch(
+        B_X, None, None, 8, 2, 2, expert_alignment=4, is_token_in_ranks=routes, num_tokens_per_experts=counts
+    )
     assert aligned[0]["num_recv_tokens_per_expert_list"] == [8, 12]  # 6 -> 8, 10 -> 12
     with pytest.raises(ValueError, match="one entry per rank"):
         ref.internode_dispatch(B_X, None, None, 8, 2, 2, is_token_in_ranks=routes, num_tokens_per_experts=counts[:3])

@@ -1,4 +1,5 @@
 """CPU tests of ep_rt.reference_ll: hand-worked LL dispatch / combine cases and the LogFMT-10 codec."""
+
 import math
 
 import pytest
@@ -9,8 +10,14 @@ from ep_rt import reference_ll as ll
 
 from .exact import T as Tn, assert_eq
 
-i32, i64, f32, f64, bf16, fp8 = torch.int32, torch.int64, torch.float32, torch.float64, torch.bfloat16, \
-    torch.float8_e4m3fn
+i32, i64, f32, f64, bf16, fp8 = (
+    torch.int32,
+    torch.int64,
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float8_e4m3fn,
+)
 
 
 def rng(begin, count):
@@ -30,12 +37,11 @@ def rng(begin, count):
 # ----------------------------------------------------------------------------------------
 R, E, L, TMAX, H = 2, 4, 2, 4, 128
 IDX = [Tn([[1, 2], [2, 2], [-1, 0]], i64), Tn([[3, 0], [0, -1]], i64)]
-BASE = (torch.arange(H) % 4 + 1).to(f32)           # channel pattern 1,2,3,4,1,2,...
-V = [[1.0, 2.0, -1.0], [0.5, 3.0]]                   # xs[r][t] = V[r][t] * BASE
+BASE = (torch.arange(H) % 4 + 1).to(f32)  # channel pattern 1,2,3,4,1,2,...
+V = [[1.0, 2.0, -1.0], [0.5, 3.0]]  # xs[r][t] = V[r][t] * BASE
 XS = [torch.stack([v * BASE for v in vs]).to(bf16) for vs in V]
 # (source rank, token) of every valid row, per receiving rank and local expert.
-ROWS = {(0, 0): [(0, 2), (1, 0), (1, 1)], (0, 1): [(0, 0)],
-        (1, 0): [(0, 0), (0, 1), (0, 1)], (1, 1): [(1, 0)]}
+ROWS = {(0, 0): [(0, 2), (1, 0), (1, 1)], (0, 1): [(0, 0)], (1, 0): [(0, 0), (0, 1), (0, 1)], (1, 1): [(1, 0)]}
 
 
 def hand_dispatch(**kw):
@@ -80,14 +86,14 @@ def test_dispatch_fp8_payload_and_scales():
         for l in range(L):
             rows = ROWS[(me, l)]
             for row, (s, t) in enumerate(rows):
-                v, s_inv = ref.per_token_cast_to_fp8(XS[s][t:t + 1])  # the cast of that one token
+                v, s_inv = ref.per_token_cast_to_fp8(XS[s][t : t + 1])  # the cast of that one token
                 assert_eq(x[l, row], v[0])
                 assert_eq(sc[l, row], s_inv[0])
-            assert not x[l, len(rows):].view(torch.uint8).any()
-            assert not sc[l, len(rows):].any()
+            assert not x[l, len(rows) :].view(torch.uint8).any()
+            assert not sc[l, len(rows) :].any()
     # Rank 0, expert 0, row 1 = rank 1's token 0 = 0.5 * BASE: amax = 2 -> scale_inv = 2 * f32(1/448),
     # values 448 / 2 * x = 112 * BASE -> e4m3 112, 224, 320 (336 is a tie between 320 and 352 -> even), 448.
-    expected_scale = (Tn([2.0], f32) * Tn([1 / 448], f32))
+    expected_scale = Tn([2.0], f32) * Tn([1 / 448], f32)
     assert_eq(out[0]["packed_recv_x_scales"][0, 1], expected_scale)
     assert_eq(out[0]["packed_recv_x"][0, 1, :4].float(), Tn([112, 224, 320, 448], f32))
 
@@ -96,7 +102,7 @@ def test_dispatch_round_scale_f32_values():
     out = hand_dispatch(use_fp8=True, round_scale=True)
     # Rank 1 expert 0 rows: rank 0 tokens 0, 1, 1 with amax 4, 8, 8.
     # 4/448 -> 2**ceil(log2(0.00893)) = 2**-6;  8/448 -> 2**-5.
-    assert_eq(out[1]["packed_recv_x_scales"][0, :4], Tn([[2.0 ** -6], [2.0 ** -5], [2.0 ** -5], [0.0]], f32))
+    assert_eq(out[1]["packed_recv_x_scales"][0, :4], Tn([[2.0**-6], [2.0**-5], [2.0**-5], [0.0]], f32))
     # Values are x * 2**6 = 64 * BASE for token 0: 64, 128, 192, 256 (all exact in e4m3).
     assert_eq(out[1]["packed_recv_x"][0, 0, :4].float(), Tn([64, 128, 192, 256], f32))
 
@@ -119,7 +125,7 @@ def test_dispatch_ue8m0_packed_h512():
     word = word - (1 << 32) if word >= 1 << 31 else word
     assert_eq(sc[1], Tn([[word], [0], [0], [0]], i32))
     assert not sc[0].any()
-    assert_eq(ref.unpack_ue8m0(sc[1, 0]), Tn([2.0 ** -8, 2.0 ** -7, 2.0 ** -9, 1.0], f32))
+    assert_eq(ref.unpack_ue8m0(sc[1, 0]), Tn([2.0**-8, 2.0**-7, 2.0**-9, 1.0], f32))
     x = out[1]["packed_recv_x"][1, 0].float()
     # x * 2**8 = 256, -128 in group 0; x * 2**7 = 256, -128 in group 1; 256, -128; 448, -224.
     assert_eq(x[[0, 1, 128, 129, 256, 257, 384, 385]], Tn([256, -128, 256, -128, 256, -128, 448, -224], f32))
@@ -230,8 +236,9 @@ def _loop_combine(outs, idx, w, disp, me):
                     continue
                 o, l = e // L, e % L
                 begin = int(disp[o]["packed_recv_layout_range"][l, me]) >> 32
-                before = [(tt, kk) for tt in range(N) for kk in range(K) if int(idx[me][tt, kk]) == e
-                          and (tt, kk) < (t, k)]
+                before = [
+                    (tt, kk) for tt in range(N) for kk in range(K) if int(idx[me][tt, kk]) == e and (tt, kk) < (t, k)
+                ]
                 y = outs[o][l, begin + len(before), c].float()
                 prod = w[me][t, k] * y
                 acc = acc + prod
@@ -246,29 +253,30 @@ def test_combine_no_fma_and_order():
     # Token 1 (rank 0): k0 -> e1 with w*y = (1 + 2**-8) * 1, k1/k2 -> e2/e3 with 2**-24 * 1 each. Ascending order:
     # (1 + 2**-8) + 2**-24 ties back to 1 + 2**-8 twice -> bf16 1.0; reversed order would give
     # 2**-23 + (1 + 2**-8) -> bf16 1 + 2**-7.
-    w_fma = Tn([1072902964], i32).view(f32)[0]          # f32 ~1.9000001
-    y_fma = 1.0546875                                    # bf16
+    w_fma = Tn([1072902964], i32).view(f32)[0]  # f32 ~1.9000001
+    y_fma = 1.0546875  # bf16
     idx = [Tn([[0, 2, -1], [1, 2, 3]], i64), torch.zeros(0, 3, dtype=i64)]
-    w = [torch.stack([torch.stack([Tn(1.0, f32), w_fma, Tn(0.0, f32)]),
-                      Tn([1 + 2.0 ** -8, 2.0 ** -24, 2.0 ** -24], f32)]),
-         torch.zeros(0, 3, dtype=f32)]
+    w = [
+        torch.stack([torch.stack([Tn(1.0, f32), w_fma, Tn(0.0, f32)]), Tn([1 + 2.0**-8, 2.0**-24, 2.0**-24], f32)]),
+        torch.zeros(0, 3, dtype=f32),
+    ]
     xs = [torch.zeros(2, H, dtype=bf16), torch.zeros(0, H, dtype=bf16)]
     disp = ll.low_latency_dispatch(xs, idx, 2, 4, use_fp8=False)
     outs = [torch.zeros(L, R * 2, H, dtype=bf16) for _ in range(R)]
-    outs[0][0, 0] = -1.0                 # e0 row of (0, t0, k0)
-    outs[0][1, 0] = 1.0                  # e1 row of (0, t1, k0)
-    outs[1][0, 0] = y_fma                # e2 row of (0, t0, k1)
-    outs[1][0, 1] = 1.0                  # e2 row of (0, t1, k1)
-    outs[1][1, 0] = 1.0                  # e3 row of (0, t1, k2)
+    outs[0][0, 0] = -1.0  # e0 row of (0, t0, k0)
+    outs[0][1, 0] = 1.0  # e1 row of (0, t1, k0)
+    outs[1][0, 0] = y_fma  # e2 row of (0, t0, k1)
+    outs[1][0, 1] = 1.0  # e2 row of (0, t1, k1)
+    outs[1][1, 0] = 1.0  # e3 row of (0, t1, k2)
     out = ll.low_latency_combine(outs, idx, w, disp)
     got = out[0]["combined_x"]
     assert_eq(got, Tn([[1.0], [1.0]], f32).expand(2, H).to(bf16))
     assert_eq(got, _loop_combine(outs, idx, w, disp, 0))
     # The case discriminates: a fused multiply-add / the reversed order would differ.
     fused = torch.tensor(-1.0 + float(w_fma) * y_fma, dtype=f64).to(f32).to(bf16)
-    assert float(fused) == 1 + 2.0 ** -7
-    rev = (Tn(2.0 ** -24, f32) + Tn(2.0 ** -24, f32)) + Tn(1 + 2.0 ** -8, f32)
-    assert float(rev.to(bf16)) == 1 + 2.0 ** -7
+    assert float(fused) == 1 + 2.0**-7
+    rev = (Tn(2.0**-24, f32) + Tn(2.0**-24, f32)) + Tn(1 + 2.0**-8, f32)
+    assert float(rev.to(bf16)) == 1 + 2.0**-7
 
 
 def test_combine_random_matches_loop():
@@ -301,14 +309,14 @@ def test_combine_logfmt_applies_roundtrip():
 # ----------------------------------------------------------------------------------------
 def _code(x, log_amax, log_amin):
     step = (log_amax - log_amin) / 510
-    rho = 2 - math.log2((1 + 2 ** step) / 2) / step
+    rho = 2 - math.log2((1 + 2**step) / 2) / step
     return min(math.floor(max((math.log2(abs(x)) - log_amin) / step + rho, 0)), 511) if x != 0 else 0
 
 
 def test_logfmt_hand_codes():
     # One division: amax = 0.5 (log2 = -1), amin = 2**-11 -> log_amin = -11, step = 10/510 = 1/51,
     # rho = 2 - log2((1 + 2**(1/51)) / 2) * 51 ~ 1.498.
-    vals = {0: 0.5, 1: -0.125, 2: 0.25, 3: 2.0 ** -11, 4: 0.30078125, 5: 0.0, 6: -0.0}
+    vals = {0: 0.5, 1: -0.125, 2: 0.25, 3: 2.0**-11, 4: 0.30078125, 5: 0.0, 6: -0.0}
     x = torch.zeros(1, 128)
     for c, v in vals.items():
         x[0, c] = v
@@ -316,7 +324,7 @@ def test_logfmt_hand_codes():
     enc = ll.logfmt_encode(x)
     assert_eq(enc["castable"], Tn([[True]], torch.bool))
     assert_eq(enc["amax"], Tn([[0.5]], bf16))
-    assert_eq(enc["amin"], Tn([[2.0 ** -11]], bf16))
+    assert_eq(enc["amin"], Tn([[2.0**-11]], bf16))
     rho = 2 - math.log2((1 + 2 ** (1 / 51)) / 2) * 51
     assert 1.49 < rho < 1.51
     # 0.5: 10*51 + rho -> 511; 0.125: 8*51 + rho -> 409; 0.25: 9*51 + rho -> 460; 2**-11: rho -> 1;
@@ -329,7 +337,7 @@ def test_logfmt_hand_codes():
     dec = ll.logfmt_decode(enc)
     # Powers of two come back exactly (2**((code-1)/51 - 11)); 0.30078125 -> 2**(473/51 - 11) = 0.30198
     # -> bf16 0.302734375; zeros stay zero.
-    assert dec[0, :7].float().tolist() == [0.5, -0.125, 0.25, 2.0 ** -11, 0.302734375, 0.0, 0.0]
+    assert dec[0, :7].float().tolist() == [0.5, -0.125, 0.25, 2.0**-11, 0.302734375, 0.0, 0.0]
     assert not dec[0, 7:].any()
     assert_eq(ll.logfmt_roundtrip(x), dec)
 
@@ -354,10 +362,18 @@ def test_logfmt_hand_codes():
 #     0.43359375     -1.205584  481.49921  0.49921  482    482
 #     -> rho pinned to [2 - 0.50465, 2 - 0.50286) = [1.49535, 1.49714)
 LOGFMT_OFFSET_CASE = [  # (division, channel, x, code)
-    (0, 0, 0.5, 511), (0, 1, 2.0 ** -40, 0), (0, 2, 0.376953125, 504), (0, 3, -0.000507354736328125, 353),
-    (0, 4, 0.0042724609375, 401), (0, 5, -(2.0 ** -33), 1),
-    (1, 0, -0.9375, 511), (1, 1, 2.0 ** -20, 1), (1, 2, 0.07470703125, 417), (1, 3, -0.12158203125, 435),
-    (1, 4, 0.018798828125, 367), (1, 5, 0.43359375, 482),
+    (0, 0, 0.5, 511),
+    (0, 1, 2.0**-40, 0),
+    (0, 2, 0.376953125, 504),
+    (0, 3, -0.000507354736328125, 353),
+    (0, 4, 0.0042724609375, 401),
+    (0, 5, -(2.0**-33), 1),
+    (1, 0, -0.9375, 511),
+    (1, 1, 2.0**-20, 1),
+    (1, 2, 0.07470703125, 417),
+    (1, 3, -0.12158203125, 435),
+    (1, 4, 0.018798828125, 367),
+    (1, 5, 0.43359375, 482),
 ]
 
 
@@ -370,8 +386,9 @@ def test_logfmt_codes_pin_the_rounding_offset():
     enc = ll.logfmt_encode(x)
     assert_eq(enc["castable"], Tn([[True, True]], torch.bool))
     assert [int(enc["codes"][0, d, c]) for d, c, _, _ in LOGFMT_OFFSET_CASE] == [k for *_, k in LOGFMT_OFFSET_CASE]
-    assert [bool(enc["signs"][0, d, c]) for d, c, _, _ in LOGFMT_OFFSET_CASE] == [v < 0 for _, _, v, _ in
-                                                                                 LOGFMT_OFFSET_CASE]
+    assert [bool(enc["signs"][0, d, c]) for d, c, _, _ in LOGFMT_OFFSET_CASE] == [
+        v < 0 for _, _, v, _ in LOGFMT_OFFSET_CASE
+    ]
     assert not enc["codes"][0, :, 6:].any()
     # The case discriminates (plain double-precision formula, not the reference): an offset of 1.5, or one at
     # either end of the pinned intervals, changes some code.
@@ -386,7 +403,7 @@ def test_logfmt_codes_pin_the_rounding_offset():
         return out
 
     def rho(step):
-        return 2 - math.log2((1 + 2 ** step) / 2) / step
+        return 2 - math.log2((1 + 2**step) / 2) / step
 
     assert codes(rho) == [k for *_, k in LOGFMT_OFFSET_CASE]
     for wrong in (lambda s: 1.5, lambda s: rho(s) + 7e-4, lambda s: rho(s) - 7e-4, lambda s: 1.4999):
@@ -396,27 +413,26 @@ def test_logfmt_codes_pin_the_rounding_offset():
 def test_logfmt_log_range_clamp():
     # amax = 0.5, amin = 2**-40: log_amin = max(-40, -1 - 32) = -33, step = 32/510. 2**-40 -> code 0.
     x = torch.zeros(1, 128)
-    x[0, 0], x[0, 1], x[0, 2] = 0.5, 2.0 ** -40, 2.0 ** -33
+    x[0, 0], x[0, 1], x[0, 2] = 0.5, 2.0**-40, 2.0**-33
     enc = ll.logfmt_encode(x.to(bf16))
-    assert enc["codes"][0, 0, :3].tolist() == [511, 0, 1] == [_code(v, -1.0, -33.0) for v in (0.5, 2.0 ** -40,
-                                                                                              2.0 ** -33)]
+    assert enc["codes"][0, 0, :3].tolist() == [511, 0, 1] == [_code(v, -1.0, -33.0) for v in (0.5, 2.0**-40, 2.0**-33)]
     dec = ll.logfmt_decode(enc)
-    assert dec[0, :3].float().tolist() == [0.5, 0.0, 2.0 ** -33]
+    assert dec[0, :3].float().tolist() == [0.5, 0.0, 2.0**-33]
 
 
 def test_logfmt_non_castable_divisions():
     g = torch.Generator().manual_seed(2)
-    x = (torch.rand(4, 128, generator=g) - 0.5).to(bf16)   # 4 divisions of one row each
+    x = (torch.rand(4, 128, generator=g) - 0.5).to(bf16)  # 4 divisions of one row each
     x = x.reshape(1, 512).clone()
-    x[0, 5] = 1.0                   # division 0: |x| >= 1 -> not encoded
-    x[0, 128:256] = 0.0             # division 1: all zero -> not encoded
-    x[0, 256:384] = 0.0             # division 2: amin == amax (only +-0.25 present) -> not encoded
+    x[0, 5] = 1.0  # division 0: |x| >= 1 -> not encoded
+    x[0, 128:256] = 0.0  # division 1: all zero -> not encoded
+    x[0, 256:384] = 0.0  # division 2: amin == amax (only +-0.25 present) -> not encoded
     x[0, 256], x[0, 300] = 0.25, -0.25
-    x[0, 400] = -0.7                # division 3: castable
+    x[0, 400] = -0.7  # division 3: castable
     enc = ll.logfmt_encode(x)
     assert_eq(enc["castable"], Tn([[False, False, False, True]], torch.bool))
     rt = ll.logfmt_roundtrip(x)
-    assert_eq(rt[0, :384], x[0, :384])                        # bit-exact bf16 passthrough
+    assert_eq(rt[0, :384], x[0, :384])  # bit-exact bf16 passthrough
     assert not torch.equal(rt[0, 384:], x[0, 384:])
     assert_eq(ll.logfmt_roundtrip(torch.zeros(2, 3, 256, dtype=bf16)), torch.zeros(2, 3, 256, dtype=bf16))
     # Non-finite values make a division non-castable (kept as is).
@@ -443,25 +459,28 @@ def test_logfmt_roundtrip_relative_error():
 # ----------------------------------------------------------------------------------------
 # Validation
 # ----------------------------------------------------------------------------------------
-@pytest.mark.parametrize("mutate,exc,match", [
-    (lambda a: a.update(xs=[XS[0].float(), XS[1]]), TypeError, "dtype"),
-    (lambda a: a.update(xs=[XS[0].unsqueeze(0), XS[1]]), ValueError, "2-D"),
-    (lambda a: a.update(xs=[XS[0][:, :64], XS[1][:, :64]]), ValueError, "multiple of 128"),
-    (lambda a: a.update(xs=[XS[0][:, :128], XS[1][:, :64]]), ValueError, "hidden"),
-    (lambda a: a.update(num_max_dispatch_tokens_per_rank=2), ValueError, "num_max_dispatch_tokens"),
-    (lambda a: a.update(num_experts=3), ValueError, "divisible"),
-    (lambda a: a.update(topk_idxs=[IDX[0].to(torch.int16), IDX[1]]), TypeError, "dtype"),
-    (lambda a: a.update(topk_idxs=[IDX[0][:, 0], IDX[1]]), ValueError, "2-D"),
-    (lambda a: a.update(topk_idxs=[IDX[0][:2], IDX[1]]), ValueError, "rows"),
-    (lambda a: a.update(topk_idxs=[IDX[0], IDX[1][:, :1]]), ValueError, "top-k"),
-    (lambda a: a.update(topk_idxs=[IDX[0], Tn([[4, 0], [0, -1]], i64)]), ValueError, r"\[-1, 4\)"),
-    (lambda a: a.update(topk_idxs=[IDX[0], Tn([[-2, 0], [0, -1]], i64)]), ValueError, r"\[-1, 4\)"),
-    (lambda a: a.update(topk_idxs=[IDX[0]]), ValueError, "one entry per rank"),
-    (lambda a: a.update(use_ue8m0=True), ValueError, "round_scale"),
-    (lambda a: a.update(use_ue8m0=True, round_scale=True), ValueError, "512"),
-    (lambda a: a.update(masked_ranks=(2,)), ValueError, "masked_ranks"),
-    (lambda a: a.update(xs=[]), ValueError, "non-empty"),
-])
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (lambda a: a.update(xs=[XS[0].float(), XS[1]]), TypeError, "dtype"),
+        (lambda a: a.update(xs=[XS[0].unsqueeze(0), XS[1]]), ValueError, "2-D"),
+        (lambda a: a.update(xs=[XS[0][:, :64], XS[1][:, :64]]), ValueError, "multiple of 128"),
+        (lambda a: a.update(xs=[XS[0][:, :128], XS[1][:, :64]]), ValueError, "hidden"),
+        (lambda a: a.update(num_max_dispatch_tokens_per_rank=2), ValueError, "num_max_dispatch_tokens"),
+        (lambda a: a.update(num_experts=3), ValueError, "divisible"),
+        (lambda a: a.update(topk_idxs=[IDX[0].to(torch.int16), IDX[1]]), TypeError, "dtype"),
+        (lambda a: a.update(topk_idxs=[IDX[0][:, 0], IDX[1]]), ValueError, "2-D"),
+        (lambda a: a.update(topk_idxs=[IDX[0][:2], IDX[1]]), ValueError, "rows"),
+        (lambda a: a.update(topk_idxs=[IDX[0], IDX[1][:, :1]]), ValueError, "top-k"),
+        (lambda a: a.update(topk_idxs=[IDX[0], Tn([[4, 0], [0, -1]], i64)]), ValueError, r"\[-1, 4\)"),
+        (lambda a: a.update(topk_idxs=[IDX[0], Tn([[-2, 0], [0, -1]], i64)]), ValueError, r"\[-1, 4\)"),
+        (lambda a: a.update(topk_idxs=[IDX[0]]), ValueError, "one entry per rank"),
+        (lambda a: a.update(use_ue8m0=True), ValueError, "round_scale"),
+        (lambda a: a.update(use_ue8m0=True, round_scale=True), ValueError, "512"),
+        (lambda a: a.update(masked_ranks=(2,)), ValueError, "masked_ranks"),
+        (lambda a: a.update(xs=[]), ValueError, "non-empty"),
+    ],
+)
 def test_dispatch_validation(mutate, exc, match):
     args = dict(xs=XS, topk_idxs=IDX, num_max_dispatch_tokens_per_rank=TMAX, num_experts=E)
     mutate(args)
@@ -474,20 +493,28 @@ def _combine_args():
     return dict(expert_outs=scaled_expert_outs(disp), topk_idxs=IDX, topk_weights=W, dispatch_results=disp)
 
 
-@pytest.mark.parametrize("mutate,exc,match", [
-    (lambda a: a.update(expert_outs=[o.float() for o in a["expert_outs"]]), TypeError, "dtype"),
-    (lambda a: a.update(expert_outs=[o[0] for o in a["expert_outs"]]), ValueError, "3-D"),
-    (lambda a: a.update(expert_outs=[a["expert_outs"][0], a["expert_outs"][1][:, :4]]), ValueError, "shape"),
-    (lambda a: a.update(topk_weights=[W[0].to(bf16), W[1]]), TypeError, "dtype"),
-    (lambda a: a.update(topk_weights=[W[0][:, :1], W[1]]), ValueError, "shape"),
-    (lambda a: a.update(topk_idxs=[IDX[0].to(torch.int16), IDX[1]]), TypeError, "dtype"),
-    (lambda a: a.update(topk_idxs=[IDX[0], Tn([[4, 0], [0, -1]], i64)]), ValueError, r"\[-1, 4\)"),
-    (lambda a: a.update(topk_idxs=[torch.zeros(5, 2, dtype=i64), IDX[1]],
-                        topk_weights=[torch.zeros(5, 2), W[1]]), ValueError, "num_max_dispatch_tokens"),
-    (lambda a: a.update(topk_idxs=[Tn([[1, 2], [2, 3], [-1, 0]], i64), IDX[1]]), ValueError, "does not match"),
-    (lambda a: a.update(dispatch_results=a["dispatch_results"][:1]), ValueError, "one entry per rank"),
-    (lambda a: a.update(masked_ranks=(-1,)), ValueError, "masked_ranks"),
-])
+@pytest.mark.parametrize(
+    "mutate,exc,match",
+    [
+        (lambda a: a.update(expert_outs=[o.float() for o in a["expert_outs"]]), TypeError, "dtype"),
+        (lambda a: a.update(expert_outs=[o[0] for o in a["expert_outs"]]), ValueError, "3-D"),
+        (lambda a: a.update(expert_outs=[a["expert_outs"][0], a["expert_outs"][1][:, :4]]), ValueError, "shape"),
+        (lambda a: a.update(topk_weights=[W[0].to(bf16), W[1]]), TypeError, "dtype"),
+        (lambda a: a.update(topk_weights=[W[0][:, :1], W[1]]), ValueError, "shape"),
+        (lambda a: a.update(topk_idxs=[IDX[0].to(torch.int16), IDX[1]]), TypeError, "dtype"),
+        (lambda a: a.update(topk_idxs=[IDX[0], Tn([[4, 0], [0, -1]], i64)]), ValueError, r"\[-1, 4\)"),
+        (
+            lambda a: a.update(
+                topk_idxs=[torch.zeros(5, 2, dtype=i64), IDX[1]], topk_weights=[torch.zeros(5, 2), W[1]]
+            ),
+            ValueError,
+            "num_max_dispatch_tokens",
+        ),
+        (lambda a: a.update(topk_idxs=[Tn([[1, 2], [2, 3], [-1, 0]], i64), IDX[1]]), ValueError, "does not match"),
+        (lambda a: a.update(dispatch_results=a["dispatch_results"][:1]), ValueError, "one entry per rank"),
+        (lambda a: a.update(masked_ranks=(-1,)), ValueError, "masked_ranks"),
+    ],
+)
 def test_combine_validation(mutate, exc, match):
     args = _combine_args()
     mutate(args)
@@ -501,5 +528,6 @@ def test_logfmt_validation():
     with pytest.raises(TypeError, match="dtype"):
         ll.logfmt_encode(torch.zeros(2, 128))
     with pytest.raises(ValueError, match="multiple of 128"):
-        ll.low_latency_combine([torch.zeros(2, 8, 64, dtype=bf16)] * 2, IDX, W, hand_dispatch(use_fp8=False),
-                               use_logfmt=True)
+        ll.low_latency_combine(
+            [torch.zeros(2, 8, 64, dtype=bf16)] * 2, IDX, W, hand_dispatch(use_fp8=False), use_logfmt=True
+        )

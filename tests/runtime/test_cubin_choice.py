@@ -13,8 +13,15 @@ from ..repo import REPO
 
 def entry(family, flavour, arch, variant="default", nvshmem=False):
     min_driver = {"cu13": 13000, "cu12": 12080 if arch.startswith("sm_10") else 12000}[flavour]
-    return {"family": family, "flavour": flavour, "arch": arch, "variant": variant, "min_driver": min_driver,
-            "needs_nvshmem": nvshmem, "path": f"{flavour}/{arch}/{variant}/{family}.cubin"}
+    return {
+        "family": family,
+        "flavour": flavour,
+        "arch": arch,
+        "variant": variant,
+        "min_driver": min_driver,
+        "needs_nvshmem": nvshmem,
+        "path": f"{flavour}/{arch}/{variant}/{family}.cubin",
+    }
 
 
 def fake_manifest(archs=("sm_80", "sm_90", "sm_100")):
@@ -37,16 +44,19 @@ def pick(family, cc, driver, aggressive=False, forced=None, nvshmem=None, manife
     return e["flavour"], e["arch"], e["variant"]
 
 
-@pytest.mark.parametrize("cc, driver, want", [
-    ((9, 0), R580, ("cu13", "sm_90")),    # H100/H200 on r580: the flavour that has run on hardware
-    ((9, 0), R535, ("cu12", "sm_90")),    # H100 on r535: only CUDA 12 cubins load
-    ((10, 0), R580, ("cu13", "sm_100")),
-    ((10, 0), R570, ("cu12", "sm_100")),  # B200 on r570 (CUDA 12.8)
-    ((10, 3), R580, ("cu13", "sm_100")),  # B300 runs plain sm_100 cubins (same major, higher minor)
-    ((8, 0), R535, ("cu12", "sm_80")),    # A100
-    ((8, 6), R580, ("cu13", "sm_80")),    # an sm_86 GPU runs the sm_80 cubin
-    ((8, 9), R535, ("cu12", "sm_80")),
-])
+@pytest.mark.parametrize(
+    "cc, driver, want",
+    [
+        ((9, 0), R580, ("cu13", "sm_90")),  # H100/H200 on r580: the flavour that has run on hardware
+        ((9, 0), R535, ("cu12", "sm_90")),  # H100 on r535: only CUDA 12 cubins load
+        ((10, 0), R580, ("cu13", "sm_100")),
+        ((10, 0), R570, ("cu12", "sm_100")),  # B200 on r570 (CUDA 12.8)
+        ((10, 3), R580, ("cu13", "sm_100")),  # B300 runs plain sm_100 cubins (same major, higher minor)
+        ((8, 0), R535, ("cu12", "sm_80")),  # A100
+        ((8, 6), R580, ("cu13", "sm_80")),  # an sm_86 GPU runs the sm_80 cubin
+        ((8, 9), R535, ("cu12", "sm_80")),
+    ],
+)
 def test_flavour_and_arch_from_driver_and_gpu(cc, driver, want):
     assert pick("layout", cc, driver)[:2] == want
     assert pick("intranode", cc, driver) == (*want, "safe")
@@ -58,8 +68,13 @@ def test_cu12_sm100_needs_a_cuda_12_8_driver():
 
 
 def test_the_closest_minor_wins_and_a_targets_are_exact():
-    m = {"cubins": [entry("layout", "cu13", "sm_80"), entry("layout", "cu13", "sm_86"),
-                    entry("layout", "cu13", "sm_89a")]}
+    m = {
+        "cubins": [
+            entry("layout", "cu13", "sm_80"),
+            entry("layout", "cu13", "sm_86"),
+            entry("layout", "cu13", "sm_89a"),
+        ]
+    }
     assert pick("layout", (8, 7), R580, manifest=m)[1] == "sm_86"
     assert pick("layout", (8, 9), R580, manifest=m)[1] == "sm_89a"
     assert pick("layout", (8, 5), R580, manifest=m)[1] == "sm_80"
@@ -116,10 +131,17 @@ def test_drivers_older_than_cuda_12_are_refused():
         pick("layout", (9, 0), 11080)
 
 
-@pytest.mark.parametrize("bindings, driver, ok", [
-    ("12.9.4", R535, True), ("12.9.4", R580, True), ("13.5.0", R580, True), ("13.0.0", 13020, True),
-    ("13.5.0", R570, False), ("13.0.0", R535, False),
-])
+@pytest.mark.parametrize(
+    "bindings, driver, ok",
+    [
+        ("12.9.4", R535, True),
+        ("12.9.4", R580, True),
+        ("13.5.0", R580, True),
+        ("13.0.0", 13020, True),
+        ("13.5.0", R570, False),
+        ("13.0.0", R535, False),
+    ],
+)
 def test_cuda_bindings_must_fit_the_driver(bindings, driver, ok):
     if ok:
         choice.check_bindings(bindings, driver)

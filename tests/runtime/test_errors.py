@@ -1,4 +1,5 @@
 """Kernel error records become exceptions whose messages name the rank, the peer and the phase."""
+
 import ast
 import re
 
@@ -21,20 +22,39 @@ def test_clear_record_is_no_error():
     assert errors.error_from_record(record()) is None
 
 
-@pytest.mark.parametrize("fields,cls,words", [
-    (dict(code=1, phase=2, rank=0, peer=3, channel=-1, detail0=7, detail1=6), errors.CommTimeoutError,
-     ["rank 0", "rank 3", "notify", "EP_RT_TIMEOUT_S"]),
-    (dict(code=1, phase=8, rank=1, peer=0, channel=-1), errors.CommTimeoutError, ["rank 1", "low-latency combine"]),
-    (dict(code=1, phase=7, rank=1, peer=-1, channel=-1, detail0=300, detail1=528), errors.CommTimeoutError,
-     ["rank 1", "low-latency dispatch (receiving)", "its own kernel", "300", "528", "MPS"]),
-    (dict(code=2, phase=4, rank=0, peer=1, channel=0, detail0=900, detail1=800), errors.BufferTooSmallError,
-     ["900", "800", "num_nvl_bytes"]),
-    (dict(code=3, phase=4, rank=1, peer=1, detail0=70, detail1=64), errors.KernelError, ["num_worst_tokens=64"]),
-    (dict(code=4, phase=2, rank=0, peer=1, detail0=256, detail1=8), errors.KernelError, ["same hidden size"]),
-    (dict(code=5, phase=9, rank=0, peer=-1, detail0=300, detail1=288), errors.KernelError, ["300", "num_experts is 288"]),
-    (dict(code=2, phase=9, rank=0, peer=-1, detail0=129, detail1=128), errors.KernelError,
-     ["num_max_dispatch_tokens_per_rank"]),
-])
+@pytest.mark.parametrize(
+    "fields,cls,words",
+    [
+        (
+            dict(code=1, phase=2, rank=0, peer=3, channel=-1, detail0=7, detail1=6),
+            errors.CommTimeoutError,
+            ["rank 0", "rank 3", "notify", "EP_RT_TIMEOUT_S"],
+        ),
+        (dict(code=1, phase=8, rank=1, peer=0, channel=-1), errors.CommTimeoutError, ["rank 1", "low-latency combine"]),
+        (
+            dict(code=1, phase=7, rank=1, peer=-1, channel=-1, detail0=300, detail1=528),
+            errors.CommTimeoutError,
+            ["rank 1", "low-latency dispatch (receiving)", "its own kernel", "300", "528", "MPS"],
+        ),
+        (
+            dict(code=2, phase=4, rank=0, peer=1, channel=0, detail0=900, detail1=800),
+            errors.BufferTooSmallError,
+            ["900", "800", "num_nvl_bytes"],
+        ),
+        (dict(code=3, phase=4, rank=1, peer=1, detail0=70, detail1=64), errors.KernelError, ["num_worst_tokens=64"]),
+        (dict(code=4, phase=2, rank=0, peer=1, detail0=256, detail1=8), errors.KernelError, ["same hidden size"]),
+        (
+            dict(code=5, phase=9, rank=0, peer=-1, detail0=300, detail1=288),
+            errors.KernelError,
+            ["300", "num_experts is 288"],
+        ),
+        (
+            dict(code=2, phase=9, rank=0, peer=-1, detail0=129, detail1=128),
+            errors.KernelError,
+            ["num_max_dispatch_tokens_per_rank"],
+        ),
+    ],
+)
 def test_messages(fields, cls, words):
     e = errors.error_from_record(record(**fields))
     assert isinstance(e, cls)
@@ -86,8 +106,10 @@ ERRORS_PY = REPO / "ep_rt" / "errors.py"
 
 def header_codes_and_phases(text):
     """{name: value} of every `#define EP_RT_ERR_* N` and `#define EP_RT_PHASE_* N` in a header."""
-    return {name: int(value) for name, value in
-            re.findall(r"^[ \t]*#[ \t]*define[ \t]+(EP_RT_(?:ERR|PHASE)_\w+)[ \t]+(\d+)\b", text, re.M)}
+    return {
+        name: int(value)
+        for name, value in re.findall(r"^[ \t]*#[ \t]*define[ \t]+(EP_RT_(?:ERR|PHASE)_\w+)[ \t]+(\d+)\b", text, re.M)
+    }
 
 
 def missing_words(text):
@@ -97,8 +119,10 @@ def missing_words(text):
             problems.append(f"{name} = {value} in params.h, {getattr(params, name, None)} in ep_rt/runtime/abi.py")
         table = errors.ERROR_CODES if name.startswith("EP_RT_ERR_") else errors.PHASES
         if not table.get(value):
-            problems.append(f"{name} ({value}) has no words in ep_rt/errors.py "
-                            f"({'ERROR_CODES' if table is errors.ERROR_CODES else 'PHASES'})")
+            problems.append(
+                f"{name} ({value}) has no words in ep_rt/errors.py "
+                f"({'ERROR_CODES' if table is errors.ERROR_CODES else 'PHASES'})"
+            )
     return problems
 
 
@@ -144,8 +168,13 @@ def test_the_decoder_writes_no_code_or_phase_number():
             problems.append(f"line {node.lineno}: the number {node.value}")
         if isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
-            named = any(isinstance(s, ast.Name) and s.id in ("code", "phase") or
-                        isinstance(s, ast.Attribute) and s.attr in ("code", "phase") for s in sides)
+            named = any(
+                isinstance(s, ast.Name)
+                and s.id in ("code", "phase")
+                or isinstance(s, ast.Attribute)
+                and s.attr in ("code", "phase")
+                for s in sides
+            )
             numbers = [c for s in sides for c in ast.walk(s) if isinstance(c, ast.Constant) and type(c.value) is int]
             if named and numbers:
                 problems.append(f"line {node.lineno}: compares code / phase with {[c.value for c in numbers]}")

@@ -2,6 +2,7 @@
 compiled kernel's __launch_bounds__): no caller names one, a missing one is a clear error, and the ops' grid
 arithmetic reads the launcher's. That the values are the ones launched before is tests/buffer/test_host_trace.py's
 (every launch's block against the golden trace); that the manifest matches the kernels, tests/tools/test_kernel_blocks.py's."""
+
 import ast
 import inspect
 
@@ -40,13 +41,16 @@ def test_the_launcher_launches_with_the_manifest_block(monkeypatch):
     assert calls == [("function k", 5, 96), ("function k", 6, 96)]
 
 
-@pytest.mark.parametrize("entry", [
-    {"path": "x.cubin"},                                  # a manifest from before block sizes were recorded
-    {"path": "x.cubin", "blocks": {"other": 256}},        # a kernel without __launch_bounds__
-    {"path": "x.cubin", "blocks": {"k": 0}},
-    {"path": "x.cubin", "blocks": {"k": True}},
-    {"path": "x.cubin", "blocks": {"k": "256"}},
-])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"path": "x.cubin"},  # a manifest from before block sizes were recorded
+        {"path": "x.cubin", "blocks": {"other": 256}},  # a kernel without __launch_bounds__
+        {"path": "x.cubin", "blocks": {"k": 0}},
+        {"path": "x.cubin", "blocks": {"k": True}},
+        {"path": "x.cubin", "blocks": {"k": "256"}},
+    ],
+)
 def test_a_missing_block_size_is_a_clear_error(entry):
     with pytest.raises(CubinNotFoundError) as info:
         launch.Launcher(_Module(entry), "k", abi.LayoutParams)
@@ -62,8 +66,11 @@ def test_no_caller_names_a_block_size():
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Launcher":
-                found += [f"{path.name}:{node.lineno}: Launcher(..., {kw.arg}=)" for kw in node.keywords
-                          if kw.arg in ("block", "block_dim", "threads")]
+                found += [
+                    f"{path.name}:{node.lineno}: Launcher(..., {kw.arg}=)"
+                    for kw in node.keywords
+                    if kw.arg in ("block", "block_dim", "threads")
+                ]
                 if len(node.args) > 3:
                     found.append(f"{path.name}:{node.lineno}: Launcher with {len(node.args)} positional arguments")
         found += [f"{path.name}:{line}: {name} =" for line, name in block_constants(tree)]
@@ -75,18 +82,27 @@ def block_constants(tree):
     bodies = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
     out = []
     for node in (n for body in bodies for n in body if isinstance(n, (ast.Assign, ast.AnnAssign))):
-        for target in (node.targets if isinstance(node, ast.Assign) else [node.target]):
-            out += [(node.lineno, n.id) for n in ast.walk(target) if isinstance(n, ast.Name)
-                    and n.id.strip("_").isupper() and "BLOCK" in n.id.split("_")]
+        for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+            out += [
+                (node.lineno, n.id)
+                for n in ast.walk(target)
+                if isinstance(n, ast.Name) and n.id.strip("_").isupper() and "BLOCK" in n.id.split("_")
+            ]
     return out
 
 
 def test_the_source_check_sees_a_block_constant():
     """The check above finds the constants of the code before this change, and no local per_block."""
-    code = ("_SEND_BLOCK, _RECV_BLOCK = 512, 256\n_NOTIFY_BLOCK = 1024\nclass A:\n    _BLOCK = 3\n"
-            "def f(n):\n    per_block = n\n    BLOCK = 2\n")
-    assert [name for _, name in block_constants(ast.parse(code))] == ["_SEND_BLOCK", "_RECV_BLOCK", "_NOTIFY_BLOCK",
-                                                                    "_BLOCK"]
+    code = (
+        "_SEND_BLOCK, _RECV_BLOCK = 512, 256\n_NOTIFY_BLOCK = 1024\nclass A:\n    _BLOCK = 3\n"
+        "def f(n):\n    per_block = n\n    BLOCK = 2\n"
+    )
+    assert [name for _, name in block_constants(ast.parse(code))] == [
+        "_SEND_BLOCK",
+        "_RECV_BLOCK",
+        "_NOTIFY_BLOCK",
+        "_BLOCK",
+    ]
 
 
 def test_kernel_block_reads_the_entry():
@@ -115,9 +131,23 @@ def test_the_ll_combine_receive_grid_follows_the_kernel_block():
         op.kernels["combine_recv"].block = block
         idx = torch.zeros(N, K, dtype=torch.int64)
         (_, _, _, src_info, layout_range), recv = op.dispatch(
-            torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None)
+            torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None
+        )
         recv(None)
-        _, launch_recv = op.combine(torch.zeros(E // R, R * T, H, dtype=torch.bfloat16), idx, torch.zeros(N, K),
-                                    src_info, layout_range, T, H, E, None, None, False, False, None)
+        _, launch_recv = op.combine(
+            torch.zeros(E // R, R * T, H, dtype=torch.bfloat16),
+            idx,
+            torch.zeros(N, K),
+            src_info,
+            layout_range,
+            T,
+            H,
+            E,
+            None,
+            None,
+            False,
+            False,
+            None,
+        )
         grids[block] = launch_recv.grid
     assert grids == {256: 3, 8: 12}  # 3 tokens x ceil(256 / 2048) chunks; 3 x ceil(256 / 64)

@@ -1,6 +1,7 @@
 """The per-process launch counter (runtime.launch.launch_count) that the bad-input catalogue reads: every launch
 through a Launcher counts once, plain, attribute or snapshot (hook) launches alike, a launch the driver refuses
 does not; and no module launches a kernel except through a Launcher."""
+
 import ctypes
 import re
 
@@ -55,6 +56,7 @@ def test_every_kind_of_launch_counts_once(fake_driver):
 def test_a_refused_launch_does_not_count(fake_driver, monkeypatch):
     def refuse(*a):
         raise RuntimeError("cuLaunchKernel(k): CUDA_ERROR_INVALID_VALUE")
+
     monkeypatch.setattr(launch.driver, "launch", refuse)
     k = launch.Launcher(_Module(), "k", _Params)
     start = launch.launch_count()
@@ -66,6 +68,7 @@ def test_a_refused_launch_does_not_count(fake_driver, monkeypatch):
 def test_only_the_launcher_calls_the_driver_launch_functions():
     """So the counter sees every ep_rt kernel."""
     pattern = re.compile(r"\bdriver\.launch(_ex)?\(|\bcuLaunchKernel(Ex)?\(")
-    callers = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
-                     if pattern.search(p.read_text(encoding="utf-8")))
+    callers = sorted(
+        str(p.relative_to(PKG)) for p in PKG.rglob("*.py") if pattern.search(p.read_text(encoding="utf-8"))
+    )
     assert callers == ["runtime/driver.py", "runtime/launch.py"], callers

@@ -1,4 +1,5 @@
 """ep_rt/runtime/abi.py (ctypes mirrors) against params.h: the manifest's recorded layouts, and the header itself."""
+
 import ctypes
 import importlib.util
 import sys
@@ -29,9 +30,14 @@ build_cubins = _load_tool()
 
 
 def mirror_structs():
-    return {name: cls for name, cls in vars(params).items()
-            if isinstance(cls, type) and issubclass(cls, ctypes.Structure) and cls.__module__ == params.__name__
-            and cls is not params.Mirror}
+    return {
+        name: cls
+        for name, cls in vars(params).items()
+        if isinstance(cls, type)
+        and issubclass(cls, ctypes.Structure)
+        and cls.__module__ == params.__name__
+        and cls is not params.Mirror
+    }
 
 
 def layout_mismatches(structs, constants):
@@ -51,10 +57,16 @@ def layout_mismatches(structs, constants):
             problems.append(f"{name}: sizeof {ctypes.sizeof(cls)} != params.h {rec['size']}")
         if ctypes.alignment(cls) != rec["align"]:
             problems.append(f"{name}: alignment {ctypes.alignment(cls)} != params.h {rec['align']}")
-        problems += [f"{name}.{field}: offset {getattr(cls, field).offset} != params.h {offset}"
-                     for field, offset in sorted(rec["fields"].items()) if getattr(cls, field).offset != offset]
-    problems += [f"constant {name}: {getattr(params, name, None)} != params.h {value}"
-                 for name, value in sorted(constants.items()) if getattr(params, name, None) != value]
+        problems += [
+            f"{name}.{field}: offset {getattr(cls, field).offset} != params.h {offset}"
+            for field, offset in sorted(rec["fields"].items())
+            if getattr(cls, field).offset != offset
+        ]
+    problems += [
+        f"constant {name}: {getattr(params, name, None)} != params.h {value}"
+        for name, value in sorted(constants.items())
+        if getattr(params, name, None) != value
+    ]
     return problems
 
 

@@ -1,6 +1,7 @@
 """The ctypes mirrors of params.h refuse names that are not fields (plain ctypes adds an attribute, so a misspelt
 field would silently never reach the kernel): plain assignment and Launcher.set alike, and every field name that
 ep_rt's code writes, GPU-only paths included, is a field of the struct it writes (checked from the source)."""
+
 import ast
 import ctypes
 
@@ -10,8 +11,11 @@ from ep_rt.runtime import abi, launch
 
 from ..repo import REPO
 
-MIRRORS = {name: cls for name, cls in vars(abi).items()
-           if isinstance(cls, type) and issubclass(cls, abi.Mirror) and cls is not abi.Mirror}
+MIRRORS = {
+    name: cls
+    for name, cls in vars(abi).items()
+    if isinstance(cls, type) and issubclass(cls, abi.Mirror) and cls is not abi.Mirror
+}
 
 
 class _Module:
@@ -23,8 +27,14 @@ class _Module:
 
 def test_the_mirrors_are_all_there():
     assert len(MIRRORS) >= 13 and "DispatchParams" in MIRRORS and "ErrorRecord" in MIRRORS
-    plain = [name for name, cls in vars(abi).items() if isinstance(cls, type) and issubclass(cls, ctypes.Structure)
-             and cls.__module__ == abi.__name__ and not issubclass(cls, abi.Mirror)]
+    plain = [
+        name
+        for name, cls in vars(abi).items()
+        if isinstance(cls, type)
+        and issubclass(cls, ctypes.Structure)
+        and cls.__module__ == abi.__name__
+        and not issubclass(cls, abi.Mirror)
+    ]
     assert plain == [], f"structs of abi.py that are no Mirror: {plain}"
 
 
@@ -121,9 +131,11 @@ def written_field_problems(source: str, where: str):
     problems = []
     for node in ast.walk(tree):
         if launched and isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "set":
-            problems += [f"{where}:{node.lineno}: .set({kw.arg}=...) is no field of "
-                         f"{sorted(m.__name__ for m in launched)}"
-                         for kw in node.keywords if kw.arg is not None and kw.arg not in launched_fields]
+            problems += [
+                f"{where}:{node.lineno}: .set({kw.arg}=...) is no field of {sorted(m.__name__ for m in launched)}"
+                for kw in node.keywords
+                if kw.arg is not None and kw.arg not in launched_fields
+            ]
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             continue
         bound = {a.arg: _mirror_of(a.annotation) for a in node.args.args if _mirror_of(a.annotation)}
@@ -141,11 +153,14 @@ def written_field_problems(source: str, where: str):
                 if not (isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name)):
                     continue
                 if t.value.id in bound and t.attr not in abi.field_names(bound[t.value.id]):
-                    problems.append(f"{where}:{t.lineno}: {t.value.id}.{t.attr} is no field of "
-                                    f"{bound[t.value.id].__name__}")
+                    problems.append(
+                        f"{where}:{t.lineno}: {t.value.id}.{t.attr} is no field of {bound[t.value.id].__name__}"
+                    )
                 elif t.value.id in params_names and launched and t.attr not in launched_fields:
-                    problems.append(f"{where}:{t.lineno}: {t.value.id}.{t.attr} is no field of "
-                                    f"{sorted(m.__name__ for m in launched)}")
+                    problems.append(
+                        f"{where}:{t.lineno}: {t.value.id}.{t.attr} is no field of "
+                        f"{sorted(m.__name__ for m in launched)}"
+                    )
     return problems
 
 
@@ -158,7 +173,7 @@ def test_every_field_name_the_code_writes_is_a_field():
 
 
 def test_the_source_check_finds_a_misspelt_field():
-    source = '''
+    source = """
 from ep_rt.runtime import abi
 from ep_rt.runtime.launch import Launcher
 
@@ -177,7 +192,7 @@ class Op:
 
 def fill(lay: abi.InternodeLayout):
     lay.capp = 1
-'''
+"""
     problems = written_field_problems(source, "snippet")
     assert any("p.msg_byte is no field" in p for p in problems), problems
     assert any(".set(num_token=...) is no field" in p for p in problems), problems

@@ -1,6 +1,7 @@
 """The bad-input catalogue on the CPU: names unique, exact sizes, which cases may launch kernels, the outcome of a
 case (its error, its message and the launch counter), and that the internode catalogue leaves out only cases that
 exist (a renamed intranode case must not silently drop out of, or into, the internode run)."""
+
 import pytest
 
 from ep_rt.testing import bad_inputs
@@ -32,8 +33,12 @@ def test_catalogue_problems_names_every_kind_of_failure():
     mismatch = {**good, "rounds": [(0, 10, ["combine.combined_x: 3 elements differ"])]}
     no_checks = {**good, "rounds": [(0, 0, [])]}
     missing = {**good, "rounds": []}
-    for res, text in ((no_error, "rank 1 a: no error raised"), (mismatch, "combined_x"),
-                      (no_checks, "0 checks"), (missing, "0 good rounds for 25 cases")):
+    for res, text in (
+        (no_error, "rank 1 a: no error raised"),
+        (mismatch, "combined_x"),
+        (no_checks, "0 checks"),
+        (missing, "0 good rounds for 25 cases"),
+    ):
         problems = bad_inputs.catalogue_problems([good, res])
         assert len(problems) == 1 and text in problems[0], problems
 
@@ -51,8 +56,11 @@ def test_the_cases_that_launch_kernels_are_exactly_those_whose_errors_kernels_fi
     assert launching == {"LL expert id == num_experts", "LL expert id -3", "num_worst_tokens too small"}
     assert all(c.completes for c in bad_inputs.CASES if c.launches)
     internode = {c.name for c in bad_inputs.internode_cases() if c.launches}
-    assert internode == {"num_worst_tokens too small", "internode dispatch too large for the RDMA buffer",
-                         "internode dispatch too large for the NVL buffer"}
+    assert internode == {
+        "num_worst_tokens too small",
+        "internode dispatch too large for the RDMA buffer",
+        "internode dispatch too large for the NVL buffer",
+    }
     with pytest.raises(ValueError, match="say why"):
         bad_inputs.BadInput("x", lambda c: None, ValueError, "x", completes=True)
 
@@ -69,10 +77,10 @@ def test_case_outcome_checks_the_error_its_message_and_the_launch_counter():
     ok, detail = bad_inputs.case_outcome(_case("the kernels find it"), right, 0)
     assert not ok and "no kernel launched" in detail
     assert bad_inputs.case_outcome(_case("the kernels find it"), right, 3)[0]
-    assert not bad_inputs.case_outcome(_case(), TypeError("must be 2-D"), 0)[0]           # wrong type
-    assert not bad_inputs.case_outcome(_case(), ValueError("bad"), 0)[0]                  # unclear message
+    assert not bad_inputs.case_outcome(_case(), TypeError("must be 2-D"), 0)[0]  # wrong type
+    assert not bad_inputs.case_outcome(_case(), ValueError("bad"), 0)[0]  # unclear message
     assert bad_inputs.case_outcome(_case(), None, 0) == (False, "no error raised")
-    assert bad_inputs.case_outcome(_case(), None, 5, expect_error=False)[0]               # a rank with good input
+    assert bad_inputs.case_outcome(_case(), None, 5, expect_error=False)[0]  # a rank with good input
     assert not bad_inputs.case_outcome(_case(), right, 0, expect_error=False)[0]
 
 
@@ -86,6 +94,7 @@ def test_ctx_bad_counts_from_the_bad_call_only(monkeypatch):
 
     def fails():
         raise ValueError("already called")
+
     with pytest.raises(ValueError):
         ctx.bad(fails)
     assert (ctx.mark, ctx.at_error) == (10, 11)

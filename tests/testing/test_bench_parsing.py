@@ -1,4 +1,5 @@
 """The LL benchmark's reading of profiler kernel records (CPU: fake records in the profiler's shape)."""
+
 import math
 from types import SimpleNamespace
 
@@ -53,8 +54,14 @@ def test_profiled_ll_gives_nothing_when_kernels_are_missing():
 
 
 def test_ll_table_shows_profiler_and_event_times_and_marks_missing_profiler_times():
-    row = {"name": "LL dispatch FP8", "experts": 256, "gbps": 250.0, "call": 120.0,
-           "profiler": {"kernel": 29.0, "send": 20.0, "recv": 9.0}, "events": {"kernel": 33.0, "send": 24.0, "recv": 13.0}}
+    row = {
+        "name": "LL dispatch FP8",
+        "experts": 256,
+        "gbps": 250.0,
+        "call": 120.0,
+        "profiler": {"kernel": 29.0, "send": 20.0, "recv": 9.0},
+        "events": {"kernel": 33.0, "send": 24.0, "recv": 13.0},
+    }
     text = bench.format_ll_rows([row, dict(row, profiler=None)], rank=0).splitlines()
     assert len(text) == 3 and "experts" in text[0]
     assert "256" in text[1] and "29.0" in text[1] and "33.0" in text[1]

@@ -1,5 +1,6 @@
 """ep_rt.testing.checker: the comparer behind every GPU check is strict (dtype, whole shape, then bits of the
 defined rows), and the case filter refuses names it does not know."""
+
 import pytest
 import torch
 
@@ -84,12 +85,14 @@ def test_every_fixed_case_filter_names_existing_cases():
         select(ht, test_intranode_gpu.SHARED_GPU_CASES, also=(workers.GRAPH_CASE,))
         select(ll, main_check.QUICK_LL)
         select(ll, workers.TOPK_BITS_LL_CASES)
-    internode = {"QUICK_INTERNODE": (main_check.QUICK_INTERNODE, ((4, 2), (8, 4), (16, 8))),
-                 "LL compat": (workers.INTERNODE_LL_COMPAT_CASES, ((4, 2),)),
-                 "aggressive": (test_internode_gpu.AGGRESSIVE_CASES, ((4, 2),)),
-                 "chaos": (test_internode_gpu.CHAOS_CASES, ((4, 2),)),
-                 "eight": (test_internode_gpu.EIGHT, ((8, 4), (8, 2))),
-                 "sixteen": (test_internode_gpu.SIXTEEN, ((16, 8),))}
+    internode = {
+        "QUICK_INTERNODE": (main_check.QUICK_INTERNODE, ((4, 2), (8, 4), (16, 8))),
+        "LL compat": (workers.INTERNODE_LL_COMPAT_CASES, ((4, 2),)),
+        "aggressive": (test_internode_gpu.AGGRESSIVE_CASES, ((4, 2),)),
+        "chaos": (test_internode_gpu.CHAOS_CASES, ((4, 2),)),
+        "eight": (test_internode_gpu.EIGHT, ((8, 4), (8, 2))),
+        "sixteen": (test_internode_gpu.SIXTEEN, ((16, 8),)),
+    }
     for what, (names, layouts) in internode.items():
         for R, G in layouts:
             assert select(selfcheck_internode.internode_cases(R, G), names), what

@@ -1,5 +1,6 @@
 """CPU tests of the internode performance model (ep_rt/testing/internode_model.py) against the numbers of
 shared/docs/INTERNODE.md 5.1 (routing statistics), 5.3 (bounds) and 5.4 (published numbers placed)."""
+
 import ast
 from pathlib import Path
 
@@ -70,8 +71,9 @@ def test_predict_formulas_by_hand():
     # G = 1: no NVLink hop at all.
     assert model.predict(10.0, 100.0, 2, ranks_per_node=1, stats=st)["combine_bf16"].nvl_bytes == 0
     # Record overhead costs time, not metric bytes.
-    q = model.predict(10.0, 100.0, 2, ranks_per_node=4, num_tokens=1000, hidden=1024, stats=st,
-                      record_overhead_bytes=80)["dispatch_bf16"]
+    q = model.predict(
+        10.0, 100.0, 2, ranks_per_node=4, num_tokens=1000, hidden=1024, stats=st, record_overhead_bytes=80
+    )["dispatch_bf16"]
     assert q.rdma_metric_bytes == d.rdma_metric_bytes and q.nic_bytes == 1000 * 1.5 * (2048 + 80)
 
 
@@ -120,8 +122,11 @@ def test_bounds_5_3_line_rate_and_nvlink_times():
 # 5.4 published numbers placed on the model
 # ----------------------------------------------------------------------------------------
 def find(who, N, kind, cluster=None):
-    (pub,) = [p for p in model.PUBLISHED if p.who == who and p.num_nodes == N and p.kind == kind
-              and (cluster is None or p.cluster is cluster)]
+    (pub,) = [
+        p
+        for p in model.PUBLISHED
+        if p.who == who and p.num_nodes == N and p.kind == kind and (cluster is None or p.cluster is cluster)
+    ]
     return pub
 
 
@@ -162,8 +167,9 @@ def test_published_readings_5_4():
     h200 = model.place(find("DeepEP V1 (user)", 2, "dispatch_fp8"), stats=st[2])
     assert h200.reading.startswith("protocol-bound") and round(h200.nic_fraction, 2) == 0.42  # 19.1 of 46
     assert h200.bound_us < h200.implied_us / 2  # the model allows 656 us, #493 took 1578
-    v2 = [model.place(find("DeepEP V2 (8K tokens, top-8 without groups)", N, "dispatch_fp8"), stats=st[N])
-          for N in (2, 4)]
+    v2 = [
+        model.place(find("DeepEP V2 (8K tokens, top-8 without groups)", N, "dispatch_fp8"), stats=st[N]) for N in (2, 4)
+    ]
     assert [round(p.nic_gbps, 1) for p in v2] == [45.0, 45.7]
     uccl = [model.place(find("UCCL-EP", N, "dispatch_fp8"), stats=st[N]) for N in (2, 4)]
     assert [round(p.nic_fraction, 2) for p in uccl] == [0.50, 0.81]
@@ -178,10 +184,15 @@ def test_model_imports_no_torch(name):
     path = Path(model.__file__).with_name(f"{name}.py")
     tree = ast.parse(path.read_text(encoding="utf-8"))
     names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    names |= {n.module.split(".")[0] for n in ast.walk(tree)
-              if isinstance(n, ast.ImportFrom) and n.module and n.level == 0}
+    names |= {
+        n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and n.level == 0
+    }
     assert names <= {"__future__", "dataclasses", "functools", "heapq", "random"}, names
     relative = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0 and n.module}
-    relative |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level > 0 and not n.module
-                 for a in n.names}
+    relative |= {
+        a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.ImportFrom) and n.level > 0 and not n.module
+        for a in n.names
+    }
     assert relative <= {"internode_model", "network_ops"}, relative

@@ -1,6 +1,7 @@
 """The plain-torch expectation of the Megatron-Core GPU test (tests/gpu/test_megatron_gpu.py), checked on the CPU
 against a second, independent derivation: ep_rt.reference's dispatch and combine (differentiable torch ops) with
 torch autograd for the gradients. So the GPU test compares ep_rt with an expectation that is itself checked."""
+
 import torch
 
 from ep_rt import reference

@@ -1,5 +1,6 @@
 """The soaks' leak check (ep_rt.testing.memory): growth after the warm-up, per-process measures always, device-wide
 ones only when the process has its GPU to itself."""
+
 from ep_rt.testing import memory
 
 MB = 1 << 20
@@ -9,8 +10,17 @@ def samples(**rises):
     out = []
     for i in range(10):
         grow = {k: (v if i >= 5 else 0) for k, v in rises.items()}
-        out.append(memory.Sample(i * 100, 10 * MB + grow.get("torch_allocated", 0), 1000 * MB + grow.get("device_used", 0),
-                                 0, 500 * MB + grow.get("host_rss", 0), 300 * MB + grow.get("ep_rt_device", 0), 4096))
+        out.append(
+            memory.Sample(
+                i * 100,
+                10 * MB + grow.get("torch_allocated", 0),
+                1000 * MB + grow.get("device_used", 0),
+                0,
+                500 * MB + grow.get("host_rss", 0),
+                300 * MB + grow.get("ep_rt_device", 0),
+                4096,
+            )
+        )
     return out
 
 

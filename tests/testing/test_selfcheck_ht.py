@@ -2,6 +2,7 @@
 modes): a stand-in Buffer that answers every call with the reference's result passes every check, and one that
 corrupts a single output or handle field is caught by name. The stand-in sees all ranks' inputs by wrapping the
 harness's input functions (a rank of the real collective computes only its own part)."""
+
 import pytest
 import torch
 
@@ -29,8 +30,16 @@ class ReferenceBuffer:
     def dispatch(self, x, handle=None, num_worst_tokens=0, config=None, expert_alignment=1, topk_idx=None, **kw):
         xs, idxs, ws = self.world
         if handle is None:
-            self.ref = self.mode.dispatch(xs, idxs, ws, kw["num_tokens_per_expert"].numel(), config.num_sms,
-                                          expert_alignment, num_worst_tokens, with_topk=topk_idx is not None)
+            self.ref = self.mode.dispatch(
+                xs,
+                idxs,
+                ws,
+                kw["num_tokens_per_expert"].numel(),
+                config.num_sms,
+                expert_alignment,
+                num_worst_tokens,
+                with_topk=topk_idx is not None,
+            )
         mine = self.ref[self.rank]
         recv_x = mine["recv_x"].clone()
         if self.corrupt == "recv_x" and recv_x.numel():
@@ -42,8 +51,14 @@ class ReferenceBuffer:
         if self.corrupt in self.mode.handle_fields:
             fields[self.mode.handle_fields.index(self.corrupt)].view(-1)[0] += 1
         idx = mine["recv_topk_idx"]
-        return (out_x, None if idx is None else selfcheck_ht.as_topk_idx_t(idx), mine["recv_topk_weights"],
-                mine["num_recv_tokens_per_expert_list"], tuple(fields), None)
+        return (
+            out_x,
+            None if idx is None else selfcheck_ht.as_topk_idx_t(idx),
+            mine["recv_topk_weights"],
+            mine["num_recv_tokens_per_expert_list"],
+            tuple(fields),
+            None,
+        )
 
     def combine(self, x, handle, topk_weights=None, bias=None, **_):
         comb_xs, comb_ws, biases = self.combine_world
@@ -67,6 +82,7 @@ def cpu_harness(monkeypatch):
     def use(buf):
         holder["buf"] = buf
         return buf
+
     return use
 
 
@@ -77,6 +93,7 @@ def _run(cpu_harness, mode, R, case, corrupt=None, rank=1):
     def inputs(*a, **k):  # the stand-in sees every rank's (routed) inputs
         buf.world = real(*a, **k)
         return buf.world
+
     object.__setattr__(mode, "inputs", inputs)  # on this instance only (Mode is frozen)
     try:
         return selfcheck_ht.run_case(buf, case, 7, mode)
@@ -84,9 +101,11 @@ def _run(cpu_harness, mode, R, case, corrupt=None, rank=1):
         object.__delattr__(mode, "inputs")
 
 
-CASES = [Case("bf16", num_tokens=24, hidden=128, num_experts=16),
-         Case("fp8", dtype="fp8", num_tokens=20, hidden=256, num_experts=16),
-         Case("bias pair, no top-k", num_tokens=16, hidden=128, num_experts=16, num_topk=0, bias="pair")]
+CASES = [
+    Case("bf16", num_tokens=24, hidden=128, num_experts=16),
+    Case("fp8", dtype="fp8", num_tokens=20, hidden=256, num_experts=16),
+    Case("bias pair, no top-k", num_tokens=16, hidden=128, num_experts=16, num_topk=0, bias="pair"),
+]
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -95,15 +114,25 @@ def test_intranode_wiring_passes_the_reference(cpu_harness, case):
     assert chk.checks >= 20 and not chk.failures, chk.failures
 
 
-@pytest.mark.parametrize("case", CASES + [Case("span nodes", routing="span_nodes", num_tokens=16, hidden=128,
-                                               num_experts=16)], ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case",
+    CASES + [Case("span nodes", routing="span_nodes", num_tokens=16, hidden=128, num_experts=16)],
+    ids=lambda c: c.name,
+)
 def test_internode_wiring_passes_the_reference(cpu_harness, case):
     chk = _run(cpu_harness, selfcheck_internode.mode(2), 4, case)
     assert chk.checks >= 24 and not chk.failures, chk.failures
 
 
-@pytest.mark.parametrize("mode,R,field", [(INTRANODE, 2, "recv_src_idx"), (INTRANODE, 2, "send_pos"),
-                                          (None, 4, "send_rdma_head"), (None, 4, "recv_src_meta")])
+@pytest.mark.parametrize(
+    "mode,R,field",
+    [
+        (INTRANODE, 2, "recv_src_idx"),
+        (INTRANODE, 2, "send_pos"),
+        (None, 4, "send_rdma_head"),
+        (None, 4, "recv_src_meta"),
+    ],
+)
 def test_a_corrupted_handle_field_is_named(cpu_harness, mode, R, field):
     mode = selfcheck_ht.Mode() if mode is INTRANODE else selfcheck_internode.mode(2)
     chk = _run(cpu_harness, mode, R, CASES[0], corrupt=field)

@@ -3,6 +3,7 @@ division kind, and check_logfmt_combined accepts what lg2/ex2.approx can do to a
 changes and bf16 roundings, at the rate tools/logfmt_rate_model.py derives, and that model's own emulation of the
 kernels) but not real errors (a rounding offset of 1.5, a systematic off-by-one, a wrong high bit or sign, any
 change of a bf16 division). The "GPU" outputs here are reference combines over altered LogFMT round trips."""
+
 import importlib.util
 import sys
 
@@ -11,16 +12,29 @@ import torch
 
 from ep_rt import reference_ll
 from ep_rt.testing.checker import Checker
-from ep_rt.testing.selfcheck_ll import (LOGFMT_ALLOWED_FACTOR, LOGFMT_BF16_KINDS, LOGFMT_KINDS, LOGFMT_MIN_ALLOWED,
-                                        LOGFMT_PAIR_RATE, LLCase, _bf16_ulp, calc_diff, check_logfmt_combined,
-                                        ll_inputs, logfmt_allowed_differing, logfmt_bf16_channels, logfmt_error_bound,
-                                        logfmt_expert_outputs, logfmt_num_pairs, to_packed)
+from ep_rt.testing.selfcheck_ll import (
+    LOGFMT_ALLOWED_FACTOR,
+    LOGFMT_BF16_KINDS,
+    LOGFMT_KINDS,
+    LOGFMT_MIN_ALLOWED,
+    LOGFMT_PAIR_RATE,
+    LLCase,
+    _bf16_ulp,
+    calc_diff,
+    check_logfmt_combined,
+    ll_inputs,
+    logfmt_allowed_differing,
+    logfmt_bf16_channels,
+    logfmt_error_bound,
+    logfmt_expert_outputs,
+    logfmt_num_pairs,
+    to_packed,
+)
 
 from ..repo import REPO
 
 R, T, H, E = 2, 64, 768, 16  # 6 divisions per row: one of each kind
-CASE = LLCase("cpu", max_tokens=T, num_tokens=64, hidden=H, num_topk=8, num_experts=E, use_fp8=False,
-              use_logfmt=True)
+CASE = LLCase("cpu", max_tokens=T, num_tokens=64, hidden=H, num_topk=8, num_experts=E, use_fp8=False, use_logfmt=True)
 SMALL = LOGFMT_KINDS.index("small")
 LARGE = LOGFMT_KINDS.index("large")
 CODED = int((~logfmt_bf16_channels(H, "cpu")).sum())
@@ -56,11 +70,11 @@ def test_expert_outputs_have_every_division_kind():
 
 
 def test_bf16_ulp_and_calc_diff():
-    assert _bf16_ulp(torch.tensor([1.0, 0.0, 3.0, -0.5])).tolist() == [2.0 ** -7, 0.0, 2.0 ** -6, 2.0 ** -8]
+    assert _bf16_ulp(torch.tensor([1.0, 0.0, 3.0, -0.5])).tolist() == [2.0**-7, 0.0, 2.0**-6, 2.0**-8]
     x = torch.randn(64, generator=torch.Generator().manual_seed(0))
     assert calc_diff(x, x) == 0.0
     assert calc_diff(x, -x) == pytest.approx(2.0)
-    assert calc_diff(x, 1.01 * x) == pytest.approx(0.01 ** 2 / (2 + 2 * 0.01 + 0.01 ** 2), rel=1e-4)  # f32 x
+    assert calc_diff(x, 1.01 * x) == pytest.approx(0.01**2 / (2 + 2 * 0.01 + 0.01**2), rel=1e-4)  # f32 x
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +85,9 @@ def combine():
     xs, idxs, ws = ll_inputs(CASE, 5, R, "cpu")
     want = reference_ll.low_latency_dispatch(xs, idxs, T, E, use_fp8=False)
     ys = [logfmt_expert_outputs(5, r, E // R, R, T, H, "cpu") for r in range(R)]
-    ref_in = [to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
-              for r in range(R)]
+    ref_in = [
+        to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
+    ]
     ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=True)[0]["combined_x"]
     bound = logfmt_error_bound(ref_in, idxs, ws, want, 0)
 
@@ -84,10 +99,12 @@ def combine():
 
 def altered(alter):
     """A round trip whose encoding alter(enc) changed in place."""
+
     def roundtrip(y):
         enc = reference_ll.logfmt_encode(y)
         alter(enc)
         return reference_ll.logfmt_decode(enc)
+
     return roundtrip
 
 
@@ -106,8 +123,8 @@ def test_allowance_floor_and_factor():
     assert logfmt_allowed_differing(0) == LOGFMT_MIN_ALLOWED
     assert logfmt_allowed_differing(10_000) == LOGFMT_MIN_ALLOWED  # expected 0.2: the floor
     assert LOGFMT_ALLOWED_FACTOR * LOGFMT_PAIR_RATE * 3_000_000 == pytest.approx(300)
-    assert logfmt_allowed_differing(3_000_000) == 300             # the LL reference shape's order of pairs
-    assert logfmt_allowed_differing(3_000_001) == 301             # rounded up
+    assert logfmt_allowed_differing(3_000_000) == 300  # the LL reference shape's order of pairs
+    assert logfmt_allowed_differing(3_000_001) == 301  # rounded up
     with pytest.raises(ValueError, match="num_pairs"):
         logfmt_allowed_differing(-1)
     idx = torch.tensor([[0, -1, 3], [-1, -1, -1], [2, 2, 1]])
@@ -149,7 +166,7 @@ def test_changes_at_the_expected_rate_pass(combine):
 def test_the_model_of_the_kernels_passes(combine):
     """tools/logfmt_rate_model.py's emulation of logfmt.cuh (lg2/ex2 off by up to 2^-22)."""
     ref, bound, pairs, output = combine
-    approx = model.Approx(torch.Generator().manual_seed(2), 2.0 ** -22, 2.0 ** -22)
+    approx = model.Approx(torch.Generator().manual_seed(2), 2.0**-22, 2.0**-22)
     got = output(lambda y: model.emulated_roundtrip(y, approx))
     assert failures(got, ref, bound, pairs) == []
     # and without errors the emulation is the reference, but for the kernels' own float32 order (1/step, ...)

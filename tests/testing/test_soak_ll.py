@@ -1,5 +1,6 @@
 """The LL soak's cheap per-round expectation (ep_rt.soak_ll) against the independent reference_ll, on the CPU:
 with the received rows as expert outputs, the combined output is a weighted sum of each token's own row."""
+
 import random
 
 import pytest
@@ -10,8 +11,10 @@ from ep_rt.testing import soak_ll
 from ep_rt.testing.checker import expert_recv_counts
 
 
-@pytest.mark.parametrize("use_fp8,round_scale,use_ue8m0", [(False, False, False), (True, False, False),
-                                                          (True, True, False), (True, True, True)])
+@pytest.mark.parametrize(
+    "use_fp8,round_scale,use_ue8m0",
+    [(False, False, False), (True, False, False), (True, True, False), (True, True, True)],
+)
 @pytest.mark.parametrize("own_only", [False, True])
 def test_expected_combined_matches_reference(use_fp8, round_scale, use_ue8m0, own_only):
     R, T, E, H, K = 2, 16, 32, 1024, 6
@@ -20,8 +23,9 @@ def test_expected_combined_matches_reference(use_fp8, round_scale, use_ue8m0, ow
     idxs = [soak_ll._routing(5, r, tokens[r], E, K, R, own_only, cpu) for r in range(R)]
     inputs = [soak_ll._inputs(5, r, tokens[r], H, K, cpu) for r in range(R)]
     xs, ws = [x for x, _ in inputs], [w for _, w in inputs]
-    want = reference_ll.low_latency_dispatch(xs, idxs, T, E, use_fp8=use_fp8, round_scale=round_scale,
-                                             use_ue8m0=use_ue8m0)
+    want = reference_ll.low_latency_dispatch(
+        xs, idxs, T, E, use_fp8=use_fp8, round_scale=round_scale, use_ue8m0=use_ue8m0
+    )
     rows = []
     for r in range(R):
         recv = (want[r]["packed_recv_x"], want[r]["packed_recv_x_scales"]) if use_fp8 else want[r]["packed_recv_x"]

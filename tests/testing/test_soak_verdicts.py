@@ -1,5 +1,6 @@
 """The soaks' verdicts (soak_ll.problems, soak_ht.problems, tools/ll_soak.py): a leak or a mismatch fails the soak,
 and ll_soak.py never prints PASSED then (it did, with exit 0, at ec2ebf6: docs/gpu_runs/2026-12-01_ec2ebf6/soak.log)."""
+
 import importlib.util
 import sys
 
@@ -11,8 +12,17 @@ LEAK = "device_used grew by 506.0 MiB after the warm-up (limit 256)"
 
 
 def _ll(**over):
-    return {"rounds": 100, "checks": 200, "bad": [0, 0, 0], "first_bad": None, "counts": {}, "seconds": 1.0,
-            "leaks": [], "samples": [], **over}
+    return {
+        "rounds": 100,
+        "checks": 200,
+        "bad": [0, 0, 0],
+        "first_bad": None,
+        "counts": {},
+        "seconds": 1.0,
+        "leaks": [],
+        "samples": [],
+        **over,
+    }
 
 
 def _ht(**over):

@@ -1,5 +1,6 @@
 """ep_rt.testing.spawn's report when ranks run past the deadline: who finished, who exited, who still runs, and
 the stacks of those still running (a hang must say where it hung: attempt 20261202T012159Z said nothing)."""
+
 import multiprocessing as mp
 import os
 import sys
@@ -62,4 +63,3 @@ def test_ending_the_ranks_waits_until_every_one_has_exited_even_one_that_ignores
     spawn._end(procs, grace_s=2.0)
     assert [p.is_alive() for p in procs] == [False, False]
     assert procs[0].exitcode == -9  # (it needed the SIGKILL)
-

@@ -1,6 +1,7 @@
 """tools/gpu_run.sh on the CPU: it refuses a tree whose digest is not the one given (and says so in its own
 record), refuses unknown steps before running any, keeps each attempt apart, and records ok / failed / timed-out
 steps as such, with every log in the one archive that comes back."""
+
 import importlib.util
 import os
 import re
@@ -19,8 +20,9 @@ _spec = importlib.util.spec_from_file_location("tree_digest", ROOT / "tools" / "
 td = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(td)
 
-pytestmark = pytest.mark.skipif(shutil.which("bash") is None or shutil.which("timeout") is None,
-                                reason="needs bash and coreutils' timeout")
+pytestmark = pytest.mark.skipif(
+    shutil.which("bash") is None or shutil.which("timeout") is None, reason="needs bash and coreutils' timeout"
+)
 
 
 def _run(tmp_path, *args, **env):
@@ -30,10 +32,16 @@ def _run(tmp_path, *args, **env):
     wrapper = bin_dir / "python3"  # (a symlink would lose the virtual environment)
     wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
-    full_env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "OUT": str(tmp_path / "out"),
-                "LOG_ROOT": str(tmp_path / "logs"), **env}
-    done = subprocess.run(["bash", str(SCRIPT), *args], cwd=ROOT, env=full_env, capture_output=True, text=True,
-                          timeout=300)
+    full_env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "OUT": str(tmp_path / "out"),
+        "LOG_ROOT": str(tmp_path / "logs"),
+        **env,
+    }
+    done = subprocess.run(
+        ["bash", str(SCRIPT), *args], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300
+    )
     return done.returncode, done.stdout + done.stderr
 
 
@@ -78,9 +86,15 @@ def test_an_unknown_step_or_a_missing_setting_refuses_before_any_step(tmp_path):
 def test_steps_are_recorded_ok_failed_and_timed_out(tmp_path):
     # retest of one CPU test: ok; soak_base on a checkout that is not there: failed; gpu_core under a 0.1 s
     # limit: timeout.
-    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="retest soak_base gpu_core", LIMIT="0.1",
-                    RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
-                    BASE=str(tmp_path / "no_checkout"))
+    rc, text = _run(
+        tmp_path,
+        "abc1234",
+        _here(),
+        STEPS="retest soak_base gpu_core",
+        LIMIT="0.1",
+        RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
+        BASE=str(tmp_path / "no_checkout"),
+    )
     assert rc == 1, text
     (attempt,) = _attempts(tmp_path)
     summary = (attempt / "summary.txt").read_text()
@@ -96,9 +110,14 @@ def test_steps_are_recorded_ok_failed_and_timed_out(tmp_path):
 
 
 def test_parallel_groups_each_run_their_steps_and_all_are_recorded(tmp_path):
-    rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; soak_base",
-                    RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
-                    BASE=str(tmp_path / "no_checkout"))
+    rc, text = _run(
+        tmp_path,
+        "abc1234",
+        _here(),
+        PARALLEL="retest; soak_base",
+        RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
+        BASE=str(tmp_path / "no_checkout"),
+    )
     assert rc == 1, text
     (attempt,) = _attempts(tmp_path)
     summary = (attempt / "summary.txt").read_text()
@@ -108,8 +127,13 @@ def test_parallel_groups_each_run_their_steps_and_all_are_recorded(tmp_path):
     with tarfile.open(attempt / "logs.tar.gz") as tar:
         names = {Path(n).name for n in tar.getnames()}
     assert {"retest.log", "soak_base.log"} <= names
-    rc, text = _run(tmp_path, "abc1234", _here(), PARALLEL="retest; no_such_step",
-                    RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored")
+    rc, text = _run(
+        tmp_path,
+        "abc1234",
+        _here(),
+        PARALLEL="retest; no_such_step",
+        RETEST="tests/tools/test_tree_digest.py::test_contents_of_an_ignored_folder_are_ignored",
+    )
     assert rc == 2 and "step 'no_such_step' is unknown" in text
 
 
@@ -123,9 +147,15 @@ def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
         "    subprocess.run([sys.executable, '-c', 'import sys; sys.stderr.write(\"a rank said this\\\\n\")'])\n"
         "    assert 1 + 1 == 3, 'the reason it failed'\n\n"
         "def test_passes():\n    pass\n\n"
-        "def test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)  # as a step's time limit kills pytest\n")
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        "def test_killed():\n    os.kill(os.getpid(), signal.SIGKILL)  # as a step's time limit kills pytest\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     out = done.stdout + done.stderr
     assert done.returncode == -9, out
     assert "short test summary" not in out, out  # it really was killed before the summary

@@ -2,6 +2,7 @@
 never by -k name fragments: a -k matches any test, module or folder whose name holds the fragment (the old
 `rest` step's `-k "not layout"` also dropped 44 CPU tests with "layout" or "cubins" in their names), and a renamed
 test silently leaves its step. Read from the script's text; nothing runs."""
+
 import re
 import sys
 
@@ -22,8 +23,11 @@ def pytest_commands(text: str) -> list[str]:
     """Each logical line (backslash continuations joined) that runs pytest, from pytest on (so `timeout -k 10`
     before it is no pytest option)."""
     joined = re.sub(r"\\\n", " ", text)
-    return [line[line.index("pytest"):] for line in joined.splitlines()
-            if "pytest" in line and not line.lstrip().startswith("#")]
+    return [
+        line[line.index("pytest") :]
+        for line in joined.splitlines()
+        if "pytest" in line and not line.lstrip().startswith("#")
+    ]
 
 
 def keyword_options(command: str) -> list[str]:
@@ -61,10 +65,12 @@ def test_every_marker_a_step_names_is_registered_and_marks_some_test():
 
 
 def test_the_parsers_see_what_they_look_for():
-    text = ('    a) run a 10 python3 -m pytest -q -rs tests -k "not wheel" ;;\n'
-            '    b) run b 10 setsid timeout -k 10 python3 -m pytest -q \\\n'
-            '             -m "not bench and not (soak or smoke)" tests ;;\n'
-            '    # c) python3 -m pytest -k old ;;\n')
+    text = (
+        '    a) run a 10 python3 -m pytest -q -rs tests -k "not wheel" ;;\n'
+        "    b) run b 10 setsid timeout -k 10 python3 -m pytest -q \\\n"
+        '             -m "not bench and not (soak or smoke)" tests ;;\n'
+        "    # c) python3 -m pytest -k old ;;\n"
+    )
     a, b = pytest_commands(text)
     assert keyword_options(a) == ["-k"] and keyword_options(b) == []
     assert marker_names(a) == set() and marker_names(b) == {"bench", "soak", "smoke"}
@@ -83,8 +89,14 @@ def test_internode_each_runs_every_internode_test_but_the_sixteen_process_one_fa
     fn = re.search(r"^internode_ids\(\) \{.*?^\}", SCRIPT.read_text(), flags=re.S | re.M)
     assert fn, "gpu_run.sh has no internode_ids function"
     env = {"PATH": f"{sys.executable.rsplit('/', 1)[0]}:/usr/bin:/bin"}
-    done = subprocess.run(["bash", "-c", fn.group(0).replace("python3 ", f"{sys.executable} ") + "\ninternode_ids"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        ["bash", "-c", fn.group(0).replace("python3 ", f"{sys.executable} ") + "\ninternode_ids"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     ids = done.stdout.split()
     source = (REPO / "tests" / "gpu" / "test_internode_gpu.py").read_text()
     want = len(re.findall(r"^def test_", source, flags=re.M))  # one test per function ...

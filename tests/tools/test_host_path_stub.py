@@ -1,5 +1,6 @@
 """tools/host_path_stub.py runs through every part (few iterations), counts the launches of each call, says that it
 measures no GPU time, and puts torch and the driver back when it is done."""
+
 import json
 
 import torch
@@ -20,11 +21,21 @@ def test_the_harness_times_every_hot_call_and_counts_its_launches(tmp_path, caps
     assert "no GPU time" in report["note"]
     rows = {r["call"]: r for r in report["rows"]}
     want = {  # call -> kernel launches it makes (cuLaunchKernel + cuLaunchKernelEx)
-        "get_dispatch_layout": 1, "intranode dispatch BF16": 2, "intranode cached dispatch": 1,
-        "intranode combine": 1, "internode dispatch BF16": 4, "internode cached dispatch": 3, "internode combine": 3,
-        "LL dispatch FP8": 2, "LL dispatch BF16": 2, "LL dispatch FP8, async_finish": 2,
-        "LL dispatch FP8, return_recv_hook (hook called)": 2, "LL combine BF16": 2, "LL combine LogFMT": 2,
-        "LL combine BF16, out= given": 2, "LL combine BF16, return_recv_hook (hook called)": 2,
+        "get_dispatch_layout": 1,
+        "intranode dispatch BF16": 2,
+        "intranode cached dispatch": 1,
+        "intranode combine": 1,
+        "internode dispatch BF16": 4,
+        "internode cached dispatch": 3,
+        "internode combine": 3,
+        "LL dispatch FP8": 2,
+        "LL dispatch BF16": 2,
+        "LL dispatch FP8, async_finish": 2,
+        "LL dispatch FP8, return_recv_hook (hook called)": 2,
+        "LL combine BF16": 2,
+        "LL combine LogFMT": 2,
+        "LL combine BF16, out= given": 2,
+        "LL combine BF16, return_recv_hook (hook called)": 2,
     }
     for call, n in want.items():
         row = rows[call]
@@ -32,8 +43,10 @@ def test_the_harness_times_every_hot_call_and_counts_its_launches(tmp_path, caps
         assert got == n, (call, row["per_call"])
         assert row["median_us"] > 0
     assert rows["LL dispatch FP8"]["per_call"]["torch.empty"] >= 1
-    assert rows["intranode dispatch BF16"]["per_call"]["torch.aminmax + 2 x int() (= 1 kernel + 2 blocking D2H "
-                                                      "copies)"] == 1
+    assert (
+        rows["intranode dispatch BF16"]["per_call"]["torch.aminmax + 2 x int() (= 1 kernel + 2 blocking D2H copies)"]
+        == 1
+    )
 
 
 def test_only_runs_one_part(tmp_path):

@@ -1,6 +1,7 @@
 """Block sizes have one source: each kernel's __launch_bounds__, compiled into its cubin (.nv.info), recorded per
 cubin and kernel in cubins/manifest.json by tools/build_cubins.py, and checked there by --check. The runtime takes
 them from the manifest (tests/runtime/test_launch_blocks.py)."""
+
 import importlib.util
 import json
 import re
@@ -66,10 +67,15 @@ def _record(fmt, attribute, value, payload=b""):
 
 
 def test_nv_info_records():
-    section = (_record(1, 0x35, 0) + _record(3, 0x1b, 255) + _record(2, 0x4c, 1)
-               + _record(4, 0x05, 12, struct.pack("<III", 128, 1, 1)) + _record(4, 0x1e, 4, b"\0" * 4))
+    section = (
+        _record(1, 0x35, 0)
+        + _record(3, 0x1B, 255)
+        + _record(2, 0x4C, 1)
+        + _record(4, 0x05, 12, struct.pack("<III", 128, 1, 1))
+        + _record(4, 0x1E, 4, b"\0" * 4)
+    )
     attributes = build_cubins.nv_info_attributes(section)
-    assert attributes[0x1b] == 255 and attributes[0x4c] == 1
+    assert attributes[0x1B] == 255 and attributes[0x4C] == 1
     assert struct.unpack("<III", attributes[build_cubins.EIATTR_MAX_THREADS]) == (128, 1, 1)
     for bad in (section[:-2], _record(4, 0x05, 12, b"\0" * 8), _record(9, 0x05, 0)):
         with pytest.raises(build_cubins.BuildError):
@@ -78,10 +84,12 @@ def test_nv_info_records():
 
 def test_block_problems(tmp_path):
     cu = tmp_path / "f.cu"
-    cu.write_text('extern "C" __global__ void __launch_bounds__(128, 2) a(int x) {}\n'
-                  '// extern "C" __global__ void __launch_bounds__(64) b(int x) {}\n'
-                  'extern "C" __global__ void c(int x) {}\n'
-                  'extern "C" __global__ __launch_bounds__(32) void d(int x) {}\n')
+    cu.write_text(
+        'extern "C" __global__ void __launch_bounds__(128, 2) a(int x) {}\n'
+        '// extern "C" __global__ void __launch_bounds__(64) b(int x) {}\n'
+        'extern "C" __global__ void c(int x) {}\n'
+        'extern "C" __global__ __launch_bounds__(32) void d(int x) {}\n'
+    )
     fam = build_cubins.Family("f", cu, ("default",), False)
     assert build_cubins.source_launch_bounds(cu) == {"a": 128, "d": 32}  # b is commented out
     assert build_cubins.block_problems(fam, ["a", "c", "d"], {"a": 128, "d": 32}) == []
@@ -118,12 +126,16 @@ def _tamper(root, change):
     return original
 
 
-@pytest.mark.parametrize("change", [
-    lambda e: e["blocks"].update(ep_rt_get_dispatch_layout=512),
-    lambda e: e.pop("blocks"),
-    lambda e: e["blocks"].pop("ep_rt_get_dispatch_layout"),
-    lambda e: e["blocks"].update(ep_rt_no_such_kernel=64),
-], ids=["other number", "no blocks", "kernel missing", "extra kernel"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda e: e["blocks"].update(ep_rt_get_dispatch_layout=512),
+        lambda e: e.pop("blocks"),
+        lambda e: e["blocks"].pop("ep_rt_get_dispatch_layout"),
+        lambda e: e["blocks"].update(ep_rt_no_such_kernel=64),
+    ],
+    ids=["other number", "no blocks", "kernel missing", "extra kernel"],
+)
 def test_check_fails_on_a_tampered_block_size(checkout, change):
     problems, _ = build_cubins.check(checkout / "kernels_src", checkout / "cubins")
     assert problems == []
@@ -132,8 +144,19 @@ def test_check_fails_on_a_tampered_block_size(checkout, change):
         problems, _ = build_cubins.check(checkout / "kernels_src", checkout / "cubins")
         assert len(problems) == 1 and problems[0].startswith(f"{TAMPERED}: the manifest's block sizes "), problems
         assert "{'ep_rt_get_dispatch_layout': 256}" in problems[0] and "rebuild" in problems[0]
-        cli = subprocess.run([sys.executable, str(TOOL), "--check", "--src", str(checkout / "kernels_src"),
-                              "--out", str(checkout / "cubins")], capture_output=True, text=True)
+        cli = subprocess.run(
+            [
+                sys.executable,
+                str(TOOL),
+                "--check",
+                "--src",
+                str(checkout / "kernels_src"),
+                "--out",
+                str(checkout / "cubins"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert cli.returncode == 1 and "block sizes" in cli.stderr, cli.stderr
     finally:
         (checkout / "cubins" / "manifest.json").write_text(original)

@@ -4,6 +4,7 @@ CPU only. Builds need nvcc 13.0 (cu13: the cu13 site's, else a toolkit of that v
 and the cu12 site (NVRTC/nvJitLink wheels); `python tools/build_cubins.py --install-sites` makes both sites under
 build/ ($EP_RT_TEST_CU12_SITE / $EP_RT_TEST_CU13_SITE point elsewhere). Without the cu12 site, the builds here are
 cu13-only and the cu12-specific tests skip."""
+
 import hashlib
 import importlib.util
 import json
@@ -94,8 +95,10 @@ def _load_tool():
 
 build_cubins = _load_tool()
 toolchains = build_cubins.toolchains
-SITES = {"cu12": Path(os.environ.get("EP_RT_TEST_CU12_SITE", REPO / "build" / "cu12-site")),
-         "cu13": Path(os.environ.get("EP_RT_TEST_CU13_SITE", REPO / "build" / "cu13-site"))}
+SITES = {
+    "cu12": Path(os.environ.get("EP_RT_TEST_CU12_SITE", REPO / "build" / "cu12-site")),
+    "cu13": Path(os.environ.get("EP_RT_TEST_CU13_SITE", REPO / "build" / "cu13-site")),
+}
 PLAIN = {"cu12": ["nvidia-cuda-nvrtc-cu12", "nvidia-cuda-runtime-cu12", "nvidia-cuda-cccl-cu12"], "cu13": []}
 
 
@@ -141,8 +144,7 @@ def run_check(root, *extra):
     """--check in an environment with no nvcc to be found: it must need none."""
     env = {k: v for k, v in os.environ.items() if k not in ("NVCC", "CUDA_HOME", "CUDA_PATH")}
     env["PATH"] = "/nonexistent"
-    return run_tool("--check", "--src", root / "kernels_src", "--out", root / "cubins", *FLAVOUR_ARGS, *extra,
-                    env=env)
+    return run_tool("--check", "--src", root / "kernels_src", "--out", root / "cubins", *FLAVOUR_ARGS, *extra, env=env)
 
 
 def write_sources(root, families):
@@ -164,8 +166,10 @@ def build_or_fail(root, *extra):
 
 def require_nvcc():
     if NVCC_ARGS is None:
-        pytest.skip(f"no nvcc {toolchains.NVCC_VERSION}: neither the cu13 site's ({SITE_NVCC}; python "
-                    f"tools/build_cubins.py --install-sites) nor a toolkit's at $NVCC or /usr/local/cuda/bin")
+        pytest.skip(
+            f"no nvcc {toolchains.NVCC_VERSION}: neither the cu13 site's ({SITE_NVCC}; python "
+            f"tools/build_cubins.py --install-sites) nor a toolkit's at $NVCC or /usr/local/cuda/bin"
+        )
 
 
 @pytest.fixture(scope="module")
@@ -188,18 +192,38 @@ def tree(built, tmp_path):
 # ---------------------------------------------------------------- what a build writes
 
 # (family, arch, variant) of the test families: every arch, the aggressive variant only on sm_90.
-TEST_TARGETS = [("alpha", "sm_80", "safe"), ("alpha", "sm_90", "safe"), ("alpha", "sm_90", "aggressive"),
-                ("alpha", "sm_100", "safe"), ("beta", "sm_80", "default"), ("beta", "sm_90", "default"),
-                ("beta", "sm_100", "default")]
+TEST_TARGETS = [
+    ("alpha", "sm_80", "safe"),
+    ("alpha", "sm_90", "safe"),
+    ("alpha", "sm_90", "aggressive"),
+    ("alpha", "sm_100", "safe"),
+    ("beta", "sm_80", "default"),
+    ("beta", "sm_90", "default"),
+    ("beta", "sm_100", "default"),
+]
 DEFINES = {"safe": ["-DEP_RT_AGGRESSIVE_PTX=0"], "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"], "default": []}
 
 
 def expected_flags(flavour, arch, variant):
     if flavour == "cu13":
-        return [f"-arch={arch}", "-cubin", "-O3", "-std=c++17", "-Ikernels_src/include", "--expt-relaxed-constexpr",
-                *DEFINES[variant]]
-    return [f"--gpu-architecture={arch}", "-std=c++17", "-Ikernels_src/include", "-Icu12/nvidia/cuda_cccl/include",
-            "-Icu12/nvidia/cuda_runtime/include", "-Irtc_shim", *DEFINES[variant]]
+        return [
+            f"-arch={arch}",
+            "-cubin",
+            "-O3",
+            "-std=c++17",
+            "-Ikernels_src/include",
+            "--expt-relaxed-constexpr",
+            *DEFINES[variant],
+        ]
+    return [
+        f"--gpu-architecture={arch}",
+        "-std=c++17",
+        "-Ikernels_src/include",
+        "-Icu12/nvidia/cuda_cccl/include",
+        "-Icu12/nvidia/cuda_runtime/include",
+        "-Irtc_shim",
+        *DEFINES[variant],
+    ]
 
 
 def test_manifest_entries(built):
@@ -208,17 +232,25 @@ def test_manifest_entries(built):
     assert sorted(manifest["toolchains"]) == sorted(BUILT)
     assert manifest["toolchains"]["cu13"]["compiler"].startswith("nvcc 13.")
     assert sorted(e["path"] for e in manifest["cubins"]) == sorted(
-        f"{fl}/{arch}/{variant}/{family}.cubin" for fl in BUILT for family, arch, variant in TEST_TARGETS)
+        f"{fl}/{arch}/{variant}/{family}.cubin" for fl in BUILT for family, arch, variant in TEST_TARGETS
+    )
     for entry in manifest["cubins"]:
         flavour, arch = entry["flavour"], entry["arch"]
         cubin = (built / "cubins" / entry["path"]).read_bytes()
         assert entry["sha256"] == hashlib.sha256(cubin).hexdigest()
-        assert entry["compiler"] == {"cu13": manifest["toolchains"]["cu13"]["compiler"], "cu12": "nvrtc 12.9.86"}[flavour]
+        assert (
+            entry["compiler"] == {"cu13": manifest["toolchains"]["cu13"]["compiler"], "cu12": "nvrtc 12.9.86"}[flavour]
+        )
         assert entry["needs_nvshmem"] is False and entry["nvshmem"] is None
         assert entry["min_driver"] == {"cu13": 13000, "cu12": 12080 if arch == "sm_100" else 12000}[flavour]
         assert entry["ran_on_hardware"] is False  # no marks in this tree (cubins/hardware_runs.json)
-        assert entry["sources"] == sorted([f"kernels_src/{entry['family']}.cu", "kernels_src/include/ep_rt/params.h",
-                                           "kernels_src/include/ep_rt/ptx.cuh"])
+        assert entry["sources"] == sorted(
+            [
+                f"kernels_src/{entry['family']}.cu",
+                "kernels_src/include/ep_rt/params.h",
+                "kernels_src/include/ep_rt/ptx.cuh",
+            ]
+        )
         assert entry["flags"] == expected_flags(flavour, arch, entry["variant"])
         # the block size of the one kernel with __launch_bounds__, as compiled (the others have none to record)
         assert entry["blocks"] == ({"alpha_outer": 64} if entry["family"] == "alpha" else {}), entry["path"]
@@ -226,7 +258,9 @@ def test_manifest_entries(built):
         assert (cubin[7], cubin[8]) == ((0x33, 7) if flavour == "cu12" and arch != "sm_100" else (0x41, 8)), entry
     for flavour in BUILT:
         assert find_cubin_entries(manifest, "alpha", "sm_90", "safe", flavour)[0]["kernels"] == [
-            "alpha_copy", "alpha_outer"]
+            "alpha_copy",
+            "alpha_outer",
+        ]
         assert find_cubin_entries(manifest, "beta", "sm_100", "default", flavour)[0]["kernels"] == ["beta_fill"]
     assert len(find_cubin_entries(manifest, "alpha", flavour="cu13")) == 4
 
@@ -248,8 +282,14 @@ def test_struct_layouts_and_constants(built):
 def test_source_digest_is_recomputable(built):
     manifest = load_manifest(built / "cubins" / "manifest.json")
     for entry in find_cubin_entries(manifest, "beta", "sm_90", "default"):
-        digest = source_digest(built, "kernels_src/beta.cu", [built / p for p in entry["sources"] if "/include/" in p],
-                               entry["flags"], "sm_90", entry["toolchain"])
+        digest = source_digest(
+            built,
+            "kernels_src/beta.cu",
+            [built / p for p in entry["sources"] if "/include/" in p],
+            entry["flags"],
+            "sm_90",
+            entry["toolchain"],
+        )
         assert digest == entry["source_sha256"]
 
 
@@ -261,6 +301,7 @@ def test_build_is_reproducible_in_another_folder(built, tmp_path):
 
 
 # ---------------------------------------------------------------- --check
+
 
 def test_check_passes_in_another_folder_without_nvcc(tree):
     result = run_check(tree)
@@ -281,39 +322,70 @@ def _edit(path, text):
 
 
 MUTATIONS = {
-    "source edited": (lambda r: _edit(r / "kernels_src/alpha.cu", "// changed\n"),
-                      ["cu13/sm_90/safe/alpha.cubin: stale", "cu13/sm_90/aggressive/alpha.cubin: stale",
-                       "cu13/sm_80/safe/alpha.cubin: stale"]),
-    "include edited": (lambda r: _edit(r / "kernels_src/include/ep_rt/ptx.cuh", "// changed\n"),
-                       ["cu13/sm_90/safe/alpha.cubin: stale", "cu13/sm_90/aggressive/alpha.cubin: stale",
-                        "cu13/sm_100/default/beta.cubin: stale"]),
-    "include added": (lambda r: (r / "kernels_src/include/ep_rt/new.cuh").write_text("#pragma once\n"),
-                      ["cu13/sm_90/default/beta.cubin: stale"]),
-    "cubin deleted": (lambda r: (r / "cubins/cu13/sm_90/default/beta.cubin").unlink(),
-                      ["cu13/sm_90/default/beta.cubin: cubin file missing"]),
-    "cubin tampered": (lambda r: _edit_bytes(r / "cubins/cu13/sm_90/safe/alpha.cubin"),
-                       ["cu13/sm_90/safe/alpha.cubin: cubin sha256 differs"]),
-    "cubin unlisted": (lambda r: shutil.copy(r / "cubins/cu13/sm_90/default/beta.cubin",
-                                             r / "cubins/cu13/sm_90/default/x.cubin"),
-                       ["cu13/sm_90/default/x.cubin: cubin file not in the manifest"]),
-    "family added": (lambda r: (r / "kernels_src/gamma.cu").write_text(BETA_CU),
-                     ["cu13/sm_90/default/gamma.cubin: no manifest entry"]),
-    "min_arch raised": (lambda r: (r / "kernels_src/beta.cu").write_text("// ep_rt-build: min_arch=sm_90\n" + BETA_CU),
-                        ["cu13/sm_80/default/beta.cubin: no such family/flavour/arch/variant",
-                         "cu13/sm_90/default/beta.cubin: stale"]),
-    "variants changed": (lambda r: (r / "kernels_src/beta.cu").write_text(
-                             "// ep_rt-build: variants=safe,aggressive\n" + ALPHA_CU),
-                         ["cu13/sm_90/safe/beta.cubin: no manifest entry",
-                          "cu13/sm_90/default/beta.cubin: no such family/flavour/arch/variant"]),
-    "struct field renamed": (lambda r: (r / "kernels_src/include/ep_rt/params.h").write_text(
-                                 PARAMS_H.replace("int32_t n, m;", "int32_t n, count;")),
-                             ["params.h struct Outer fields differ from the manifest (added ['count'], removed ['m'])"]),
+    "source edited": (
+        lambda r: _edit(r / "kernels_src/alpha.cu", "// changed\n"),
+        [
+            "cu13/sm_90/safe/alpha.cubin: stale",
+            "cu13/sm_90/aggressive/alpha.cubin: stale",
+            "cu13/sm_80/safe/alpha.cubin: stale",
+        ],
+    ),
+    "include edited": (
+        lambda r: _edit(r / "kernels_src/include/ep_rt/ptx.cuh", "// changed\n"),
+        [
+            "cu13/sm_90/safe/alpha.cubin: stale",
+            "cu13/sm_90/aggressive/alpha.cubin: stale",
+            "cu13/sm_100/default/beta.cubin: stale",
+        ],
+    ),
+    "include added": (
+        lambda r: (r / "kernels_src/include/ep_rt/new.cuh").write_text("#pragma once\n"),
+        ["cu13/sm_90/default/beta.cubin: stale"],
+    ),
+    "cubin deleted": (
+        lambda r: (r / "cubins/cu13/sm_90/default/beta.cubin").unlink(),
+        ["cu13/sm_90/default/beta.cubin: cubin file missing"],
+    ),
+    "cubin tampered": (
+        lambda r: _edit_bytes(r / "cubins/cu13/sm_90/safe/alpha.cubin"),
+        ["cu13/sm_90/safe/alpha.cubin: cubin sha256 differs"],
+    ),
+    "cubin unlisted": (
+        lambda r: shutil.copy(r / "cubins/cu13/sm_90/default/beta.cubin", r / "cubins/cu13/sm_90/default/x.cubin"),
+        ["cu13/sm_90/default/x.cubin: cubin file not in the manifest"],
+    ),
+    "family added": (
+        lambda r: (r / "kernels_src/gamma.cu").write_text(BETA_CU),
+        ["cu13/sm_90/default/gamma.cubin: no manifest entry"],
+    ),
+    "min_arch raised": (
+        lambda r: (r / "kernels_src/beta.cu").write_text("// ep_rt-build: min_arch=sm_90\n" + BETA_CU),
+        ["cu13/sm_80/default/beta.cubin: no such family/flavour/arch/variant", "cu13/sm_90/default/beta.cubin: stale"],
+    ),
+    "variants changed": (
+        lambda r: (r / "kernels_src/beta.cu").write_text("// ep_rt-build: variants=safe,aggressive\n" + ALPHA_CU),
+        [
+            "cu13/sm_90/safe/beta.cubin: no manifest entry",
+            "cu13/sm_90/default/beta.cubin: no such family/flavour/arch/variant",
+        ],
+    ),
+    "struct field renamed": (
+        lambda r: (r / "kernels_src/include/ep_rt/params.h").write_text(
+            PARAMS_H.replace("int32_t n, m;", "int32_t n, count;")
+        ),
+        ["params.h struct Outer fields differ from the manifest (added ['count'], removed ['m'])"],
+    ),
     "manifest deleted": (lambda r: (r / "cubins/manifest.json").unlink(), ["no cubin manifest at"]),
-    "launch bounds changed": (lambda r: (r / "kernels_src/alpha.cu").write_text(
-                                  ALPHA_CU.replace("__launch_bounds__(64, 2)", "__launch_bounds__(128, 2)")),
-                              ["cu13/sm_90/safe/alpha.cubin: stale",
-                               "cu13/sm_90/safe/alpha.cubin: kernel alpha_outer: the cubin is compiled for 64 threads "
-                               "per block, alpha.cu says __launch_bounds__(128)"]),
+    "launch bounds changed": (
+        lambda r: (r / "kernels_src/alpha.cu").write_text(
+            ALPHA_CU.replace("__launch_bounds__(64, 2)", "__launch_bounds__(128, 2)")
+        ),
+        [
+            "cu13/sm_90/safe/alpha.cubin: stale",
+            "cu13/sm_90/safe/alpha.cubin: kernel alpha_outer: the cubin is compiled for 64 threads "
+            "per block, alpha.cu says __launch_bounds__(128)",
+        ],
+    ),
 }
 
 
@@ -339,8 +411,9 @@ def test_check_fails(tree, mutation):
 def test_check_sees_a_changed_pin(tree, monkeypatch):
     src, out = tree / "kernels_src", tree / "cubins"
     assert build_cubins.check(src, out, BUILT) == ([], len(TEST_TARGETS) * len(BUILT))
-    monkeypatch.setitem(toolchains.SITE_PINS, "cu12", {**toolchains.SITE_PINS["cu12"],
-                                                        "nvidia-cuda-nvrtc-cu12": "12.9.99"})
+    monkeypatch.setitem(
+        toolchains.SITE_PINS, "cu12", {**toolchains.SITE_PINS["cu12"], "nvidia-cuda-nvrtc-cu12": "12.9.99"}
+    )
     problems, _ = build_cubins.check(src, out, BUILT)
     stale = sorted(p.split(":")[0] for p in problems)
     assert stale == sorted(f"cu12/{a}/{v}/{f}.cubin" for f, a, v in TEST_TARGETS if "cu12" in BUILT)
@@ -360,9 +433,18 @@ def add_mark(root, path=MARKED, sha=None, **fields):
     sha = sha or hashlib.sha256((cubin if cubin.is_file() else root / "cubins" / MARKED).read_bytes()).hexdigest()
     marks_file = root / "cubins" / "hardware_runs.json"
     doc = json.loads(marks_file.read_text()) if marks_file.is_file() else {"comment": [], "marks": []}
-    doc["marks"].append({"sha256": sha, "path": path, "date": "2026-12-02T10:00:00Z", "commit": "abc1234",
-                         "machine": "test GPU", "ran": "the beta test", "log": "docs/gpu_runs/2026-12-02_test/tests.log",
-                         **fields})
+    doc["marks"].append(
+        {
+            "sha256": sha,
+            "path": path,
+            "date": "2026-12-02T10:00:00Z",
+            "commit": "abc1234",
+            "machine": "test GPU",
+            "ran": "the beta test",
+            "log": "docs/gpu_runs/2026-12-02_test/tests.log",
+            **fields,
+        }
+    )
     marks_file.write_text(json.dumps(doc))
 
 
@@ -397,9 +479,11 @@ def test_check_catches_a_mark_whose_cubin_changed(tree):
     assert result.returncode == 1
     stale = [line for line in result.stderr.splitlines() if "stale" in line]
     assert len(stale) == 1, result.stderr
-    assert stale[0].startswith(f"hardware_runs.json: mark 0 ({MARKED}, sha256 {old_sha[:12]}..., "
-                               f"2026-12-02T10:00:00Z, abc1234) is stale: the cubin at {MARKED} is now "
-                               f"{entry['sha256'][:12]}...")
+    assert stale[0].startswith(
+        f"hardware_runs.json: mark 0 ({MARKED}, sha256 {old_sha[:12]}..., "
+        f"2026-12-02T10:00:00Z, abc1234) is stale: the cubin at {MARKED} is now "
+        f"{entry['sha256'][:12]}..."
+    )
     # Kept as a record of bytes no longer shipped, the mark is fine again; the cubin stays unmarked.
     marks_file = tree / "cubins" / "hardware_runs.json"
     doc = json.loads(marks_file.read_text())
@@ -430,10 +514,14 @@ MARK_FAULTS = {
     "bad date": ({"date": "yesterday"}, "date must be YYYY-MM-DD"),
     "empty ran": ({"ran": " "}, "ran must be a non-empty string"),
     "unknown field": ({"note": "x"}, "unknown ['note']"),
-    "unclaimed shipped bytes": ({"path": None}, "names the bytes of the shipped cu13/sm_90/default/beta.cubin but "
-                                                "claims no path"),
-    "path not shipped": ({"path": "cu13/sm_90/default/gone.cubin"}, "the cubin at cu13/sm_90/default/gone.cubin is "
-                                                                    "not shipped"),
+    "unclaimed shipped bytes": (
+        {"path": None},
+        "names the bytes of the shipped cu13/sm_90/default/beta.cubin but claims no path",
+    ),
+    "path not shipped": (
+        {"path": "cu13/sm_90/default/gone.cubin"},
+        "the cubin at cu13/sm_90/default/gone.cubin is not shipped",
+    ),
 }
 
 
@@ -444,8 +532,9 @@ def test_check_fails_on_a_bad_mark(tree, fault):
     add_mark(tree, **({"sha": sha} if sha else {}), **fields)
     result = run_check(tree)
     assert result.returncode == 1
-    assert any(line.startswith("hardware_runs.json: mark 0") and expected in line
-               for line in result.stderr.splitlines()), result.stderr
+    assert any(
+        line.startswith("hardware_runs.json: mark 0") and expected in line for line in result.stderr.splitlines()
+    ), result.stderr
     if fault != "unclaimed shipped bytes" and fault != "path not shipped":
         # a malformed marks file stops builds and --update-marks too, before anything is written
         before = (tree / "cubins" / "manifest.json").read_bytes()
@@ -456,13 +545,15 @@ def test_check_fails_on_a_bad_mark(tree, fault):
 
 # ---------------------------------------------------------------- partial and full rebuilds
 
+
 def test_family_rebuild_keeps_other_entries(tree):
     before = load_manifest(tree / "cubins" / "manifest.json")
     _edit(tree / "kernels_src/beta.cu", "// changed\n")
     after = build_or_fail(tree, "--family", "beta", *FLAVOUR_ARGS)
     assert find_cubin_entries(after, "alpha") == find_cubin_entries(before, "alpha")
-    assert (find_cubin_entries(after, "beta")[0]["source_sha256"]
-            != find_cubin_entries(before, "beta")[0]["source_sha256"])
+    assert (
+        find_cubin_entries(after, "beta")[0]["source_sha256"] != find_cubin_entries(before, "beta")[0]["source_sha256"]
+    )
     assert run_check(tree).returncode == 0
 
 
@@ -476,7 +567,8 @@ def test_full_rebuild_removes_cubins_of_deleted_families(tree):
     (tree / "kernels_src/alpha.cu").unlink()
     manifest = build_or_fail(tree, *FLAVOUR_ARGS)
     assert sorted(e["path"] for e in manifest["cubins"]) == sorted(
-        f"{fl}/{a}/default/beta.cubin" for fl in BUILT for a in ("sm_80", "sm_90", "sm_100"))
+        f"{fl}/{a}/default/beta.cubin" for fl in BUILT for a in ("sm_80", "sm_90", "sm_100")
+    )
     assert sorted(p.name for p in (tree / "cubins").rglob("*.cubin")) == ["beta.cubin"] * 3 * len(BUILT)
     assert run_check(tree).returncode == 0
 
@@ -490,20 +582,30 @@ def test_unknown_family_or_flavour_is_an_error(tree):
 
 
 def test_missing_site_names_the_install_command(tree, tmp_path):
-    result = run_tool("--src", tree / "kernels_src", "--out", tree / "cubins", "--flavour", "cu12",
-                      "--cu12-site", tmp_path / "no-site")
+    result = run_tool(
+        "--src",
+        tree / "kernels_src",
+        "--out",
+        tree / "cubins",
+        "--flavour",
+        "cu12",
+        "--cu12-site",
+        tmp_path / "no-site",
+    )
     assert result.returncode == 1
     assert "--install-sites" in result.stderr and "nvidia-cuda-nvrtc-cu12==12.9.86" in result.stderr
 
 
 # ---------------------------------------------------------------- NVSHMEM families
 
+
 @pytest.mark.parametrize("flavour", build_cubins.FLAVOURS)
 def test_nvshmem_family(tmp_path, flavour):
     require_nvcc()
     if not site_ready(flavour, nvshmem=True):
-        pytest.skip(f"no {flavour} site with NVSHMEM at {SITES[flavour]} (python tools/build_cubins.py "
-                    f"--install-sites)")
+        pytest.skip(
+            f"no {flavour} site with NVSHMEM at {SITES[flavour]} (python tools/build_cubins.py --install-sites)"
+        )
     write_sources(tmp_path, {"shmem": SHMEM_CU})
     manifest = build_or_fail(tmp_path, "--flavour", flavour)
     entries = manifest["cubins"]
@@ -529,11 +631,14 @@ def test_nvshmem_family(tmp_path, flavour):
 
 # An NVSHMEM family with internal-linkage device code: its symbols carry nvcc's module id (_INTERNAL_<id>_...), which
 # nvcc derived from the checkout's absolute path before the build pinned it.
-SHMEM_INTERNAL_CU = SHMEM_CU + """\
+SHMEM_INTERNAL_CU = (
+    SHMEM_CU
+    + """\
 namespace { __device__ __noinline__ int bump(int v) { return v + 1; } }
 static __device__ int calls;
 extern "C" __global__ void shmem_bump(int *sym, int peer) { nvshmem_int_p(sym, bump(atomicAdd(&calls, 1)), peer); }
 """
+)
 
 
 def other_nvcc():
@@ -582,14 +687,23 @@ def test_nvcc_command_lines_hold_no_absolute_path(tmp_path):
 
 
 def test_verify_passes_and_names_every_differing_file(tree):
-    args = ["--verify", "--src", tree / "kernels_src", "--out", tree / "cubins",
-            *[a for f in build_cubins.FLAVOURS for a in (f"--{f}-site", SITES[f])], *(NVCC_ARGS or [])]
+    args = [
+        "--verify",
+        "--src",
+        tree / "kernels_src",
+        "--out",
+        tree / "cubins",
+        *[a for f in build_cubins.FLAVOURS for a in (f"--{f}-site", SITES[f])],
+        *(NVCC_ARGS or []),
+    ]
     if len(BUILT) == 1:
         pytest.skip("--verify rebuilds both flavours: needs the cu12 site")
     result = run_tool(*args)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip().endswith(f"cubins reproduced: {len(TEST_TARGETS) * 2 + 1} files (every cubin and "
-                                          f"the manifest) byte-identical to a rebuild")
+    assert result.stdout.strip().endswith(
+        f"cubins reproduced: {len(TEST_TARGETS) * 2 + 1} files (every cubin and "
+        f"the manifest) byte-identical to a rebuild"
+    )
     cubin = tree / "cubins" / "cu13/sm_90/safe/alpha.cubin"
     data = cubin.read_bytes()
     assert data.count(b"Cuda compilation tools") == 1
@@ -600,8 +714,10 @@ def test_verify_passes_and_names_every_differing_file(tree):
     assert result.returncode == 1
     lines = result.stderr.splitlines()
     assert "cu13/sm_90/safe/alpha.cubin: differs from the rebuild (" in result.stderr
-    assert any(line.startswith("cu13/sm_90/safe/alpha.cubin: differs") and line.endswith("differ: .note.nv.tkinfo)")
-               for line in lines), lines
+    assert any(
+        line.startswith("cu13/sm_90/safe/alpha.cubin: differs") and line.endswith("differ: .note.nv.tkinfo)")
+        for line in lines
+    ), lines
     assert "cu12/sm_80/default/beta.cubin: the rebuild makes it, but it is not shipped" in lines
     assert "cu13/sm_90/default/x.cubin: shipped, but the rebuild makes no such file" in lines
     assert lines[-1].startswith("build_cubins: 3 of ")
@@ -610,8 +726,17 @@ def test_verify_passes_and_names_every_differing_file(tree):
 
 def test_cu13_without_nvcc_names_the_site_and_the_option(tree, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NVCC"}
-    result = run_tool("--src", tree / "kernels_src", "--out", tree / "cubins", "--flavour", "cu13",
-                      "--cu13-site", tmp_path / "no-site", env=env)
+    result = run_tool(
+        "--src",
+        tree / "kernels_src",
+        "--out",
+        tree / "cubins",
+        "--flavour",
+        "cu13",
+        "--cu13-site",
+        tmp_path / "no-site",
+        env=env,
+    )
     assert result.returncode == 1
     assert "no nvcc in the cu13 site" in result.stderr and "--install-sites" in result.stderr
     assert f"--nvcc /usr/local/cuda/bin/nvcc (a toolkit whose nvcc is {toolchains.NVCC_VERSION})" in result.stderr
@@ -629,10 +754,13 @@ def test_an_explicit_nvcc_must_be_the_pinned_version_inside_a_toolkit(tmp_path, 
     newer = _script(tmp_path / "tk" / "bin" / "nvcc", 'echo "Cuda compilation tools, release 13.1, V13.1.80"')
     _script(tmp_path / "tk" / "bin" / "nvlink", "exit 1")
     _script(tmp_path / "tk" / "nvvm" / "bin" / "cicc", "exit 1")
-    with pytest.raises(build_cubins.BuildError, match=rf"pinned to nvcc {toolchains.NVCC_VERSION} \(SITE_PINS\); "
-                                                       rf".*tk/bin/nvcc is 13\.1\.80"):
+    with pytest.raises(
+        build_cubins.BuildError,
+        match=rf"pinned to nvcc {toolchains.NVCC_VERSION} \(SITE_PINS\); "
+        rf".*tk/bin/nvcc is 13\.1\.80",
+    ):
         toolchains.Toolchain("cu13", tmp_path / "site", [], nvcc=str(newer))
-    wrapper = _script(tmp_path / "wrap" / "nvcc", f"exec {newer} \"$@\"")
+    wrapper = _script(tmp_path / "wrap" / "nvcc", f'exec {newer} "$@"')
     with pytest.raises(build_cubins.BuildError, match="is not inside a CUDA toolkit .* no bin/nvlink, nvvm/bin/cicc"):
         toolchains.Toolchain("cu13", tmp_path / "site", [], nvcc=str(wrapper))
     with pytest.raises(build_cubins.BuildError, match=r"\(from --nvcc\) is not an executable file"):
@@ -682,6 +810,7 @@ def test_nvrtc_stdint_shim_decides_whether_put_with_signal_links(tmp_path, monke
 
 # ---------------------------------------------------------------- the repo's own cubins
 
+
 def test_repo_cubins_are_current():
     if not (REPO / "cubins" / "manifest.json").is_file():
         pytest.skip("cubins/manifest.json does not exist yet (run python tools/build_cubins.py)")
@@ -725,30 +854,51 @@ def test_repo_cubin_set():
                 want.add(("low_latency", fl, arch, "default"))
         want.add(("intranode", fl, "sm_90", "aggressive"))
         want.add(("low_latency", fl, "sm_90", "chaos"))
-        want |= {("internode", fl, "sm_90", "safe"), ("internode", fl, "sm_90", "aggressive"),
-                 ("internode", fl, "sm_90", "chaos"), ("internode", fl, "sm_100", "safe")}
+        want |= {
+            ("internode", fl, "sm_90", "safe"),
+            ("internode", fl, "sm_90", "aggressive"),
+            ("internode", fl, "sm_90", "chaos"),
+            ("internode", fl, "sm_100", "safe"),
+        }
     assert have == want
     from ep_rt.transport.nvshmem_dist import EXTRAS
+
     for e in manifest["cubins"]:
         ran = e["path"] in REPO_MARKED
         assert e["ran_on_hardware"] is ran, e["path"]
         if e["needs_nvshmem"]:
             assert EXTRAS[e["flavour"]].startswith(f"nvidia-nvshmem-{e['flavour']}>={e['nvshmem']},"), e["path"]
-        assert set(e["kernels"]) >= {"layout": {"ep_rt_get_dispatch_layout"},
-                                     "intranode": {"ep_rt_intranode_dispatch", "ep_rt_intranode_combine"},
-                                     "low_latency": {"ep_rt_ll_dispatch_send", "ep_rt_ll_combine_recv"},
-                                     "internode": {f"ep_rt_internode_{k}" for k in (
-                                         "notify", "send", "forward", "recv", "combine_publish", "combine_forward",
-                                         "combine_reduce", "barrier")}}[e["family"]]
+        assert (
+            set(e["kernels"])
+            >= {
+                "layout": {"ep_rt_get_dispatch_layout"},
+                "intranode": {"ep_rt_intranode_dispatch", "ep_rt_intranode_combine"},
+                "low_latency": {"ep_rt_ll_dispatch_send", "ep_rt_ll_combine_recv"},
+                "internode": {
+                    f"ep_rt_internode_{k}"
+                    for k in (
+                        "notify",
+                        "send",
+                        "forward",
+                        "recv",
+                        "combine_publish",
+                        "combine_forward",
+                        "combine_reduce",
+                        "barrier",
+                    )
+                },
+            }[e["family"]]
+        )
 
 
 # ---------------------------------------------------------------- pieces that need no compiler
+
 
 def test_directives(tmp_path):
     cu = tmp_path / "f.cu"
     cu.write_text("// ep_rt-build: variants=safe, aggressive\n// ep_rt-build: nvshmem min_arch=sm_90\n")
     assert build_cubins.read_directives(cu) == (("safe", "aggressive"), True, "sm_90")
-    cu.write_text("extern \"C\" __global__ void k() {}\n")
+    cu.write_text('extern "C" __global__ void k() {}\n')
     assert build_cubins.read_directives(cu) == (("default",), False, "sm_80")
     for bad in ("// ep_rt-build: variants=fast\n", "// ep_rt-build: lto\n", "// ep_rt-build: min_arch=sm_89\n"):
         cu.write_text(bad)
@@ -759,8 +909,11 @@ def test_directives(tmp_path):
 def test_targets_follow_min_arch_and_keep_aggressive_on_sm90(tmp_path):
     fam = build_cubins.Family("f", tmp_path / "f.cu", ("safe", "aggressive"), True, "sm_90")
     keys = [t.key for t in build_cubins.targets([fam])]
-    assert keys == [("f", fl, a, v) for fl in ("cu12", "cu13") for a, v in
-                    (("sm_90", "safe"), ("sm_90", "aggressive"), ("sm_100", "safe"))]
+    assert keys == [
+        ("f", fl, a, v)
+        for fl in ("cu12", "cu13")
+        for a, v in (("sm_90", "safe"), ("sm_90", "aggressive"), ("sm_100", "safe"))
+    ]
     assert build_cubins.targets([fam], ["cu13"])[0].path == "cu13/sm_90/safe/f.cubin"
 
 
@@ -788,24 +941,34 @@ def _fake_cubin(symbols):
     for name, *_ in symbols:
         names.append(len(strtab))
         strtab += name.encode() + b"\0"
-    symtab = bytes(24) + b"".join(struct.pack("<IBBHQQ", off, info, other, shndx, 0, 0)
-                                  for off, (_, info, other, shndx) in zip(names, symbols))
+    symtab = bytes(24) + b"".join(
+        struct.pack("<IBBHQQ", off, info, other, shndx, 0, 0) for off, (_, info, other, shndx) in zip(names, symbols)
+    )
     shstrtab = b"\0.strtab\0.symtab\0.shstrtab\0"
     data = strtab + symtab + shstrtab
     shoff = 64 + len(data)
-    sections = [bytes(64),
-                struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(strtab), 0, 0, 1, 0),
-                struct.pack("<IIQQQQIIQQ", 9, 2, 0, 0, 64 + len(strtab), len(symtab), 1, 1, 8, 24),
-                struct.pack("<IIQQQQIIQQ", 17, 3, 0, 0, 64 + len(strtab) + len(symtab), len(shstrtab), 0, 0, 1, 0)]
+    sections = [
+        bytes(64),
+        struct.pack("<IIQQQQIIQQ", 1, 3, 0, 0, 64, len(strtab), 0, 0, 1, 0),
+        struct.pack("<IIQQQQIIQQ", 9, 2, 0, 0, 64 + len(strtab), len(symtab), 1, 1, 8, 24),
+        struct.pack("<IIQQQQIIQQ", 17, 3, 0, 0, 64 + len(strtab) + len(symtab), len(shstrtab), 0, 0, 1, 0),
+    ]
     header = struct.pack("<16sHHIQQQIHHHHHH", b"\x7fELF\x02\x01\x01", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 4, 3)
     return header + data + b"".join(sections)
 
 
 def test_kernel_symbols_keep_only_defined_global_entry_functions():
     func_global, func_local, object_global = 0x12, 0x02, 0x11
-    cubin = _fake_cubin([("kernel_b", func_global, 0x10, 1), ("kernel_a", func_global, 0x10, 1),
-                         ("device_fn", func_global, 0x00, 1), ("vprintf", func_global, 0x00, 0),
-                         ("local_fn", func_local, 0x10, 1), ("state_d", object_global, 0x00, 1)])
+    cubin = _fake_cubin(
+        [
+            ("kernel_b", func_global, 0x10, 1),
+            ("kernel_a", func_global, 0x10, 1),
+            ("device_fn", func_global, 0x00, 1),
+            ("vprintf", func_global, 0x00, 0),
+            ("local_fn", func_local, 0x10, 1),
+            ("state_d", object_global, 0x00, 1),
+        ]
+    )
     assert build_cubins.kernel_symbols(cubin) == ["kernel_a", "kernel_b"]
     with pytest.raises(build_cubins.BuildError):
         build_cubins.kernel_symbols(b"not an elf")

@@ -2,6 +2,7 @@
 is generated from that list (same mutations, same order, every semantic one recorded as killed), and the tool
 really runs a mutant against the tests (one mutation end to end, on a single test; the whole list takes minutes,
 so the full run is the tool's, recorded in the doc)."""
+
 import importlib.util
 import sys
 

@@ -1,6 +1,7 @@
 """tools/tree_digest.py: the digest of a commit from git equals the digest of its files without .git (as the
 device tool copies them, ignored folders beside), and anything else in the files makes them differ; the gitignore
 subset matches what git ignores, on hand-written cases and on this checkout."""
+
 import importlib.util
 import os
 import shutil
@@ -18,28 +19,31 @@ _spec.loader.exec_module(td)
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed here")
 
 
-@pytest.mark.parametrize("pattern, path, is_dir, want", [
-    ("__pycache__/", "__pycache__", True, True),
-    ("__pycache__/", "ep_rt/ops/__pycache__", True, True),
-    ("__pycache__/", "ep_rt/__pycache__", False, False),     # folders only
-    ("*.pyc", "a/b/c.pyc", False, True),
-    ("*.pyc", "a/b/c.pyc.txt", False, False),
-    ("/build/", "build", True, True),
-    ("/build/", "tools/build", True, False),               # anchored at the root
-    ("*.egg-info/", "ep_rt.egg-info", True, True),
-    ("*.egg-info/", "x/ep_rt.egg-info", True, True),
-    ("/kernels_src/**/*.o", "kernels_src/a.o", False, True),  # ** is zero folders too
-    ("/kernels_src/**/*.o", "kernels_src/x/y/a.o", False, True),
-    ("/kernels_src/**/*.o", "kernels_src/x/a.oo", False, False),
-    ("/kernels_src/**/*.o", "tools/kernels_src/a.o", False, False),
-    ("/.venv/", ".venv", True, True),
-    ("docs/*.md", "docs/a.md", False, True),               # a middle slash anchors
-    ("docs/*.md", "x/docs/a.md", False, False),
-    ("docs/*.md", "docs/sub/a.md", False, False),            # * stays within a segment
-    ("f?o[0-9]", "a/fxo7", False, True),
-    ("f?o[!0-9]", "a/fxo7", False, False),
-    ("logs/**", "logs/a/b", False, True),
-])
+@pytest.mark.parametrize(
+    "pattern, path, is_dir, want",
+    [
+        ("__pycache__/", "__pycache__", True, True),
+        ("__pycache__/", "ep_rt/ops/__pycache__", True, True),
+        ("__pycache__/", "ep_rt/__pycache__", False, False),  # folders only
+        ("*.pyc", "a/b/c.pyc", False, True),
+        ("*.pyc", "a/b/c.pyc.txt", False, False),
+        ("/build/", "build", True, True),
+        ("/build/", "tools/build", True, False),  # anchored at the root
+        ("*.egg-info/", "ep_rt.egg-info", True, True),
+        ("*.egg-info/", "x/ep_rt.egg-info", True, True),
+        ("/kernels_src/**/*.o", "kernels_src/a.o", False, True),  # ** is zero folders too
+        ("/kernels_src/**/*.o", "kernels_src/x/y/a.o", False, True),
+        ("/kernels_src/**/*.o", "kernels_src/x/a.oo", False, False),
+        ("/kernels_src/**/*.o", "tools/kernels_src/a.o", False, False),
+        ("/.venv/", ".venv", True, True),
+        ("docs/*.md", "docs/a.md", False, True),  # a middle slash anchors
+        ("docs/*.md", "x/docs/a.md", False, False),
+        ("docs/*.md", "docs/sub/a.md", False, False),  # * stays within a segment
+        ("f?o[0-9]", "a/fxo7", False, True),
+        ("f?o[!0-9]", "a/fxo7", False, False),
+        ("logs/**", "logs/a/b", False, True),
+    ],
+)
 def test_pattern_matching(pattern, path, is_dir, want):
     assert td.Pattern(pattern).matches(path, is_dir) is want
 
@@ -58,8 +62,13 @@ def test_contents_of_an_ignored_folder_are_ignored():
 
 
 def _git(repo, *args):
-    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=repo,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 @pytest.fixture
@@ -80,8 +89,15 @@ def repo(tmp_path):
     _git(r, "init", "-q")
     _git(r, "add", "-A")
     _git(r, "commit", "-q", "-m", "one")
-    for ignored_file in (".venv/bin/python", "pkg/__pycache__/a.cpython-311.pyc", "build/lib/pkg/a.py",
-                         "ep_rt.egg-info/PKG-INFO", "kernels_src/sub/k.o", ".scratch/wheels/x.whl", "pkg/c.pyc"):
+    for ignored_file in (
+        ".venv/bin/python",
+        "pkg/__pycache__/a.cpython-311.pyc",
+        "build/lib/pkg/a.py",
+        "ep_rt.egg-info/PKG-INFO",
+        "kernels_src/sub/k.o",
+        ".scratch/wheels/x.whl",
+        "pkg/c.pyc",
+    ):
         (r / ignored_file).parent.mkdir(parents=True, exist_ok=True)
         (r / ignored_file).write_text("ignored\n")
     return r
@@ -107,11 +123,13 @@ def test_commit_digest_equals_the_files_digest_with_ignored_files_beside(repo):
 @needs_git
 def test_an_untracked_modified_deleted_or_retargeted_file_changes_the_digest(repo):
     commit = td.digest_of(td.commit_lines("HEAD", repo))
-    changes = [lambda: (repo / "new.py").write_text("x\n"),
-               lambda: (repo / "pkg" / "a.py").write_text("A = 2\n"),
-               lambda: (repo / "pkg" / "sub" / "b.bin").unlink(),
-               lambda: (os.unlink(repo / "link_to_a"), os.symlink("README.md", repo / "link_to_a")),
-               lambda: (repo / "pkg" / "a.py").rename(repo / "pkg" / "a2.py")]
+    changes = [
+        lambda: (repo / "new.py").write_text("x\n"),
+        lambda: (repo / "pkg" / "a.py").write_text("A = 2\n"),
+        lambda: (repo / "pkg" / "sub" / "b.bin").unlink(),
+        lambda: (os.unlink(repo / "link_to_a"), os.symlink("README.md", repo / "link_to_a")),
+        lambda: (repo / "pkg" / "a.py").rename(repo / "pkg" / "a2.py"),
+    ]
     for change in changes:
         _git(repo, "reset", "-q", "--hard")
         _git(repo, "clean", "-fdq")  # (not -x: the ignored files stay)
@@ -167,16 +185,20 @@ def _excluded_outside_gitignore(path: Path) -> tuple:
     """Paths that .git/info/exclude or the user's global excludes ignore on this checkout (gpu_run.sh's SKIP, when
     such a path is carried; otherwise the device tool does not send it)."""
     files = [Path(_git(path, "rev-parse", "--git-path", "info/exclude"))]
-    global_file = subprocess.run(["git", "config", "--path", "core.excludesFile"], cwd=path, capture_output=True,
-                                 text=True).stdout.strip()
+    global_file = subprocess.run(
+        ["git", "config", "--path", "core.excludesFile"], cwd=path, capture_output=True, text=True
+    ).stdout.strip()
     xdg = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "git" / "ignore"
     files.append(Path(global_file) if global_file else xdg)
     skip = []
     for f in files:
         f = f if f.is_absolute() else path / f
         if f.is_file():
-            skip += [line.strip().strip("/") for line in f.read_text().splitlines()
-                     if line.strip() and not line.startswith("#")]
+            skip += [
+                line.strip().strip("/")
+                for line in f.read_text().splitlines()
+                if line.strip() and not line.startswith("#")
+            ]
     return tuple(skip)
 
 

@@ -2,6 +2,7 @@
 inputs and local failures are compared with one all_gather_object (ep_rt.transport.agreement), and every rank
 raises, naming the ranks that differ and their values. Pure functions, a stand-in torch.distributed, and a real
 gloo group of 3 processes on the CPU (each of which must raise)."""
+
 import multiprocessing as mp
 import os
 import socket
@@ -17,6 +18,7 @@ from ..fake_dist import FakeGroup
 
 # ---- the comparison -------------------------------------------------------------------------------------------
 
+
 def test_equal_values_have_no_differences():
     assert agreement.differences([{"a": 1, "b": "x"}] * 4) == []
 
@@ -27,7 +29,8 @@ def test_a_difference_names_every_value_and_its_ranks():
     rows[5] = {"num_rdma_bytes": 1 << 29, "low_latency_mode": False}
     assert agreement.differences(rows) == [
         "num_rdma_bytes: 1073741824 on ranks 0-2, 4; 536870912 on ranks 3, 5",
-        "low_latency_mode: True on ranks 0-4; False on rank 5"]
+        "low_latency_mode: True on ranks 0-4; False on rank 5",
+    ]
 
 
 def test_missing_values_are_compared_over_the_ranks_that_have_them():
@@ -37,7 +40,7 @@ def test_missing_values_are_compared_over_the_ranks_that_have_them():
 
 
 def test_many_distinct_values_are_capped():
-    line, = agreement.differences([{"x": r} for r in range(10)])
+    (line,) = agreement.differences([{"x": r} for r in range(10)])
     assert line.endswith("and 4 other values") and "0 on rank 0" in line
 
 
@@ -66,11 +69,16 @@ def test_verdict_local_failure_the_failed_rank_reraises_the_others_name_it():
 def test_verdict_mismatch_wins_and_mentions_the_failures():
     table = contributions([{"a": 1}, {"a": 2}], errors={0: ("ValueError", "boom")})
     e = agreement.verdict(table, 0)
-    assert isinstance(e, RankMismatchError) and "a: 1 on rank 0; 2 on rank 1" in str(e) and "rank 0: ValueError: boom" in str(e)
+    assert (
+        isinstance(e, RankMismatchError)
+        and "a: 1 on rank 0; 2 on rank 1" in str(e)
+        and "rank 0: ValueError: boom" in str(e)
+    )
     assert agreement.verdict(contributions([{"a": 1}] * 2), 0) is None
 
 
 # ---- exchange: one all_gather_object, prepare's failures shipped ------------------------------------------
+
 
 def test_exchange_returns_prepare_result_when_all_agree(monkeypatch):
     peers = contributions([{"n": 4, "x": 1}] * 3)
@@ -114,6 +122,7 @@ def test_buffer_values_read_the_knobs_without_raising(monkeypatch):
 
 # ---- Topology: EP_RT_RANKS_PER_NODE compared before it is parsed ------------------------------------------
 
+
 def test_ranks_per_node_must_match_before_it_is_used(monkeypatch):
     table = [("h", "a", "2"), ("h", "b", "2"), ("h", "c", "3"), ("h", "d", "")]
     for rank in range(4):  # every rank raises, whatever its own value
@@ -125,6 +134,7 @@ def test_ranks_per_node_must_match_before_it_is_used(monkeypatch):
 
 
 # ---- a real group: 3 processes over gloo, every one of them raises -----------------------------------------
+
 
 def _free_port():
     with socket.socket() as s:

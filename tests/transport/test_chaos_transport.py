@@ -2,6 +2,7 @@
 declares and builds the variant where it should, the shipped manifest has it, EP_RT_CHAOS_TRANSPORT picks it (and
 only for families with network traffic), the LL kernels send remote traffic only through net.cuh, and the probe's
 mirror in the GPU test matches the kernel. Its behaviour on a GPU: tests/gpu/test_chaos_transport_gpu.py."""
+
 import importlib.util
 import re
 
@@ -28,15 +29,27 @@ build_cubins = _load("_build_cubins_chaos", REPO / "tools" / "build_cubins.py")
 
 
 def entry(family, flavour, arch, variant="default", nvshmem=False):
-    return {"family": family, "flavour": flavour, "arch": arch, "variant": variant, "needs_nvshmem": nvshmem,
-            "min_driver": 13000 if flavour == "cu13" else 12000, "path": f"{flavour}/{arch}/{variant}/{family}.cubin"}
+    return {
+        "family": family,
+        "flavour": flavour,
+        "arch": arch,
+        "variant": variant,
+        "needs_nvshmem": nvshmem,
+        "min_driver": 13000 if flavour == "cu13" else 12000,
+        "path": f"{flavour}/{arch}/{variant}/{family}.cubin",
+    }
 
 
-FAKE = {"cubins": [entry("layout", "cu13", "sm_90"), entry("intranode", "cu13", "sm_90", "safe"),
-                   entry("low_latency", "cu13", "sm_90", nvshmem=True),
-                   entry("low_latency", "cu13", "sm_90", "chaos", nvshmem=True),
-                   entry("low_latency", "cu13", "sm_100", nvshmem=True),
-                   entry("internode", "cu13", "sm_90", nvshmem=True)]}
+FAKE = {
+    "cubins": [
+        entry("layout", "cu13", "sm_90"),
+        entry("intranode", "cu13", "sm_90", "safe"),
+        entry("low_latency", "cu13", "sm_90", nvshmem=True),
+        entry("low_latency", "cu13", "sm_90", "chaos", nvshmem=True),
+        entry("low_latency", "cu13", "sm_100", nvshmem=True),
+        entry("internode", "cu13", "sm_90", nvshmem=True),
+    ]
+}
 
 
 def pick(family, cc=(9, 0), chaos=False, manifest=FAKE):
@@ -51,11 +64,17 @@ def test_choice_takes_the_chaos_variant_only_when_asked():
 
 
 def test_a_missing_chaos_variant_is_an_error_not_the_real_transport():
-    with pytest.raises(CubinNotFoundError, match=r"EP_RT_CHAOS_TRANSPORT=1, but 'low_latency' has no chaos variant "
-                                                 r"for cu13/sm_100 .*unset EP_RT_CHAOS_TRANSPORT"):
+    with pytest.raises(
+        CubinNotFoundError,
+        match=r"EP_RT_CHAOS_TRANSPORT=1, but 'low_latency' has no chaos variant "
+        r"for cu13/sm_100 .*unset EP_RT_CHAOS_TRANSPORT",
+    ):
         pick("low_latency", cc=(10, 0), chaos=True)
-    with pytest.raises(CubinNotFoundError, match=r"'internode' has no chaos variant .*variants= of the ep_rt-build "
-                                                 r"line of kernels_src/internode.cu"):
+    with pytest.raises(
+        CubinNotFoundError,
+        match=r"'internode' has no chaos variant .*variants= of the ep_rt-build "
+        r"line of kernels_src/internode.cu",
+    ):
         pick("internode", chaos=True)
 
 
@@ -108,8 +127,11 @@ def test_build_declares_chaos_for_nvshmem_families_on_sm90_only(tmp_path):
     assert build_cubins.read_directives(cu) == (("default", "chaos"), True, "sm_90")
     fam = build_cubins.Family("f", cu, ("default", "chaos"), True, "sm_90")
     keys = {t.key for t in build_cubins.targets([fam])}
-    assert keys == {("f", fl, a, v) for fl in ("cu12", "cu13") for a, v in
-                    (("sm_90", "default"), ("sm_90", "chaos"), ("sm_100", "default"))}
+    assert keys == {
+        ("f", fl, a, v)
+        for fl in ("cu12", "cu13")
+        for a, v in (("sm_90", "default"), ("sm_90", "chaos"), ("sm_100", "default"))
+    }
     assert build_cubins.VARIANT_DEFINES["chaos"] == ["-DEP_RT_CHAOS_TRANSPORT=1"]
     cu.write_text("// ep_rt-build: variants=default,chaos\n")
     with pytest.raises(build_cubins.BuildError, match="chaos variant .* needs the nvshmem option"):
@@ -133,8 +155,11 @@ def test_probe_mirror_matches_the_kernel():
     net = (REPO / "kernels_src" / "include" / "ep_rt" / "net.cuh").read_text()
     slots = int(re.search(r"#define EP_RT_NET_CHAOS_SLOTS (\d+)", net).group(1))
     ll = (REPO / "kernels_src" / "low_latency.cu").read_text()
-    line = re.search(r"constexpr int kProbeLate = (\d+), kProbePairs = (\d+), kProbeRow = (\d+), "
-                     r"kProbeFlood = EP_RT_NET_CHAOS_SLOTS \+ (\d+);", ll)
+    line = re.search(
+        r"constexpr int kProbeLate = (\d+), kProbePairs = (\d+), kProbeRow = (\d+), "
+        r"kProbeFlood = EP_RT_NET_CHAOS_SLOTS \+ (\d+);",
+        ll,
+    )
     assert line, "the probe's sizes moved: update tests/gpu/chaos_workers.py and this test"
     late, pairs, row, extra = map(int, line.groups())
     assert chaos_workers.CHAOS_SLOTS == slots

@@ -1,4 +1,5 @@
 """The host's wait for a notify kernel's token (CPU: counters in a Python list, a fake error record)."""
+
 import threading
 import time
 
@@ -68,6 +69,7 @@ def test_another_python_thread_keeps_running_while_the_host_waits():
     """The wait yields the GIL after its first microseconds: a busy Python thread beside it gets about the progress
     it gets while the main thread sleeps. A wait that spun holding the GIL would halve it (the interpreter then
     switches between the two threads every 5 ms)."""
+
     def wait():
         counters = [0]
         threading.Timer(0.3, counters.__setitem__, (0, 9)).start()

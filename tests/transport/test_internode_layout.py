@@ -1,4 +1,5 @@
 """The internode symmetric-buffer layout, size hints, handle checks and error messages (CPU only)."""
+
 import pytest
 import torch
 
@@ -19,8 +20,13 @@ def test_control_area_follows_the_data_and_is_aligned():
     assert values == sorted(values) and all(v % lay.ALIGN == 0 for v in values)
     # Every region has room for its words: one network slot per node (not per rank: only rail peers talk).
     slot = off["slot_bytes"]
-    assert slot >= 4 * (abi.EP_RT_IN_SLOT_HEADER + R + N + abi.EP_RT_MAX_CHANNELS +
-                        (R // N) * (abi.EP_RT_MAX_CHANNELS + abi.EP_RT_MAX_LOCAL_EXPERTS))
+    assert slot >= 4 * (
+        abi.EP_RT_IN_SLOT_HEADER
+        + R
+        + N
+        + abi.EP_RT_MAX_CHANNELS
+        + (R // N) * (abi.EP_RT_MAX_CHANNELS + abi.EP_RT_MAX_LOCAL_EXPERTS)
+    )
     assert off["notify_recv"] - off["notify_send"] >= N * slot
     assert off["notify_words"] - off["notify_recv"] >= N * slot
     assert off["combine_words"] - off["dispatch_words"] >= N * abi.EP_RT_MAX_CHANNELS * 8
@@ -58,8 +64,12 @@ def test_fill_gives_both_halves_and_the_capacity():
 def test_size_hints_hold_a_dispatch_and_its_combine(hidden, G, R):
     T, N = 4096, R // G
     rdma = lay.rdma_size_hint(hidden * 2, R, G, T)
-    records = (lay.dispatch_record_bytes(hidden * 2, 0, 8), lay.dispatch_record_bytes(hidden, hidden // 128, 8),
-               lay.combine_record_bytes(hidden, 8), lay.combine_record_bytes(hidden, 32))
+    records = (
+        lay.dispatch_record_bytes(hidden * 2, 0, 8),
+        lay.dispatch_record_bytes(hidden, hidden // 128, 8),
+        lay.combine_record_bytes(hidden, 8),
+        lay.combine_record_bytes(hidden, 32),
+    )
     for record in records:
         assert lay.capacity(rdma, N, record) >= T, record
     # The NVL buffer holds, after its control part, every token of every rank as a pushed record or combine row.
@@ -119,7 +129,9 @@ def test_a_combine_dropped_past_the_rdma_area_is_a_buffer_error_naming_the_chann
 def test_a_relay_timeout_names_the_source_and_its_forwarder():
     """Phase 19 (the relayed notify slots): the record's peer is the source whose counts never came; the forwarder of
     this node that relays them is the rank of this node with the source's local index; either may be the one gone."""
-    err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_NOTIFY_RELAY, 0, 3, -1, 5, 4, ranks_per_node=2)
+    err = describe_kernel_error(
+        abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_NOTIFY_RELAY, 0, 3, -1, 5, 4, ranks_per_node=2
+    )
     assert isinstance(err, CommTimeoutError)
     text = str(err)
     assert "rank 0 (node 0): timed out in internode dispatch notify" in text
@@ -129,8 +141,9 @@ def test_a_relay_timeout_names_the_source_and_its_forwarder():
 def test_a_handshake_timeout_on_my_own_node_says_the_wait_is_for_the_rails():
     """The handshake's node half waits for my node's ranks, each of which first waits for its rail peers: a timeout
     there (even one naming this rank itself, its own block 0 still waiting for the rails) must not blame the node."""
-    err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_COMBINE_HANDSHAKE, 0, 0, -1, 5, 4,
-                                ranks_per_node=2)
+    err = describe_kernel_error(
+        abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_COMBINE_HANDSHAKE, 0, 0, -1, 5, 4, ranks_per_node=2
+    )
     assert isinstance(err, CommTimeoutError)
     assert "waiting for its own rail peers on the other nodes" in str(err)
     err = describe_kernel_error(abi.EP_RT_ERR_TIMEOUT, abi.EP_RT_PHASE_IN_HANDSHAKE, 0, 1, -1, 5, 4, ranks_per_node=2)

@@ -7,6 +7,7 @@ each rule is a check that fails when a kernel breaks it; include/ep_rt/net.cuh a
   2. no quiet and no fence in any data path (on IBGDA each sweeps every queue pair), in both cubin flavours;
   3. flags a remote PE writes are signal operations; every NVSHMEM call goes through net.cuh; the internode kernels
      reach only their rail peers over the network (node peers and themselves through the NVL buffers)."""
+
 import re
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def test_no_quiet_or_fence_on_the_real_transport():
     call none either."""
     net = _code(SRC / "include" / "ep_rt" / "net.cuh")
     real = _without_branches(net, "defined(__CUDACC_RTC__)")
-    real = real[:real.index("#else  ")] if "#else  " in real else real  # up to the chaos build
+    real = real[: real.index("#else  ")] if "#else  " in real else real  # up to the chaos build
     assert "nvshmemx_putmem_signal_nbi_block" in real and "nvshmemx_putmem_signal_nbi_warp" in real
     assert "__CUDACC_RTC__" not in net  # both flavours make the same calls (no put + quiet + signal under NVRTC)
     # nvshmem_quiet only inside net_quiet, which no data path calls; no fence at all
@@ -68,7 +69,7 @@ def test_no_quiet_or_fence_on_the_real_transport():
     for family in ("low_latency.cu", "internode.cu"):
         code = _code(SRC / family)
         if family == "low_latency.cu":  # the probe kernel's one quiet, there to show the cost mode charging it
-            code = code[:code.index("ep_rt_ll_net_probe")]
+            code = code[: code.index("ep_rt_ll_net_probe")]
         assert not re.findall(r"\bnet_(quiet|fence)\s*\(", code), family
         assert not re.findall(r"__threadfence_system\(\);\s*net_", code), family
 
@@ -78,8 +79,15 @@ def test_remote_flags_are_signal_operations():
     net = _code(SRC / "include" / "ep_rt" / "net.cuh")
     assert not re.findall(r"nvshmem\w*_p\s*\(", net)
     wrappers = set(re.findall(r"__device__ __forceinline__ void (net_\w+)\(", net))
-    assert wrappers == {"net_put_signal_block", "net_put_signal_warp", "net_signal_add", "net_signal_set",
-                        "net_flush", "net_quiet", "net_count"}, wrappers
+    assert wrappers == {
+        "net_put_signal_block",
+        "net_put_signal_warp",
+        "net_signal_add",
+        "net_signal_set",
+        "net_flush",
+        "net_quiet",
+        "net_count",
+    }, wrappers
 
 
 def test_internode_kernels_get_no_mapping_of_another_ranks_symmetric_buffer():
@@ -128,9 +136,12 @@ def test_ll_kernels_use_peer_mappings_only_to_store():
     for var_use in re.findall(r"[^\n]*\bbase\b[^\n]*", code):
         if "= ll.peer(" in var_use or "uint64_t base" in var_use:
             continue
-        assert re.search(r"st_release_sys\(reinterpret_cast<int64_t\*>\(base \+ off\)|"
-                         r"int4\* out = reinterpret_cast<int4\*>\(base \+ off\)|nvl_dst\[q\] = base \+ slot|"
-                         r"if \(base != 0\)", var_use), var_use
+        assert re.search(
+            r"st_release_sys\(reinterpret_cast<int64_t\*>\(base \+ off\)|"
+            r"int4\* out = reinterpret_cast<int4\*>\(base \+ off\)|nvl_dst\[q\] = base \+ slot|"
+            r"if \(base != 0\)",
+            var_use,
+        ), var_use
 
 
 def test_ll_remote_messages_are_counted_by_their_own_signal():
@@ -139,7 +150,7 @@ def test_ll_remote_messages_are_counted_by_their_own_signal():
     code = _code(SRC / "low_latency.cu")
     assert len(re.findall(r"net_put_signal_warp\([^;]*ll\.arrival\(", code)) == 2
     assert code.count("wait_arrivals(") >= 3  # its definition and the two receivers
-    release = code[code.index("__device__ void release_buffer"):code.index("__device__ bool wait_arrivals")]
+    release = code[code.index("__device__ void release_buffer") : code.index("__device__ bool wait_arrivals")]
     assert release.index("ll.arrival(c)) = 0") < release.index("__threadfence_system()") < release.index("signal_rank(")
 
 
@@ -164,7 +175,7 @@ def _wait_calls(code: str, name: str) -> list[str]:
         while depth:
             depth += {"(": 1, ")": -1}.get(code[i], 0)
             i += 1
-        calls.append(code[m.end():i - 1])
+        calls.append(code[m.end() : i - 1])
     return calls
 
 
@@ -175,11 +186,11 @@ def test_internode_waits_for_my_node_outlast_waits_for_the_network():
     has the node deadline (twice the network's) and every wait on a network word (wait_word, wait_next) has the
     network's. The host's wait for the notify outlasts both."""
     code = _code(SRC / "internode.cu")
-    body = code[code.index("__device__ int64_t node_timeout_ns"):]
+    body = code[code.index("__device__ int64_t node_timeout_ns") :]
     assert "return 2 * p.net_timeout_ns;" in body.split("}")[0], "node deadline is not twice the network's"
-    flags = _wait_calls(code[code.index("struct In {"):], "wait_flag")
+    flags = _wait_calls(code[code.index("struct In {") :], "wait_flag")
     words = [c for c in _wait_calls(code, "wait_word") + _wait_calls(code, "wait_next") if "in.word(" in c]
     assert len(flags) == 7 and all("in.node_timeout_ns()" in c and "net_timeout_ns" not in c for c in flags), flags
     assert len(words) == 4 and all("net_timeout_ns" in c and "node_timeout" not in c for c in words), words
-    host = (REPO / "ep_rt" / "ops" / "internode.py").read_text()
-    assert "wait_for_token(self.counters, abi.EP_RT_IN_HOST_TOKEN, token, 2 * self.net_timeout_s" in host
+    host = "".join((REPO / "ep_rt" / "ops" / "internode.py").read_text().split())  # (however it is wrapped)
+    assert "wait_for_token(self.counters,abi.EP_RT_IN_HOST_TOKEN,token,2*self.net_timeout_s" in host

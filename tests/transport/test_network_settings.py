@@ -1,6 +1,7 @@
 """The network settings of an NVSHMEM Buffer (ep_rt.transport.network_settings): DeepEP's variables and who wins,
 the transport knob, queue pairs (DeepEP's rules), service level / traffic class, NIC per local rank (explicit and
 auto from a stand-in sysfs), what doctor prints; and the signalling contract of the internode kernels."""
+
 import os
 import re
 
@@ -16,9 +17,16 @@ from ..repo import REPO as ROOT
 
 # What DeepEP V1's Buffer.__init__ writes for an internode (or low-latency) Buffer with its defaults
 # (deep_ep/buffer.py at 567632d): the reference for ep_rt's plan off one host.
-DEEPEP = {"NVSHMEM_DISABLE_P2P": "0", "NVSHMEM_IB_ENABLE_IBGDA": "1", "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24",
-          "NVSHMEM_QP_DEPTH": "1024", "NVSHMEM_MAX_TEAMS": "7", "NVSHMEM_DISABLE_NVLS": "1",
-          "NVSHMEM_CUMEM_GRANULARITY": str(2 ** 29), "NVSHMEM_DISABLE_MNNVL": "1"}
+DEEPEP = {
+    "NVSHMEM_DISABLE_P2P": "0",
+    "NVSHMEM_IB_ENABLE_IBGDA": "1",
+    "NVSHMEM_IBGDA_NUM_RC_PER_PE": "24",
+    "NVSHMEM_QP_DEPTH": "1024",
+    "NVSHMEM_MAX_TEAMS": "7",
+    "NVSHMEM_DISABLE_NVLS": "1",
+    "NVSHMEM_CUMEM_GRANULARITY": str(2**29),
+    "NVSHMEM_DISABLE_MNNVL": "1",
+}
 
 
 def plan(environ=None, qps=24, allow_nvlink=True, allow_mnnvl=False, single_host=False, **kw):
@@ -40,6 +48,7 @@ def clean_env():
 
 # ---- DeepEP's variables ----------------------------------------------------------------------------------
 
+
 def test_off_one_host_the_plan_is_deepeps():
     p = plan()
     assert p.assign == DEEPEP and p.transport == "ibgda" and p.ibgda_peers and p.qp_depth == 1024
@@ -60,15 +69,18 @@ def test_one_host_with_nvlink_asks_for_no_remote_transport():
     assert plan(single_host=True, allow_nvlink=False).transport == "ibgda"
 
 
-@pytest.mark.parametrize("name,value,names_also", [
-    ("NVSHMEM_IBGDA_NUM_RC_PER_PE", "4", "num_qps_per_rank"),
-    ("NVSHMEM_DISABLE_P2P", "1", "allow_nvlink_for_low_latency_mode"),
-    ("NVSHMEM_IB_ENABLE_IBGDA", "0", "EP_RT_REMOTE_TRANSPORT"),
-    ("NVSHMEM_MAX_TEAMS", "8", "DeepEP"),
-    ("NVSHMEM_DISABLE_NVLS", "0", "DeepEP"),
-    ("NVSHMEM_CUMEM_GRANULARITY", "1073741824", "DeepEP"),
-    ("NVSHMEM_DISABLE_MNNVL", "0", "allow_mnnvl"),
-])
+@pytest.mark.parametrize(
+    "name,value,names_also",
+    [
+        ("NVSHMEM_IBGDA_NUM_RC_PER_PE", "4", "num_qps_per_rank"),
+        ("NVSHMEM_DISABLE_P2P", "1", "allow_nvlink_for_low_latency_mode"),
+        ("NVSHMEM_IB_ENABLE_IBGDA", "0", "EP_RT_REMOTE_TRANSPORT"),
+        ("NVSHMEM_MAX_TEAMS", "8", "DeepEP"),
+        ("NVSHMEM_DISABLE_NVLS", "0", "DeepEP"),
+        ("NVSHMEM_CUMEM_GRANULARITY", "1073741824", "DeepEP"),
+        ("NVSHMEM_DISABLE_MNNVL", "0", "allow_mnnvl"),
+    ],
+)
 def test_a_user_value_where_deepep_overwrites_is_a_conflict(name, value, names_also):
     with pytest.raises(NetworkSettingError, match=name) as e:
         plan({name: value})
@@ -82,22 +94,39 @@ def test_a_user_value_that_means_the_same_is_kept():
 
 
 def test_where_deepep_lets_the_user_choose_the_users_value_wins():
-    p = plan({"NVSHMEM_QP_DEPTH": "2048", "NVSHMEM_IB_SL": "3", "NVSHMEM_IB_TRAFFIC_CLASS": "106",
-              "NVSHMEM_IB_ENABLE_RELAXED_ORDERING": "0", "NVSHMEM_IB_NUM_RC_PER_DEVICE": "2",
-              "NVSHMEM_HCA_LIST": "^mlx5_4", "NVSHMEM_REMOTE_TRANSPORT": "ucx"})
+    p = plan(
+        {
+            "NVSHMEM_QP_DEPTH": "2048",
+            "NVSHMEM_IB_SL": "3",
+            "NVSHMEM_IB_TRAFFIC_CLASS": "106",
+            "NVSHMEM_IB_ENABLE_RELAXED_ORDERING": "0",
+            "NVSHMEM_IB_NUM_RC_PER_DEVICE": "2",
+            "NVSHMEM_HCA_LIST": "^mlx5_4",
+            "NVSHMEM_REMOTE_TRANSPORT": "ucx",
+        }
+    )
     assert p.qp_depth == 2048 and "NVSHMEM_QP_DEPTH" not in p.assign
     for k in ("NVSHMEM_IB_SL", "NVSHMEM_IB_TRAFFIC_CLASS", "NVSHMEM_IB_ENABLE_RELAXED_ORDERING", "NVSHMEM_HCA_LIST"):
         assert k not in p.assign and p.settings[k].source == "user"
     assert p.transport == "ibgda"  # DeepEP keeps IBGDA; NVSHMEM_REMOTE_TRANSPORT is its proxy transport beside it
 
 
-@pytest.mark.parametrize("name,value", [
-    ("NVSHMEM_IB_SL", "16"), ("NVSHMEM_IB_SL", "-1"), ("NVSHMEM_IB_SL", "high"),
-    ("NVSHMEM_IB_TRAFFIC_CLASS", "256"), ("NVSHMEM_IB_TRAFFIC_CLASS", "x"),
-    ("NVSHMEM_QP_DEPTH", "0"), ("NVSHMEM_QP_DEPTH", "lots"), ("NVSHMEM_IB_NUM_RC_PER_DEVICE", "0"),
-    ("NVSHMEM_IB_ENABLE_RELAXED_ORDERING", "maybe"), ("NVSHMEM_REMOTE_TRANSPORT", "tcp"),
-    ("EP_RT_REMOTE_TRANSPORT", "efa"),
-])
+@pytest.mark.parametrize(
+    "name,value",
+    [
+        ("NVSHMEM_IB_SL", "16"),
+        ("NVSHMEM_IB_SL", "-1"),
+        ("NVSHMEM_IB_SL", "high"),
+        ("NVSHMEM_IB_TRAFFIC_CLASS", "256"),
+        ("NVSHMEM_IB_TRAFFIC_CLASS", "x"),
+        ("NVSHMEM_QP_DEPTH", "0"),
+        ("NVSHMEM_QP_DEPTH", "lots"),
+        ("NVSHMEM_IB_NUM_RC_PER_DEVICE", "0"),
+        ("NVSHMEM_IB_ENABLE_RELAXED_ORDERING", "maybe"),
+        ("NVSHMEM_REMOTE_TRANSPORT", "tcp"),
+        ("EP_RT_REMOTE_TRANSPORT", "efa"),
+    ],
+)
 def test_values_out_of_range_are_refused_naming_the_variable(name, value):
     with pytest.raises(NetworkSettingError, match=name):
         plan({name: value})
@@ -110,6 +139,7 @@ def test_the_edges_of_the_ranges_are_valid():
 
 
 # ---- the transport knob ------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("transport", ["ibrc", "ucx", "libfabric"])
 def test_remote_transport_knob(transport):
@@ -144,6 +174,7 @@ def test_libfabric_provider_is_checked():
 
 # ---- queue pairs ---------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("bad", [0, -3, True, "24", 2.0])
 def test_num_qps_per_rank_must_be_a_positive_int(bad):
     with pytest.raises(ValueError, match="num_qps_per_rank"):
@@ -152,14 +183,17 @@ def test_num_qps_per_rank_must_be_a_positive_int(bad):
         plan(qps=bad)
 
 
-@pytest.mark.parametrize("qps,num_sms,ok", [
-    (24, 24, True),    # >= num_sms
-    (12, 24, True),    # == channels (num_sms / 2)
-    (24, 20, True),    # DeepEP's defaults: num_qps_per_rank=24, Buffer.num_sms=20
-    (16, 24, False),   # neither
-    (24, 32, False),   # DeepEP's default num_qps_per_rank with 32 SMs traps in DeepEP
-    (16, 32, True),
-])
+@pytest.mark.parametrize(
+    "qps,num_sms,ok",
+    [
+        (24, 24, True),  # >= num_sms
+        (12, 24, True),  # == channels (num_sms / 2)
+        (24, 20, True),  # DeepEP's defaults: num_qps_per_rank=24, Buffer.num_sms=20
+        (16, 24, False),  # neither
+        (24, 32, False),  # DeepEP's default num_qps_per_rank with 32 SMs traps in DeepEP
+        (16, 32, True),
+    ],
+)
 def test_deepeps_internode_queue_pair_rule(qps, num_sms, ok):
     assert (ns.ht_qp_problem(qps, num_sms) is None) == ok
     if ok:
@@ -177,20 +211,21 @@ def test_ibrc_keeps_one_rc_per_device_and_says_why():
 
 # ---- ep_rt's own earlier writes, through os.environ ------------------------------------------------------
 
+
 def test_what_ep_rt_wrote_earlier_is_not_the_users(clean_env):
     assert nvshmem.set_environment(24, True, False, single_host=False) == 1024
     assert os.environ["NVSHMEM_IBGDA_NUM_RC_PER_PE"] == "24"
     nvshmem.set_environment(12, True, False, single_host=False)  # a later Buffer asks for other queue pairs
     assert os.environ["NVSHMEM_IBGDA_NUM_RC_PER_PE"] == "12"
-    nvshmem.set_environment(12, True, False, single_host=True)   # and one host after a network Buffer
+    nvshmem.set_environment(12, True, False, single_host=True)  # and one host after a network Buffer
     assert os.environ["NVSHMEM_IB_ENABLE_IBGDA"] == "0"
 
 
 def test_the_record_passes_to_processes_started_later(clean_env):
     nvshmem.set_environment(24, True, False, single_host=False)
-    inherited = dict(os.environ)            # what a worker started now would see
+    inherited = dict(os.environ)  # what a worker started now would see
     assert ns.plan(12, True, False, False, environ=inherited).assign["NVSHMEM_IBGDA_NUM_RC_PER_PE"] == "12"
-    inherited["NVSHMEM_IBGDA_NUM_RC_PER_PE"] = "6"   # changed after ep_rt wrote it: the user's
+    inherited["NVSHMEM_IBGDA_NUM_RC_PER_PE"] = "6"  # changed after ep_rt wrote it: the user's
     with pytest.raises(NetworkSettingError, match="NVSHMEM_IBGDA_NUM_RC_PER_PE='6'"):
         ns.plan(12, True, False, False, environ=inherited)
     assert ns.plan(24, True, False, False, environ={ns.RECORD: "not json", "NVSHMEM_MAX_TEAMS": "7"}).qp_depth == 1024
@@ -204,6 +239,7 @@ def test_a_users_value_in_os_environ_is_checked(clean_env):
 
 
 # ---- NIC per local rank --------------------------------------------------------------------------------------
+
 
 def test_explicit_nic_per_local_rank():
     knob = {"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0:1,mlx5_1:1,mlx5_2:1,mlx5_3:1"}
@@ -219,24 +255,35 @@ def test_explicit_nic_per_local_rank():
     with pytest.raises(NetworkSettingError, match="cannot tell which local rank"):
         plan(knob)
     with pytest.raises(NetworkSettingError, match="cannot tell which local rank"):
-        plan({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "auto", "LOCAL_RANK": "0"})   # auto needs the GPUs: the topology
-    preview = plan(knob, preview=True)   # doctor: the list per local rank, nothing written
+        plan({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "auto", "LOCAL_RANK": "0"})  # auto needs the GPUs: the topology
+    preview = plan(knob, preview=True)  # doctor: the list per local rank, nothing written
     assert "NVSHMEM_HCA_LIST" not in preview.assign and preview.hca_per_local_rank[3] == "mlx5_3:1"
     # one host: no NIC is used, nothing is written
     assert "NVSHMEM_HCA_LIST" not in plan(knob, place=ns.HostPlace(0), single_host=True).assign
 
 
-@pytest.mark.parametrize("environ,match", [
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0:1,mlx5_1:1"}, "lists 2 NIC entries, but this process is local rank 2"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "^mlx5_0"}, "exclusions"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0:0,mlx5_1:1,mlx5_2:1"}, "not an HCA name"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0,,mlx5_2"}, "an empty entry"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "NVSHMEM_HCA_LIST": "mlx5_0"}, "NVSHMEM_HCA_LIST='mlx5_0' and EP_RT_HCA"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "NVSHMEM_HCA_PE_MAPPING": "mlx5_0:1:2"}, "NVSHMEM_HCA_PE_MAPPING"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "EP_RT_REMOTE_TRANSPORT": "ucx", "UCX_NET_DEVICES": "mlx5_0:1"},
-     "UCX_NET_DEVICES"),
-    ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "EP_RT_REMOTE_TRANSPORT": "libfabric"}, "libfabric"),
-])
+@pytest.mark.parametrize(
+    "environ,match",
+    [
+        (
+            {"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0:1,mlx5_1:1"},
+            "lists 2 NIC entries, but this process is local rank 2",
+        ),
+        ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "^mlx5_0"}, "exclusions"),
+        ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0:0,mlx5_1:1,mlx5_2:1"}, "not an HCA name"),
+        ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "mlx5_0,,mlx5_2"}, "an empty entry"),
+        (
+            {"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "NVSHMEM_HCA_LIST": "mlx5_0"},
+            "NVSHMEM_HCA_LIST='mlx5_0' and EP_RT_HCA",
+        ),
+        ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "NVSHMEM_HCA_PE_MAPPING": "mlx5_0:1:2"}, "NVSHMEM_HCA_PE_MAPPING"),
+        (
+            {"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "EP_RT_REMOTE_TRANSPORT": "ucx", "UCX_NET_DEVICES": "mlx5_0:1"},
+            "UCX_NET_DEVICES",
+        ),
+        ({"EP_RT_HCA_LIST_PER_LOCAL_RANK": "a,b,c", "EP_RT_REMOTE_TRANSPORT": "libfabric"}, "libfabric"),
+    ],
+)
 def test_bad_nic_lists(environ, match):
     with pytest.raises(NetworkSettingError, match=match):
         plan(environ, place=ns.HostPlace(2))
@@ -268,13 +315,19 @@ def _dev(root, switch, dev, fn="0000:{b}:00.0"):
 def test_auto_gives_gpus_sharing_a_switch_distinct_nics():
     # GCP A3 Ultra style: GPU pairs and NIC pairs behind one PCIe switch; NVSHMEM's distance choice gives both GPUs
     # the first NIC of their switch (DeepEP PR #466)
-    gpus = {"0000:19:00.0": _dev("00", "11", "00", "0000:19:00.0"), "0000:1a:00.0": _dev("00", "11", "01", "0000:1a:00.0"),
-            "0000:99:00.0": _dev("80", "91", "00", "0000:99:00.0"), "0000:9a:00.0": _dev("80", "91", "01", "0000:9a:00.0")}
-    nics = {"mlx5_0": (_dev("00", "11", "02", "0000:1b:00.0"), "4: ACTIVE"),
-            "mlx5_1": (_dev("00", "11", "03", "0000:1c:00.0"), "4: ACTIVE"),
-            "mlx5_2": (_dev("80", "91", "02", "0000:9b:00.0"), "4: ACTIVE"),
-            "mlx5_3": (_dev("80", "91", "03", "0000:9c:00.0"), "4: ACTIVE"),
-            "mlx5_4": ("/sys/devices/pci0000:00/0000:00:1c.0/0000:05:00.0", "1: DOWN")}   # management port, down
+    gpus = {
+        "0000:19:00.0": _dev("00", "11", "00", "0000:19:00.0"),
+        "0000:1a:00.0": _dev("00", "11", "01", "0000:1a:00.0"),
+        "0000:99:00.0": _dev("80", "91", "00", "0000:99:00.0"),
+        "0000:9a:00.0": _dev("80", "91", "01", "0000:9a:00.0"),
+    }
+    nics = {
+        "mlx5_0": (_dev("00", "11", "02", "0000:1b:00.0"), "4: ACTIVE"),
+        "mlx5_1": (_dev("00", "11", "03", "0000:1c:00.0"), "4: ACTIVE"),
+        "mlx5_2": (_dev("80", "91", "02", "0000:9b:00.0"), "4: ACTIVE"),
+        "mlx5_3": (_dev("80", "91", "03", "0000:9c:00.0"), "4: ACTIVE"),
+        "mlx5_4": ("/sys/devices/pci0000:00/0000:00:1c.0/0000:05:00.0", "1: DOWN"),
+    }  # management port, down
     sysfs = FakeSysfs(gpus, nics).triple()
     host = ("00000000:19:00.0", "00000000:1A:00.0", "00000000:99:00.0", "00000000:9A:00.0")  # NVML spelling
     knob = {"EP_RT_HCA_LIST_PER_LOCAL_RANK": "auto"}
@@ -284,8 +337,9 @@ def test_auto_gives_gpus_sharing_a_switch_distinct_nics():
     assert p.hca_per_local_rank == got
     # two ranks sharing a GPU share its NIC; more GPUs than NICs reuse the closest
     shared = (host[0], host[0], host[2])
-    assert [plan(knob, place=ns.HostPlace(i, shared[i], shared), sysfs=sysfs).assign["NVSHMEM_HCA_LIST"]
-            for i in range(3)] == ["mlx5_0:1", "mlx5_0:1", "mlx5_2:1"]
+    assert [
+        plan(knob, place=ns.HostPlace(i, shared[i], shared), sysfs=sysfs).assign["NVSHMEM_HCA_LIST"] for i in range(3)
+    ] == ["mlx5_0:1", "mlx5_0:1", "mlx5_2:1"]
     one_nic = FakeSysfs(gpus, {"mlx5_2": nics["mlx5_2"]}).triple()
     assert plan(knob, place=ns.HostPlace(1, host[1], host), sysfs=one_nic).assign["NVSHMEM_HCA_LIST"] == "mlx5_2:1"
     with pytest.raises(NetworkSettingError, match="no active RDMA port"):
@@ -294,8 +348,10 @@ def test_auto_gives_gpus_sharing_a_switch_distinct_nics():
 
 def test_pairing_prefers_the_closest_nic():
     gpus = [_dev("00", "11", "00"), _dev("80", "91", "00")]
-    nics = [ns.Nic("far:1", _dev("80", "91", "05"), "InfiniBand"), ns.Nic("near:1", _dev("00", "11", "05"),
-                                                                          "InfiniBand")]
+    nics = [
+        ns.Nic("far:1", _dev("80", "91", "05"), "InfiniBand"),
+        ns.Nic("near:1", _dev("00", "11", "05"), "InfiniBand"),
+    ]
     assert ns.pair_gpus_with_nics(gpus, nics) == ["near:1", "far:1"]
     assert ns.normalise_bus_id("00000000:1A:00.0") == ns.normalise_bus_id("0000:1a:00.0") == "0000:1a:00.0"
 
@@ -311,6 +367,7 @@ def test_host_place_from_the_topology():
 
 
 # ---- what doctor prints ------------------------------------------------------------------------------
+
 
 def test_effective_settings_is_a_plain_dict():
     found = ns.effective_settings({"NVSHMEM_IB_SL": "1"})
@@ -332,7 +389,7 @@ FORBIDDEN = {
     "SET signals (a SET signal can overtake; readers wait for exact ADD counts)": r"\b(NVSHMEM_SIGNAL_SET|net_signal_set)\b",
     "fetching atomics": r"\bnvshmemx?_\w*atomic_(fetch\w*|compare_swap|swap)\b",
     "NVSHMEM barriers / collectives inside kernels": r"\bnvshmemx?_\w*(barrier|_sync|sync_all|alltoall|broadcast|"
-                                                     r"fcollect|reduce)\w*\s*\(",
+    r"fcollect|reduce)\w*\s*\(",
     "DeepEP's private IBGDA calls": r"\b(nvshmemi_ibgda_\w+|ibgda_get_state)\b",
 }
 

@@ -1,5 +1,6 @@
 """ep_rt/transport/nvshmem_dist.py: NVSHMEM's host/device version rule, the flavour of a host library from the
 distribution that installed it (fake site folders with dist-info RECORDs), and the install hints."""
+
 import base64
 import hashlib
 import importlib.util
@@ -10,18 +11,21 @@ import pytest
 from ep_rt.transport import nvshmem_dist as nd
 
 
-@pytest.mark.parametrize("host, device, ibgda, ok", [
-    ("3.4.5", "3.4.5", False, True),
-    ("3.4.5", "3.3.24", False, True),    # newer host minor runs older device code
-    ("3.4.0", "3.4.5", False, True),     # the rule is on minors: same minor, any patch
-    ("3.7.2", "3.3.20", False, True),    # torch 2.15's host with the shipped cu12 cubin, over NVLink
-    ("3.3.20", "3.4.5", False, False),   # older host minor
-    ("2.11.0", "3.3.20", False, False),  # other major
-    ("4.0.0", "3.3.20", False, False),
-    ("3.7.2", "3.3.20", True, False),    # IBGDA: 3.5.19 changed the RC queue-pair layout
-    ("3.5.18", "3.3.20", True, True),
-    ("3.7.2", "3.5.19", True, True),
-])
+@pytest.mark.parametrize(
+    "host, device, ibgda, ok",
+    [
+        ("3.4.5", "3.4.5", False, True),
+        ("3.4.5", "3.3.24", False, True),  # newer host minor runs older device code
+        ("3.4.0", "3.4.5", False, True),  # the rule is on minors: same minor, any patch
+        ("3.7.2", "3.3.20", False, True),  # torch 2.15's host with the shipped cu12 cubin, over NVLink
+        ("3.3.20", "3.4.5", False, False),  # older host minor
+        ("2.11.0", "3.3.20", False, False),  # other major
+        ("4.0.0", "3.3.20", False, False),
+        ("3.7.2", "3.3.20", True, False),  # IBGDA: 3.5.19 changed the RC queue-pair layout
+        ("3.5.18", "3.3.20", True, True),
+        ("3.7.2", "3.5.19", True, True),
+    ],
+)
 def test_compatibility_rule(host, device, ibgda, ok):
     problem = nd.compatibility_problem(host, device, ibgda)
     assert (problem is None) is ok, problem
@@ -40,11 +44,13 @@ def test_compatibility_messages():
 
 def test_install_hints_name_the_extras():
     """From the wheel file or the checkout (ep-rt is on no index), with what the extra brings."""
-    assert nd.install_hint("cu12") == ('pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]" (from a checkout: '
-                                       'pip install ".[cu12]"), which brings nvidia-nvshmem-cu12>=3.3.20,<4')
+    assert nd.install_hint("cu12") == (
+        'pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]" (from a checkout: '
+        'pip install ".[cu12]"), which brings nvidia-nvshmem-cu12>=3.3.20,<4'
+    )
     both = nd.install_hint(None)
-    assert "beside a CUDA 12 torch: pip install \"./ep_rt-0.1.0-py3-none-any.whl[cu12]\"" in both
-    assert "beside a CUDA 13 torch: pip install \"./ep_rt-0.1.0-py3-none-any.whl[cu13]\"" in both
+    assert 'beside a CUDA 12 torch: pip install "./ep_rt-0.1.0-py3-none-any.whl[cu12]"' in both
+    assert 'beside a CUDA 13 torch: pip install "./ep_rt-0.1.0-py3-none-any.whl[cu13]"' in both
 
 
 def _record_hash(data):
@@ -61,8 +67,7 @@ def fake_site(root, installs):
         info = root / f"{name.replace('-', '_')}-3.4.5.dist-info"
         info.mkdir()
         (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 3.4.5\n")
-        (info / "RECORD").write_text(f"{nd.RECORD_PATH},{_record_hash(data)},{len(data)}\n"
-                                     f"{info.name}/METADATA,,\n")
+        (info / "RECORD").write_text(f"{nd.RECORD_PATH},{_record_hash(data)},{len(data)}\n{info.name}/METADATA,,\n")
     return lib
 
 
@@ -88,9 +93,11 @@ def test_pick_owner():
 
 def test_loaded_library_reads_the_process_maps(tmp_path):
     maps = tmp_path / "maps"
-    maps.write_text("7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libc.so.6\n"
-                    "7f02-7f03 rw-p 00000000 00:00 0\n"
-                    "7f04-7f05 r-xp 00000000 08:01 456 /site packages/nvidia/nvshmem/lib/libnvshmem_host.so.3\n")
+    maps.write_text(
+        "7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libc.so.6\n"
+        "7f02-7f03 rw-p 00000000 00:00 0\n"
+        "7f04-7f05 r-xp 00000000 08:01 456 /site packages/nvidia/nvshmem/lib/libnvshmem_host.so.3\n"
+    )
     assert nd.loaded_library(str(maps)) == Path("/site packages/nvidia/nvshmem/lib/libnvshmem_host.so.3")
     maps.write_text("7f00-7f01 r-xp 00000000 08:01 123 /usr/lib/libc.so.6\n")
     assert nd.loaded_library(str(maps)) is None

@@ -1,14 +1,26 @@
 """The NVSHMEM environment a low-latency Buffer sets: DeepEP's, minus the remote transports (IBGDA included) when
 every rank is on one host, unless EP_RT_NVSHMEM_DEBUG=1 asks for DeepEP's settings and NVSHMEM's warnings."""
+
 import os
 
 import pytest
 
 from ep_rt.transport import nvshmem
 
-KEYS = ("NVSHMEM_DISABLE_P2P", "NVSHMEM_IB_ENABLE_IBGDA", "NVSHMEM_IBGDA_NUM_RC_PER_PE", "NVSHMEM_QP_DEPTH",
-        "NVSHMEM_MAX_TEAMS", "NVSHMEM_DISABLE_NVLS", "NVSHMEM_CUMEM_GRANULARITY", "NVSHMEM_DISABLE_MNNVL",
-        "NVSHMEM_REMOTE_TRANSPORT", "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME", "NVSHMEM_DEBUG", "EP_RT_NVSHMEM_DEBUG")
+KEYS = (
+    "NVSHMEM_DISABLE_P2P",
+    "NVSHMEM_IB_ENABLE_IBGDA",
+    "NVSHMEM_IBGDA_NUM_RC_PER_PE",
+    "NVSHMEM_QP_DEPTH",
+    "NVSHMEM_MAX_TEAMS",
+    "NVSHMEM_DISABLE_NVLS",
+    "NVSHMEM_CUMEM_GRANULARITY",
+    "NVSHMEM_DISABLE_MNNVL",
+    "NVSHMEM_REMOTE_TRANSPORT",
+    "NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME",
+    "NVSHMEM_DEBUG",
+    "EP_RT_NVSHMEM_DEBUG",
+)
 
 
 @pytest.fixture(autouse=True)

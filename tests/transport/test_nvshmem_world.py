@@ -2,6 +2,7 @@
 PE of a node's rail peer (pe_base + n * pe_stride), the unique-id exchange of nvshmem.init over a stand-in NVSHMEM
 library and torch.distributed, a second Buffer that needs another world, and the symmetric buffer's zeroing (the
 memset finishes before the barrier that lets peers write)."""
+
 import ctypes
 
 import pytest
@@ -20,6 +21,7 @@ def topo(rank, nodes, G):
 
 
 # ---- the world and its PE arithmetic ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("nodes,G", [(2, 8), (4, 2), (8, 8), (32, 8), (3, 1)])
 def test_rail_world_is_the_ranks_of_one_local_index(nodes, G):
@@ -53,6 +55,7 @@ def test_choice_rail_for_high_throughput_only_full_with_low_latency():
 
 # ---- a second Buffer in the same process -------------------------------------------------------------------
 
+
 def test_reuse_same_world_or_a_full_world_for_a_rail_buffer():
     t = topo(3, 2, 8)
     ident = (tuple(range(16)), 8)
@@ -77,6 +80,7 @@ def test_reuse_refuses_what_one_world_cannot_serve(case):
 
 
 # ---- nvshmem.init: the unique ids over one all_gather_object ----------------------------------------------------
+
 
 class FakeLib:
     def __init__(self, uid=b"", fail_uid=False):
@@ -189,6 +193,7 @@ def test_second_init_joins_or_refuses(monkeypatch, fresh_state):
 
 
 # ---- the symmetric buffer: zeroed before any peer may write ------------------------------------------------
+
 
 def test_symmetric_buffer_memset_finishes_before_the_barrier(monkeypatch):
     events = []

@@ -1,4 +1,5 @@
 """The NVLink check with a stand-in NVML: a pair without NVLink is a clear error naming the GPUs."""
+
 import sys
 import types
 
@@ -52,13 +53,16 @@ def test_emulated_nodes_on_one_host():
     assert one.num_nodes == 4 and list(one.local_ranks) == [1]
 
 
-@pytest.mark.parametrize("hosts,g,match", [
-    (["a", "b", "a", "b"], None, "contiguous"),
-    (["a", "a", "a", "b"], None, "same number of ranks"),
-    (["h"] * 6, 4, "must divide"),
-    (["a", "a", "b", "b"], 4, "one host"),
-    (["h"] * 4, 0, "must divide"),
-])
+@pytest.mark.parametrize(
+    "hosts,g,match",
+    [
+        (["a", "b", "a", "b"], None, "contiguous"),
+        (["a", "a", "a", "b"], None, "same number of ranks"),
+        (["h"] * 6, 4, "must divide"),
+        (["a", "a", "b", "b"], 4, "one host"),
+        (["h"] * 4, 0, "must divide"),
+    ],
+)
 def test_bad_layouts_are_clear_errors(hosts, g, match):
     with pytest.raises(TopologyError, match=match):
         Topology.from_table(0, hosts, ["x"] * len(hosts), ranks_per_node=g)
