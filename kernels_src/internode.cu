@@ -48,7 +48,9 @@ struct In {
         m = me / G, j = me % G;
         ws = reinterpret_cast<int64_t*>(p.workspace);
     }
-    __device__ ErrorSink sink() const { return ErrorSink{p.error, reinterpret_cast<int32_t*>(ws + EP_RT_IN_WS_CLAIM), me}; }
+    __device__ ErrorSink sink() const {
+        return ErrorSink{p.error, reinterpret_cast<int32_t*>(ws + EP_RT_IN_WS_CLAIM), me};
+    }
     // A word of my node (or of my own earlier kernel) is set after its writer's own waits on the network, so its
     // deadline is twice the network's: when a node dies, the wait for the rails fails first and names it, not a
     // live rank of my node that waited for the same node.
@@ -101,7 +103,9 @@ __device__ __forceinline__ int64_t* own_ready(const InternodeParams& p, int kind
 
 // The kernel after this one on the stream may start now (it waits for what it needs through flags); a no-op for an
 // ordinary launch.
-__device__ __forceinline__ void allow_next_kernel_to_start() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+__device__ __forceinline__ void allow_next_kernel_to_start() {
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+}
 
 // Dispatch record: row | scales (S words) | top-k ids (K int32, global, -1 none) | weights (K f32) | token | mask.
 struct Rec {
@@ -283,8 +287,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
         int acc = 0;
         for (int cc = 0; cc < C; ++cc) {
             acc += static_cast<volatile int32_t*>(scratch)[cc * (R + N) + x];
-            if (x < R) gbl_cpm[x * C + cc] = acc;
-            else rdma_cpm[(x - R) * C + cc] = acc;
+            if (x < R)
+                gbl_cpm[x * C + cc] = acc;
+            else
+                rdma_cpm[(x - R) * C + cc] = acc;
         }
     }
     __syncthreads();
@@ -294,8 +300,9 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     const Slot sl(R, N, C, G, L);
     const int32_t* per_expert = reinterpret_cast<const int32_t*>(p.num_tokens_per_expert);
     for (int n = warp; n < N; n += num_warps) {
-        int32_t* slot = reinterpret_cast<int32_t*>(in.local((n == in.m ? p.lay.notify_recv + int64_t(n) * p.lay.slot_bytes
-                                                                       : p.lay.notify_send + int64_t(n) * p.lay.slot_bytes)));
+        int32_t* slot =
+            reinterpret_cast<int32_t*>(in.local((n == in.m ? p.lay.notify_recv + int64_t(n) * p.lay.slot_bytes
+                                                           : p.lay.notify_send + int64_t(n) * p.lay.slot_bytes)));
         if (lane == 0) {
             slot[EP_RT_IN_SLOT_HIDDEN_BYTES] = p.hidden_bytes;
             slot[EP_RT_IN_SLOT_NUM_TOPK] = p.num_topk;
@@ -336,7 +343,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
             continue;
         }
         const int src = s * G + in.j;
-        const int32_t* from = reinterpret_cast<const int32_t*>(in.local(p.lay.notify_recv + int64_t(s) * p.lay.slot_bytes));
+        const int32_t* from =
+            reinterpret_cast<const int32_t*>(in.local(p.lay.notify_recv + int64_t(s) * p.lay.slot_bytes));
         // (the header says how long the source's slot is; a mismatch is reported by the receiver)
         const int their_c = ld_peer_written_b32(from + EP_RT_IN_SLOT_NUM_CHANNELS);
         const int their_l = ld_peer_written_b32(from + EP_RT_IN_SLOT_NUM_EXPERTS) / R;
@@ -506,8 +514,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
                 const int64_t stream_pos = pos + (c > 0 ? rdma_cpm[n * C + c - 1] : 0);
                 if (stream_pos >= p.lay.cap) {  // only a cached dispatch from a handle without facts gets here
                     if (lane == 0)
-                        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, c, stream_pos + 1,
-                                    p.lay.cap);
+                        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_NOTIFY, -1, c, stream_pos + 1, p.lay.cap);
                     continue;
                 }
                 uint8_t* r = in.record(n == in.m ? p.lay.recv : p.lay.stage, n, stream_pos);
@@ -580,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
     const Rec rec(p.hidden_bytes, p.num_scales, p.num_topk);
     const int row_base = s > 0 ? recv_rdma_prefix[s - 1] : 0;
     __shared__ int start[EP_RT_MAX_NVL_RANKS], base[EP_RT_MAX_NVL_RANKS];  // rank l's start row of (src, c), and
-                                                                          // the rows of src before channel c
+        // the rows of src before channel c
     __shared__ int warp_counts[EP_RT_MAX_NVL_RANKS][32];
 
     bool ok = true;
@@ -624,7 +631,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
             }
             __syncthreads();
             int before[EP_RT_MAX_NVL_RANKS];  // rows of rank l taken by the warps before mine in this tile
-            int tile_total = 0;                // lane l: this tile's rows of rank l
+            int tile_total = 0;  // lane l: this tile's rows of rank l
 #pragma unroll
             for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l) {
                 before[l] = 0;
@@ -659,8 +666,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
                     if (l >= G || !((mq >> l) & 1)) continue;  // warp-uniform
                     const int row = start[l] + run[l] + before[l] + __popc(ballots[l] & ((1u << q) - 1u));
                     if (row < p.nvl_capacity_rows) {  // (the notify's capacity decision keeps rows below it)
-                        warp_copy<Src::kPeerWritten>(in.nvl(l, p.nvl.records + int64_t(row) * p.lay.record_bytes),
-                                                     from, p.lay.record_bytes, lane);
+                        warp_copy<Src::kPeerWritten>(in.nvl(l, p.nvl.records + int64_t(row) * p.lay.record_bytes), from,
+                                                     p.lay.record_bytes, lane);
                     } else if (lane == 0) {  // only a cached dispatch from a handle without facts gets here
                         defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_FORWARD, in.m * G + l, c, row + 1,
                                     p.nvl_capacity_rows);
@@ -721,8 +728,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
                     const bool local = e >= in.me * L && e < (in.me + 1) * L;
                     store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, int64_t(out) * K + k,
                                    local ? e - in.me * L : -1);
-                    const float w = __int_as_float(
-                        ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.weights) + k));
+                    const float w =
+                        __int_as_float(ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.weights) + k));
                     if (p.recv_topk_weights)
                         reinterpret_cast<float*>(p.recv_topk_weights)[int64_t(out) * K + k] = local ? w : 0.0f;
                 }
@@ -737,8 +744,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
     // num_worst_tokens: rows past the real count carry no expert.
     if (p.fill_unused && p.recv_topk_idx) {
         const int num_recv = recv_gbl_prefix[R - 1];
-        for (int64_t i = int64_t(num_recv) * K + int64_t(c) * blockDim.x + threadIdx.x;
-             i < int64_t(p.num_out_rows) * K; i += int64_t(C) * blockDim.x)
+        for (int64_t i = int64_t(num_recv) * K + int64_t(c) * blockDim.x + threadIdx.x; i < int64_t(p.num_out_rows) * K;
+             i += int64_t(C) * blockDim.x)
             store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, i, -1);
     }
     if (!last_block(in.ws + EP_RT_IN_WS_TICKET + 1)) return;
@@ -776,8 +783,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
                         reinterpret_cast<const float*>(p.topk_weights)[int64_t(i) * K + k];
         }
     } else if (c == 0 && threadIdx.x == 0) {  // the host checks this first; here for handles without facts
-        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_HANDSHAKE, in.me, -1, num_recv,
-                    p.nvl_capacity_rows);
+        defer_error(in, EP_RT_ERR_CAPACITY, EP_RT_PHASE_IN_COMBINE_HANDSHAKE, in.me, -1, num_recv, p.nvl_capacity_rows);
     }
     if (!last_block(in.ws + EP_RT_IN_WS_TICKET + 2)) return;
     int32_t* pub = reinterpret_cast<int32_t*>(in.nvl(in.j, p.nvl.ready_prefix));
@@ -831,7 +837,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
         const int chunks = stream_chunks(count);
         for (int chunk = 0; chunk < chunks; ++chunk) {
             uint64_t* sig = in.word(p.lay.combine_words, chunk_word(in.m, c, chunk));
-            const int lo = first + chunk_begin(count, chunks, chunk), last = first + chunk_begin(count, chunks, chunk + 1);
+            const int lo = first + chunk_begin(count, chunks, chunk),
+                      last = first + chunk_begin(count, chunks, chunk + 1);
             for (int i = lo + warp; i < last; i += num_warps) {
                 const int32_t* head = nvl_head + int64_t(row_base + i) * G;
                 uint8_t* out = in.record(area, s, i);
@@ -868,7 +875,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
 #pragma unroll
                     for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l)
                         if (rows[l] != nullptr)
-                            acc += __int_as_float(ld_peer_written_b32(reinterpret_cast<const int32_t*>(rows[l] + p.hidden_bytes) + kk));
+                            acc += __int_as_float(
+                                ld_peer_written_b32(reinterpret_cast<const int32_t*>(rows[l] + p.hidden_bytes) + kk));
                     reinterpret_cast<float*>(out + p.hidden_bytes)[kk] = acc;
                 }
             }

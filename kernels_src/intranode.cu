@@ -32,8 +32,7 @@ __device__ __forceinline__ int32_t* notify_slot(uint64_t buffer, const ControlLa
 }
 
 // Token range [begin, end) of a channel: contiguous slices of ceil(N / C) tokens.
-__device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int channel, int& begin,
-                                              int& end) {
+__device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int channel, int& begin, int& end) {
     const int per_channel = (num_tokens + num_channels - 1) / num_channels;
     begin = min(channel * per_channel, num_tokens);
     end = min(begin + per_channel, num_tokens);
@@ -198,16 +197,16 @@ __device__ void run_notify(const NotifyParams& p, int64_t seq) {
     // Gather: wait for every source's slot in my buffer.
     bool ok = true;
     if (threadIdx.x < R)
-        ok = wait_flag(reinterpret_cast<int64_t*>(notify_slot(local, p.ctrl, threadIdx.x)), seq, p.timeout_ns,
-                       sink, EP_RT_PHASE_NOTIFY, threadIdx.x, -1);
+        ok = wait_flag(reinterpret_cast<int64_t*>(notify_slot(local, p.ctrl, threadIdx.x)), seq, p.timeout_ns, sink,
+                       EP_RT_PHASE_NOTIFY, threadIdx.x, -1);
     if (__syncthreads_or(!ok)) return;
 
     if (threadIdx.x < R) {
         const volatile int32_t* s = notify_slot(local, p.ctrl, threadIdx.x);
         if (s[EP_RT_NOTIFY_HIDDEN_BYTES] != p.hidden_bytes || s[EP_RT_NOTIFY_NUM_TOPK] != p.num_topk ||
             s[EP_RT_NOTIFY_NUM_CHANNELS] != C || s[EP_RT_NOTIFY_NUM_EXPERTS] != p.num_experts)
-            report_error(sink, EP_RT_ERR_MISMATCH, EP_RT_PHASE_NOTIFY, threadIdx.x, -1,
-                         s[EP_RT_NOTIFY_HIDDEN_BYTES], s[EP_RT_NOTIFY_NUM_TOPK]);
+            report_error(sink, EP_RT_ERR_MISMATCH, EP_RT_PHASE_NOTIFY, threadIdx.x, -1, s[EP_RT_NOTIFY_HIDDEN_BYTES],
+                         s[EP_RT_NOTIFY_NUM_TOPK]);
         for (int j = 0; j < R; ++j) counts[threadIdx.x][j] = s[EP_RT_NOTIFY_RANK_COUNTS + j];
     }
     if (__syncthreads_or(error_raised(sink))) return;
@@ -392,20 +391,20 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
         if (row_end <= row_begin) continue;
         const int64_t n = row_end - row_begin;
         block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + row_begin * hidden_bytes,
-                          at<uint8_t>(data, p.region.x) + row_begin * hidden_bytes, n * hidden_bytes);
+                                      at<uint8_t>(data, p.region.x) + row_begin * hidden_bytes, n * hidden_bytes);
         if (p.recv_x_scales)
             block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_x_scales) + int64_t(row_begin) * S,
-                              at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
+                                          at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
         if (p.recv_topk_idx) {
             const int64_t w = topk_idx_bytes(p.recv_topk_idx_bits);
             block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_topk_idx) + int64_t(row_begin) * K * w,
-                              at<uint8_t>(data, p.region.topk_idx) + int64_t(row_begin) * K * w, n * K * w);
+                                          at<uint8_t>(data, p.region.topk_idx) + int64_t(row_begin) * K * w, n * K * w);
         }
         if (p.recv_topk_weights)
             block_copy<Src::kPeerWritten>(reinterpret_cast<float*>(p.recv_topk_weights) + int64_t(row_begin) * K,
-                              at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
+                                          at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
         block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_src_idx) + row_begin,
-                          at<int32_t>(data, p.region.src_idx) + row_begin, n * 4);
+                                      at<int32_t>(data, p.region.src_idx) + row_begin, n * 4);
     }
 
     // num_worst_tokens: rows past the real count carry no expert.
@@ -437,8 +436,7 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
 
     // Peers may still be reading their buffers (previous call): wait until all have started this one.
     if (c == 0) signal_peers(p.peer_buffers, p.ctrl.combine_ready, me, me, R, seq);
-    if (!wait_peers(local, p.ctrl.combine_ready, 1, 0, me, R, seq, p.timeout_ns, sink,
-                    EP_RT_PHASE_COMBINE_HANDSHAKE))
+    if (!wait_peers(local, p.ctrl.combine_ready, 1, 0, me, R, seq, p.timeout_ns, sink, EP_RT_PHASE_COMBINE_HANDSHAKE))
         return;
 
     // ---- send back: my rows of source `src`'s channel c go to src's buffer ----
@@ -450,17 +448,19 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
         const int n = min(last - first, p.num_in_rows - in_begin);
         const int dst_row = combine_base(rpm, R, src, me) + first;
         if (combine_rows(rpm, R, src) > p.region.capacity) {
-            if (threadIdx.x == 0) report_error(sink, EP_RT_ERR_CAPACITY, EP_RT_PHASE_COMBINE_RECV, src, c,
-                                               combine_rows(rpm, R, src), p.region.capacity);
+            if (threadIdx.x == 0)
+                report_error(sink, EP_RT_ERR_CAPACITY, EP_RT_PHASE_COMBINE_RECV, src, c, combine_rows(rpm, R, src),
+                             p.region.capacity);
             continue;
         }
         if (n <= 0) continue;
         const uint64_t data = p.peer_buffers[src] + p.ctrl.data;
         block_copy<Src::kInput>(at<uint8_t>(data, p.region.x) + dst_row * row_bytes,
-                   reinterpret_cast<const uint8_t*>(p.x) + in_begin * row_bytes, n * row_bytes);
+                                reinterpret_cast<const uint8_t*>(p.x) + in_begin * row_bytes, n * row_bytes);
         if (p.topk_weights)
             block_copy<Src::kInput>(at<float>(data, p.region.topk_weights) + int64_t(dst_row) * K,
-                       reinterpret_cast<const float*>(p.topk_weights) + int64_t(in_begin) * K, int64_t(n) * K * 4);
+                                    reinterpret_cast<const float*>(p.topk_weights) + int64_t(in_begin) * K,
+                                    int64_t(n) * K * 4);
     }
     signal_peers(p.peer_buffers, p.ctrl.combine_done, me * EP_RT_MAX_CHANNELS + c, me, R, seq);
 
@@ -508,7 +508,7 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
             for (int u = 0; u < kChunks; ++u)
 #pragma unroll
                 for (int e = 0; e < 8; ++e) acc[u][e] = 0.0f;
-            auto accumulate = [&](const int4 (&v)[kChunks]) {
+            auto accumulate = [&](const int4(&v)[kChunks]) {
 #pragma unroll
                 for (int u = 0; u < kChunks; ++u) {
                     const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v[u]);
@@ -534,8 +534,9 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
                 const int4* src = src_rows[r] + i0;
 #pragma unroll
                 for (int u = 0; u < kChunks; ++u)
-                    v[u] = !in_range(u) ? int4{} : r == me ? ld_input_v4(src + u * kWarpSize)
-                                                           : ld_peer_written_v4(src + u * kWarpSize);
+                    v[u] = !in_range(u) ? int4{}
+                           : r == me    ? ld_input_v4(src + u * kWarpSize)
+                                        : ld_peer_written_v4(src + u * kWarpSize);
                 accumulate(v);
             }
 #pragma unroll

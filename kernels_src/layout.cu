@@ -7,8 +7,8 @@ using ep_rt::TopkIdx;
 
 namespace {
 
-__device__ __forceinline__ bool seen_before(const TopkIdx& topk, int64_t row, int k, int64_t group,
-                                            int64_t group_size, int64_t num_experts) {
+__device__ __forceinline__ bool seen_before(const TopkIdx& topk, int64_t row, int k, int64_t group, int64_t group_size,
+                                            int64_t num_experts) {
     for (int j = 0; j < k; ++j) {
         int64_t e = topk[row + j];
         if (e >= 0 && e < num_experts && e / group_size == group) return true;

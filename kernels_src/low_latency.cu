@@ -62,7 +62,9 @@ struct LL {
     __device__ bool remote(int r) const { return peer(r) == 0; }
     __device__ uint8_t* local(int64_t off) const { return reinterpret_cast<uint8_t*>(p.sym_base + off); }
     // Word [buffer][rank] of the credit area (u64 signal words; this rank's copy, peers' through signal_rank).
-    __device__ int64_t credit_off(int rank) const { return p.credit_off + (int64_t(p.buffer_idx) * p.num_ranks + rank) * 8; }
+    __device__ int64_t credit_off(int rank) const {
+        return p.credit_off + (int64_t(p.buffer_idx) * p.num_ranks + rank) * 8;
+    }
     // This call's arrival word of cell c (u64, SIGNAL_ADD 1 per message from a rank of another node).
     __device__ uint64_t* arrival(int c) const { return reinterpret_cast<uint64_t*>(local(p.arrival_off)) + c; }
 };
@@ -119,8 +121,10 @@ __device__ __forceinline__ void warp_encode_row(uint8_t* slot, const uint8_t* sr
 // for a rank of another node is announced by its own put-with-signal, whose arrivals the receiver counts).
 __device__ __forceinline__ void signal_rank(const LL& ll, int r, int64_t off, int64_t value) {
     const uint64_t base = ll.peer(r);
-    if (base != 0) st_release_sys(reinterpret_cast<int64_t*>(base + off), value);
-    else net_signal_set(reinterpret_cast<uint64_t*>(ll.local(off)), uint64_t(value), r);
+    if (base != 0)
+        st_release_sys(reinterpret_cast<int64_t*>(base + off), value);
+    else
+        net_signal_set(reinterpret_cast<uint64_t*>(ll.local(off)), uint64_t(value), r);
 }
 
 // A signal: the tag in the high word, then the sender's shape digest (16 bits: a peer that called with another
@@ -143,8 +147,8 @@ __device__ __forceinline__ bool same_shape(const LL& ll, int64_t v, int peer, in
 // Wait until pred(signal) holds; false on timeout (reported with the tag `expected` and the tag seen, `tag_of`
 // of the last value). In shrink mode a silent rank is masked instead.
 template <typename T, typename Pred, typename TagOf>
-__device__ bool wait_signal(const LL& ll, const T* sig, Pred pred, TagOf tag_of, int32_t expected, int peer,
-                            int phase, T& value, int64_t& cycles) {
+__device__ bool wait_signal(const LL& ll, const T* sig, Pred pred, TagOf tag_of, int32_t expected, int peer, int phase,
+                            T& value, int64_t& cycles) {
     const int64_t start_cycles = clock64();
     const uint64_t start = globaltimer_ns();
     const ErrorSink sink = ll.sink();
@@ -193,9 +197,10 @@ __device__ void wait_buffer_free(const LL& ll, int32_t prefetched) {
         }
         int64_t value;
         int64_t cycles = 0;
-        wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(ll.credit_off(r))),
-                    [is_free](int64_t v) { return is_free(int32_t(v)); }, [](int64_t v) { return int32_t(v); }, prev,
-                    r, EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
+        wait_signal(
+            ll, reinterpret_cast<const int64_t*>(ll.local(ll.credit_off(r))),
+            [is_free](int64_t v) { return is_free(int32_t(v)); }, [](int64_t v) { return int32_t(v); }, prev, r,
+            EP_RT_PHASE_LL_BUFFER_FREE, value, cycles);
     }
     __syncthreads();
 }
@@ -222,8 +227,9 @@ __device__ void release_buffer(const LL& ll, int cells) {
 __device__ bool wait_arrivals(const LL& ll, int c, int n, int peer, int phase, int64_t& cycles) {
     if (n == 0) return true;
     int64_t value;
-    return wait_signal(ll, reinterpret_cast<const int64_t*>(ll.arrival(c)), [n](int64_t v) { return v >= n; },
-                       [](int64_t v) { return int32_t(v); }, n, peer, phase, value, cycles);
+    return wait_signal(
+        ll, reinterpret_cast<const int64_t*>(ll.arrival(c)), [n](int64_t v) { return v >= n; },
+        [](int64_t v) { return int32_t(v); }, n, peer, phase, value, cycles);
 }
 
 // Non-hook calls launch the receive kernel as a programmatic dependent launch: once every send block has
@@ -241,8 +247,10 @@ __device__ bool last_block(int32_t* ticket) {
     __shared__ bool is_last;
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (kPeersRead) __threadfence_system();
-        else __threadfence();
+        if (kPeersRead)
+            __threadfence_system();
+        else
+            __threadfence();
         is_last = atomicAdd(ticket, 1) == int(gridDim.x) - 1;
         if (is_last) __threadfence();
     }
@@ -272,7 +280,8 @@ __device__ void build_message(const LL& ll, int t, uint8_t* msg) {
             int4 v[kUnroll];
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u)
-                if (i0 + u * int(blockDim.x) < n) v[u] = ld_input_v4(reinterpret_cast<const int4*>(x) + i0 + u * blockDim.x);
+                if (i0 + u * int(blockDim.x) < n)
+                    v[u] = ld_input_v4(reinterpret_cast<const int4*>(x) + i0 + u * blockDim.x);
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u)
                 if (i0 + u * int(blockDim.x) < n) reinterpret_cast<int4*>(payload)[i0 + u * blockDim.x] = v[u];
@@ -386,8 +395,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
                 if (lane == 0 && part == 0) atomicAdd(counters + e, 1);  // totals, announced by the last block
                 if (slot >= p.max_tokens) {  // only possible with duplicate experts in one token
                     if (lane == 0 && part == 0)
-                        report_error(ll.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_LL_DISPATCH_SEND, -1, int(e),
-                                     slot + 1, p.max_tokens);
+                        report_error(ll.sink(), EP_RT_ERR_CAPACITY, EP_RT_PHASE_LL_DISPATCH_SEND, -1, int(e), slot + 1,
+                                     p.max_tokens);
                 } else {
                     const int l = int(e % ll.L);
                     const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
@@ -434,8 +443,8 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
     const LowLatencyParams& p = ll.p;
     const int R = p.num_ranks;
     const int64_t RT = int64_t(R) * p.max_tokens;
-    __shared__ int64_t msg_off[kShareBatch];   // the message, from the symmetric base
-    __shared__ int expert_row[kShareBatch];    // its row within its local expert
+    __shared__ int64_t msg_off[kShareBatch];  // the message, from the symmetric base
+    __shared__ int expert_row[kShareBatch];  // its row within its local expert
     __shared__ int expert_of[kShareBatch];
     if (int(threadIdx.x) < nb) {
         const int c = batch.cell[threadIdx.x], i = batch.index[threadIdx.x];
@@ -447,7 +456,7 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
     const uint32_t payload_bytes = p.use_fp8 ? p.hidden : 2 * p.hidden;
     const uint32_t row_int4 = payload_bytes / 16, payload_total = uint32_t(nb) * row_int4;
     const uint32_t cols = !p.use_fp8 ? 0 : p.use_ue8m0 ? ll.S / 4 : ll.S;  // scale words per row
-    const uint32_t side_total = uint32_t(nb) * (1 + cols);                  // source word + scale words
+    const uint32_t side_total = uint32_t(nb) * (1 + cols);  // source word + scale words
     uint8_t* recv_x = reinterpret_cast<uint8_t*>(p.recv_x);
     int32_t* src_info = reinterpret_cast<int32_t*>(p.recv_src_info);
     int32_t* scales_out = reinterpret_cast<int32_t*>(p.recv_x_scales);
@@ -467,8 +476,10 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
     auto store_side = [&](uint32_t q, int32_t value) {
         const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
         const int64_t l = expert_of[i];
-        if (w == 0) src_info[l * RT + expert_row[i]] = value;
-        else scales_out[(l * cols + (w - 1)) * RT + expert_row[i]] = value;
+        if (w == 0)
+            src_info[l * RT + expert_row[i]] = value;
+        else
+            scales_out[(l * cols + (w - 1)) * RT + expert_row[i]] = value;
     };
     constexpr int kUnroll = 8;
     const uint32_t limit = max(payload_total, side_total);
@@ -532,8 +543,9 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         int64_t value = 0;
         int64_t cycles = 0;
         if (!ll.masked(s))
-            if (wait_signal(ll, signals + c, [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag,
-                            s, EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles) &&
+            if (wait_signal(
+                    ll, signals + c, [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag, s,
+                    EP_RT_PHASE_LL_DISPATCH_RECV, value, cycles) &&
                 same_shape(ll, value, s, EP_RT_PHASE_LL_DISPATCH_RECV) && ll.remote(s))
                 wait_arrivals(ll, c, count_of_signal(value), s, EP_RT_PHASE_LL_DISPATCH_RECV, cycles);
         if (p.wait_stats && cycles)
@@ -618,14 +630,18 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
             }
         }
         __syncthreads();
-        if (p.use_logfmt) block_send_rows<true>(nvl_dst, nvl_src, num_nvl, p.hidden);  // host forbids zero_copy
-        else block_send_rows<false>(nvl_dst, nvl_src, num_nvl, p.hidden);
+        if (p.use_logfmt)
+            block_send_rows<true>(nvl_dst, nvl_src, num_nvl, p.hidden);  // host forbids zero_copy
+        else
+            block_send_rows<false>(nvl_dst, nvl_src, num_nvl, p.hidden);
         for (int q = warp; q < num_remote; q += num_warps) {
             const int64_t row = remote_row[q];
             uint8_t* staged = ll.local(p.send_off + row * p.msg_bytes);
             const uint8_t* x_row = reinterpret_cast<const uint8_t*>(p.x) + row * row_bytes;
-            if (p.use_logfmt) warp_encode_row(staged, x_row, p.hidden, lane);  // payload and meta: msg_bytes
-            else if (!p.zero_copy) warp_copy<Src::kPeerWritten>(staged, x_row, row_bytes, lane);
+            if (p.use_logfmt)
+                warp_encode_row(staged, x_row, p.hidden, lane);  // payload and meta: msg_bytes
+            else if (!p.zero_copy)
+                warp_copy<Src::kPeerWritten>(staged, x_row, row_bytes, lane);
             __syncwarp();
             const int cell = int(remote_row[q] / RT) * R + me;  // (my local expert l, me): the receiver's word
             net_put_signal_warp(ll.local(remote_slot[q]), staged, p.use_logfmt ? p.msg_bytes : row_bytes,
@@ -633,8 +649,9 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
         }
     };
     __shared__ ShareSmem share;
-    for_each_share_batch(share, ll.L * R, R, [&](int c) { return int(ranges[c] & 0xFFFFFFFF); },
-                         [](int, int, const int*) {}, send_batch);
+    for_each_share_batch(
+        share, ll.L * R, R, [&](int c) { return int(ranges[c] & 0xFFFFFFFF); }, [](int, int, const int*) {},
+        send_batch);
     // for_each_share_batch ends with a __syncthreads: every warp's puts are issued (queued, under chaos).
     if (threadIdx.x == 0) net_flush();
     if (!last_block<true>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketCombineSend)) return;
@@ -661,12 +678,13 @@ __device__ __forceinline__ void accumulate_bf16x8(const int4& v, float w, float 
 }
 
 // Plain rows: int4 i of every valid row k (row_off[k] >= 0), all loaded before the sum so the loads overlap.
-__device__ __forceinline__ void accumulate_rows(const LL& ll, const int64_t* row_off, const float* weight, int K,
-                                                int i, float acc[8]) {
+__device__ __forceinline__ void accumulate_rows(const LL& ll, const int64_t* row_off, const float* weight, int K, int i,
+                                                float acc[8]) {
     int4 v[EP_RT_LL_MAX_TOPK];
 #pragma unroll
     for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)
-        if (k < K && row_off[k] >= 0) v[k] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(row_off[k])) + i);
+        if (k < K && row_off[k] >= 0)
+            v[k] = ld_peer_written_v4(reinterpret_cast<const int4*>(ll.local(row_off[k])) + i);
 #pragma unroll
     for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k)
         if (k < K && row_off[k] >= 0) accumulate_bf16x8(v[k], weight[k], acc);
@@ -675,11 +693,11 @@ __device__ __forceinline__ void accumulate_rows(const LL& ll, const int64_t* row
 // LogFMT rows: int4 i (8 channels of division i / 16) of every valid row. The castable form (low code bytes,
 // high bits and signs) and the meta word are loaded together into one int4 per row, as most divisions are
 // castable; a division that is not is reloaded as bf16 once its meta is known. Same sum order as above.
-__device__ __forceinline__ void accumulate_logfmt_rows(const LL& ll, const int64_t* row_off, const float* weight,
-                                                       int K, int i, float acc[8]) {
+__device__ __forceinline__ void accumulate_logfmt_rows(const LL& ll, const int64_t* row_off, const float* weight, int K,
+                                                       int i, float acc[8]) {
     const int hidden = ll.p.hidden;
     int4 v[EP_RT_LL_MAX_TOPK];  // castable: (low.x, low.y, high bits and signs, meta); otherwise 8 bf16
-    uint32_t castable = 0;      // bit k: row k's division is castable
+    uint32_t castable = 0;  // bit k: row k's division is castable
 #pragma unroll
     for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
         if (k >= K || row_off[k] < 0) continue;
@@ -722,8 +740,8 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
     const LL ll(p);
     const int K = p.num_topk;
     const int hidden_int4 = p.hidden / 8;
-    const int chunks = min((hidden_int4 + int(blockDim.x) - 1) / int(blockDim.x),
-                           max(1, int(gridDim.x) / max(p.num_tokens, 1)));
+    const int chunks =
+        min((hidden_int4 + int(blockDim.x) - 1) / int(blockDim.x), max(1, int(gridDim.x) / max(p.num_tokens, 1)));
     const int chunk_int4 = (hidden_int4 + chunks - 1) / chunks;
     __shared__ int64_t row_off[EP_RT_LL_MAX_TOPK];
     __shared__ float weight[EP_RT_LL_MAX_TOPK];
@@ -741,9 +759,10 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
                     const int32_t tag = ll.tag;
                     const int src = int(e / ll.L);
                     const int64_t flag = (e % ll.L) * p.num_ranks + src;  // word l * R + source
-                    if (wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + flag * 8)),
-                                    [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag, src,
-                                    EP_RT_PHASE_LL_COMBINE_RECV, value, cycles) &&
+                    if (wait_signal(
+                            ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + flag * 8)),
+                            [tag](int64_t v) { return tag_of_signal(v) == tag; }, tag_of_signal, tag, src,
+                            EP_RT_PHASE_LL_COMBINE_RECV, value, cycles) &&
                         same_shape(ll, value, src, EP_RT_PHASE_LL_COMBINE_RECV) &&
                         (!ll.remote(src) || wait_arrivals(ll, int(flag), count_of_signal(value), src,
                                                           EP_RT_PHASE_LL_COMBINE_RECV, cycles)))
@@ -791,16 +810,18 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_barrier(const LowLate
     const int R = p.num_ranks;
     // Signal every rank, masked ones too (a rank masked here may be alive and waiting for us: masks are each rank's
     // own view), but wait only for the unmasked ones.
-    for (int r = threadIdx.x; r < R; r += blockDim.x) signal_rank(ll, r, p.signal_off + int64_t(p.rank) * 8, p.barrier_seq);
+    for (int r = threadIdx.x; r < R; r += blockDim.x)
+        signal_rank(ll, r, p.signal_off + int64_t(p.rank) * 8, p.barrier_seq);
     __syncthreads();
     if (threadIdx.x == 0) net_flush();
     const int64_t seq = p.barrier_seq;
     for (int r = threadIdx.x; r < R; r += blockDim.x) {
         if (ll.masked(r)) continue;
         int64_t value, cycles = 0;
-        wait_signal(ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + int64_t(r) * 8)),
-                    [seq](int64_t v) { return v >= seq; }, [](int64_t v) { return int32_t(v); }, int32_t(seq), r,
-                    EP_RT_PHASE_LL_BARRIER, value, cycles);
+        wait_signal(
+            ll, reinterpret_cast<const int64_t*>(ll.local(p.signal_off + int64_t(r) * 8)),
+            [seq](int64_t v) { return v >= seq; }, [](int64_t v) { return int32_t(v); }, int32_t(seq), r,
+            EP_RT_PHASE_LL_BARRIER, value, cycles);
     }
     __syncthreads();
     if (threadIdx.x == 0) __threadfence_system();

@@ -12,14 +12,18 @@ enum class Src { kInput, kPeerWritten };
 
 template <Src kSrc>
 __device__ __forceinline__ int4 load_v4(const int4* p) {
-    if constexpr (kSrc == Src::kInput) return ld_input_v4(p);
-    else return ld_peer_written_v4(p);
+    if constexpr (kSrc == Src::kInput)
+        return ld_input_v4(p);
+    else
+        return ld_peer_written_v4(p);
 }
 
 template <Src kSrc>
 __device__ __forceinline__ int32_t load_b32(const int32_t* p) {
-    if constexpr (kSrc == Src::kInput) return *p;
-    else return ld_peer_written_b32(p);
+    if constexpr (kSrc == Src::kInput)
+        return *p;
+    else
+        return ld_peer_written_b32(p);
 }
 
 // n int4 copied by `count` cooperating threads, this one being `index`.

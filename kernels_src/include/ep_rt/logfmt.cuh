@@ -97,8 +97,8 @@ __device__ __forceinline__ LogFmtPart logfmt_encode8(const int4& x8, const LogFm
     // code = min(floor(max((log2|x| - log_amin) / step + rho, 0)), 511), rho = 2 - log2((1 + 2^step) / 2) / step.
     // |x| = 0 gives log2 = -inf, hence code 0, with no branch.
     const float inv_step = __frcp_rn(d.step);
-    const float rho = __fsub_rn(2.0f, __fmul_rn(lg2_approx(__fmul_rn(__fadd_rn(1.0f, ex2_approx(d.step)), 0.5f)),
-                                                inv_step));
+    const float rho =
+        __fsub_rn(2.0f, __fmul_rn(lg2_approx(__fmul_rn(__fadd_rn(1.0f, ex2_approx(d.step)), 0.5f)), inv_step));
     const uint32_t* words = reinterpret_cast<const uint32_t*>(&x8);
     uint32_t low[2] = {0, 0}, high = 0;
 #pragma unroll
@@ -140,8 +140,7 @@ __device__ __forceinline__ uint32_t logfmt_meta_offset(uint32_t c, int hidden) {
 // Encodes int4 c of a row of `hidden` channels (x8 = its 8 bf16) into the combine slot `slot`. Called by all
 // 32 lanes of a warp together, 16 consecutive lanes per division (see logfmt_half_warp_amax_amin); lanes
 // without data pass active = false. One lane per division writes the meta word.
-__device__ __forceinline__ void logfmt_encode_int4(const int4& x8, bool active, uint32_t c, uint8_t* slot,
-                                                   int hidden) {
+__device__ __forceinline__ void logfmt_encode_int4(const int4& x8, bool active, uint32_t c, uint8_t* slot, int hidden) {
     float amax = 0.0f, amin = __int_as_float(0x7f800000);  // +inf
     if (active) {
         const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&x8);

@@ -215,7 +215,9 @@ __device__ unsigned long long ep_rt_net_sweep_ns;
 
 namespace ep_rt {
 
-__device__ __forceinline__ void net_count(int stat, uint64_t n) { atomicAdd(&ep_rt_net_stats[stat], (unsigned long long)n); }
+__device__ __forceinline__ void net_count(int stat, uint64_t n) {
+    atomicAdd(&ep_rt_net_stats[stat], (unsigned long long)n);
+}
 
 namespace net_chaos {
 
@@ -261,8 +263,8 @@ static __device__ __noinline__ void deliver(const Message m, Rng& rng) {
 
 // One thread (of a block or warp collective, or a net_signal_* caller; any number at once): queue the message
 // in this block's queue, or deliver it now when the block has no queue or its queue is full.
-static __device__ __noinline__ void enqueue(void* dst, const void* src, uint64_t bytes, uint64_t* sig,
-                                            uint64_t value, int op, int pe) {
+static __device__ __noinline__ void enqueue(void* dst, const void* src, uint64_t bytes, uint64_t* sig, uint64_t value,
+                                            int op, int pe) {
     net_count(bytes != 0 ? EP_RT_NET_STAT_PUT_SIGNAL : EP_RT_NET_STAT_SIGNAL, 1);
     if (bytes != 0) net_count(EP_RT_NET_STAT_BYTES, bytes);
     const uint32_t b = block_index();
@@ -290,8 +292,10 @@ static __device__ __noinline__ void enqueue(void* dst, const void* src, uint64_t
         }
     }
     if (atomicExch(&warned_at_once, 1) == 0)
-        printf("ep_rt chaos transport: block %u has %s: its puts that find no room are delivered at once, not "
-               "late (kQueues %u, kSlots %u)\n", b, b < kQueues ? "a full queue" : "no queue", kQueues, kSlots);
+        printf(
+            "ep_rt chaos transport: block %u has %s: its puts that find no room are delivered at once, not "
+            "late (kQueues %u, kSlots %u)\n",
+            b, b < kQueues ? "a full queue" : "no queue", kQueues, kSlots);
     Rng rng = seeded();
     deliver(Message{dst, src, bytes, sig, value, grid_id(), pe, op, 0, 0}, rng);
 }
@@ -325,9 +329,10 @@ static __device__ __noinline__ void flush() {
                 }  // reserved by a thread still writing it (finite: it waits for nothing)
                 const Message m = slot;
                 if (m.grid != me && atomicExch(&warned_foreign, 1) == 0)
-                    printf("ep_rt chaos transport: block %u delivers a message queued by another kernel (grid %llu, "
-                           "this is %llu): a block that puts must net_flush before its kernel ends\n",
-                           b, m.grid, me);
+                    printf(
+                        "ep_rt chaos transport: block %u delivers a message queued by another kernel (grid %llu, "
+                        "this is %llu): a block that puts must net_flush before its kernel ends\n",
+                        b, m.grid, me);
                 deliver(m, rng);
                 pause(rng, kMaxGapNs);
             }

@@ -369,89 +369,89 @@ struct InternodeLayout {
     int64_t notify_recv;     // [N] slots: from the rail peer on node s (s = my node: my own, written locally)
     int64_t notify_words;    // u64 [N]: word s from the rail peer on node s, +1 per notify
     int64_t dispatch_words;  // u64 [N][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]: word [s][c][k] from the rail peer
-                             // on node s, +1 per dispatch whose stream (s, c) has a chunk k
-    int64_t combine_words;   // u64 [N][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]: word [n][c][k] from my rail peer
-                             // on node n, +1 per combine whose stream (n, c) has a chunk k
-    int64_t hs_words;        // u64 [EP_RT_IN_HS_KINDS][N]: handshakes, word [kind][s] from the rail peer on node s
-    int64_t own_ready;       // int64 [2][EP_RT_MAX_CHANNELS]: my own node's records (dispatch) or partial sums
-                             // (combine) of channel c are written (call number); written and read by me only
+        // on node s, +1 per dispatch whose stream (s, c) has a chunk k
+    int64_t combine_words;  // u64 [N][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]: word [n][c][k] from my rail peer
+        // on node n, +1 per combine whose stream (n, c) has a chunk k
+    int64_t hs_words;  // u64 [EP_RT_IN_HS_KINDS][N]: handshakes, word [kind][s] from the rail peer on node s
+    int64_t own_ready;  // int64 [2][EP_RT_MAX_CHANNELS]: my own node's records (dispatch) or partial sums
+        // (combine) of channel c are written (call number); written and read by me only
     int64_t end;
 };
 
 // Byte offsets in each rank's NVL buffer (IPC-mapped on its node), identical on every rank of the node. Each
 // word has one writer: a node peer (through its NVLink mapping) or the rank itself.
 struct InternodeNvlLayout {
-    int64_t slot_bytes;      // one relayed notify slot
-    int64_t slots;           // [R] relayed notify slots, slot src written by src's rail peer on my node
-    int64_t slot_flags;      // int64 [R]: notify call number, after slot src
-    int64_t hs;              // int64 [EP_RT_IN_HS_KINDS][G]: handshake call numbers from local rank l
-    int64_t pub;             // int32 [R][EP_RT_MAX_CHANNELS]: my recv_gbl_channel_prefix_matrix (dispatch)
-    int64_t pub_flag;        // int64: dispatch call number, after pub
-    int64_t relay;           // int64 [R][EP_RT_MAX_CHANNELS]: dispatch call number: block (src, c) is pushed here
-    int64_t ready;           // int64: combine call number: my combine rows are in records
-    int64_t ready_prefix;    // int32 [R]: my recv_gbl_rank_prefix_sum (combine)
-    int64_t records;         // dispatch records at their final rows, or combine rows
+    int64_t slot_bytes;  // one relayed notify slot
+    int64_t slots;  // [R] relayed notify slots, slot src written by src's rail peer on my node
+    int64_t slot_flags;  // int64 [R]: notify call number, after slot src
+    int64_t hs;  // int64 [EP_RT_IN_HS_KINDS][G]: handshake call numbers from local rank l
+    int64_t pub;  // int32 [R][EP_RT_MAX_CHANNELS]: my recv_gbl_channel_prefix_matrix (dispatch)
+    int64_t pub_flag;  // int64: dispatch call number, after pub
+    int64_t relay;  // int64 [R][EP_RT_MAX_CHANNELS]: dispatch call number: block (src, c) is pushed here
+    int64_t ready;  // int64: combine call number: my combine rows are in records
+    int64_t ready_prefix;  // int32 [R]: my recv_gbl_rank_prefix_sum (combine)
+    int64_t records;  // dispatch records at their final rows, or combine rows
     int64_t records_bytes;
 };
 
 struct InternodeParams {
-    uint64_t sym_base;            // this rank's symmetric buffer (no mapping of any other rank's is ever passed)
+    uint64_t sym_base;  // this rank's symmetric buffer (no mapping of any other rank's is ever passed)
     uint64_t nvl_peers[EP_RT_MAX_NVL_RANKS];  // base of each local rank's internode NVL area (InternodeNvlLayout)
-    uint64_t workspace;           // device int64 [EP_RT_IN_WS_WORDS]
-    uint64_t error;               // ErrorRecord* (host-mapped)
-    uint64_t host_counters;       // host-mapped int32 [EP_RT_IN_HOST_WORDS]
-    uint64_t scratch;             // device int32 [C][R + N]: per-channel counts (notify)
-    uint64_t consumed;            // device int64 [2][EP_RT_IN_MAX_NODES][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]:
-                                  // per (sender, channel, chunk) word, the signals this rank has consumed (dispatch
-                                  // words, then combine words): a call may use fewer channels or chunks than the
-                                  // last, so a word's count is not the call number
-    uint64_t x;                   // dispatch: [T, hidden_bytes]; combine: bf16 [num_in_rows, hidden]
-    uint64_t x_scales;            // 32-bit words, strided, or 0
-    uint64_t topk_idx;            // int64 or int32 [T, K] or 0
-    uint64_t topk_weights;        // f32: dispatch [T, K]; combine [num_in_rows, K]; or 0
-    uint64_t is_token_in_rank;    // bool [T, R]
+    uint64_t workspace;  // device int64 [EP_RT_IN_WS_WORDS]
+    uint64_t error;  // ErrorRecord* (host-mapped)
+    uint64_t host_counters;  // host-mapped int32 [EP_RT_IN_HOST_WORDS]
+    uint64_t scratch;  // device int32 [C][R + N]: per-channel counts (notify)
+    uint64_t consumed;  // device int64 [2][EP_RT_IN_MAX_NODES][EP_RT_MAX_CHANNELS][EP_RT_IN_STREAM_CHUNKS]:
+        // per (sender, channel, chunk) word, the signals this rank has consumed (dispatch
+        // words, then combine words): a call may use fewer channels or chunks than the
+        // last, so a word's count is not the call number
+    uint64_t x;  // dispatch: [T, hidden_bytes]; combine: bf16 [num_in_rows, hidden]
+    uint64_t x_scales;  // 32-bit words, strided, or 0
+    uint64_t topk_idx;  // int64 or int32 [T, K] or 0
+    uint64_t topk_weights;  // f32: dispatch [T, K]; combine [num_in_rows, K]; or 0
+    uint64_t is_token_in_rank;  // bool [T, R]
     uint64_t num_tokens_per_expert;  // int32 [E] or 0
-    uint64_t bias0, bias1;        // bf16 [T, hidden] or 0
-    uint64_t rdma_cpm;            // handle [1] int32 [N, C]
-    uint64_t gbl_cpm;             // handle [2] int32 [R, C]
-    uint64_t recv_rdma_cpm;       // handle [3] int32 [N, C]
-    uint64_t recv_rdma_prefix;    // handle [4] int32 [N]
-    uint64_t recv_gbl_cpm;        // handle [5] int32 [R, C]
-    uint64_t recv_gbl_prefix;     // handle [6] int32 [R]
-    uint64_t recv_src_meta;       // handle [7] uint8 [rows, 8] or 0 (cached)
-    uint64_t send_rdma_head;      // handle [8] int32 [T, N]
-    uint64_t send_nvl_head;       // handle [9] int32 [fwd_rows, G] or 0 (cached)
-    uint64_t recv_x;              // [rows, hidden_bytes]
-    uint64_t recv_x_scales;       // int32 [rows, S] or 0
-    uint64_t recv_topk_idx;       // [rows, K] of recv_topk_idx_bits, or 0
-    uint64_t recv_topk_weights;   // f32 [rows, K] or 0
-    uint64_t combined_x;          // bf16 [T, hidden]
+    uint64_t bias0, bias1;  // bf16 [T, hidden] or 0
+    uint64_t rdma_cpm;  // handle [1] int32 [N, C]
+    uint64_t gbl_cpm;  // handle [2] int32 [R, C]
+    uint64_t recv_rdma_cpm;  // handle [3] int32 [N, C]
+    uint64_t recv_rdma_prefix;  // handle [4] int32 [N]
+    uint64_t recv_gbl_cpm;  // handle [5] int32 [R, C]
+    uint64_t recv_gbl_prefix;  // handle [6] int32 [R]
+    uint64_t recv_src_meta;  // handle [7] uint8 [rows, 8] or 0 (cached)
+    uint64_t send_rdma_head;  // handle [8] int32 [T, N]
+    uint64_t send_nvl_head;  // handle [9] int32 [fwd_rows, G] or 0 (cached)
+    uint64_t recv_x;  // [rows, hidden_bytes]
+    uint64_t recv_x_scales;  // int32 [rows, S] or 0
+    uint64_t recv_topk_idx;  // [rows, K] of recv_topk_idx_bits, or 0
+    uint64_t recv_topk_weights;  // f32 [rows, K] or 0
+    uint64_t combined_x;  // bf16 [T, hidden]
     uint64_t combined_topk_weights;  // f32 [T, K] or 0
     struct InternodeLayout lay;
     struct InternodeNvlLayout nvl;
-    int64_t scale_token_stride;   // in 32-bit words
+    int64_t scale_token_stride;  // in 32-bit words
     int64_t scale_hidden_stride;
-    int64_t host_token;           // > 0: publish counts to the host under this token
-    int64_t net_timeout_ns;       // every wait (each depends on the network: EP_RT_NET_TIMEOUT_S)
-    int64_t nvl_capacity_rows;    // rows of this call's record size the NVL records region holds
+    int64_t host_token;  // > 0: publish counts to the host under this token
+    int64_t net_timeout_ns;  // every wait (each depends on the network: EP_RT_NET_TIMEOUT_S)
+    int64_t nvl_capacity_rows;  // rows of this call's record size the NVL records region holds
     int32_t rank;
     int32_t num_ranks;
-    int32_t ranks_per_node;       // G
-    int32_t num_nodes;            // N
-    int32_t pe_base;              // NVSHMEM PE of my rail peer on node n: pe_base + n * pe_stride
+    int32_t ranks_per_node;  // G
+    int32_t num_nodes;  // N
+    int32_t pe_base;  // NVSHMEM PE of my rail peer on node n: pe_base + n * pe_stride
     int32_t pe_stride;
     int32_t num_tokens;
     int32_t num_channels;
-    int32_t hidden_bytes;         // dispatch: row bytes (multiple of 16); combine: 2 * hidden
+    int32_t hidden_bytes;  // dispatch: row bytes (multiple of 16); combine: 2 * hidden
     int32_t num_scales;
     int32_t num_topk;
     int32_t num_experts;
     int32_t expert_alignment;
-    int32_t num_out_rows;         // rows of recv_* (num_worst_tokens or num_recv)
-    int32_t num_fwd_rows;         // rows of send_nvl_head (num_worst_tokens or num_rdma_recv)
-    int32_t num_in_rows;          // combine: rows of x
-    int32_t cached;               // dispatch from a handle: handshake, no notify, no topk
-    int32_t fill_unused;          // num_worst_tokens: recv_topk_idx and send_nvl_head = -1 past the real rows
+    int32_t num_out_rows;  // rows of recv_* (num_worst_tokens or num_recv)
+    int32_t num_fwd_rows;  // rows of send_nvl_head (num_worst_tokens or num_rdma_recv)
+    int32_t num_in_rows;  // combine: rows of x
+    int32_t cached;  // dispatch from a handle: handshake, no notify, no topk
+    int32_t fill_unused;  // num_worst_tokens: recv_topk_idx and send_nvl_head = -1 past the real rows
     int32_t topk_idx_bits;
     int32_t recv_topk_idx_bits;
 };

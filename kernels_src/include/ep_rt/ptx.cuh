@@ -52,7 +52,8 @@ __device__ __forceinline__ uint64_t globaltimer_ns() {
 __device__ __forceinline__ int4 ld_input_v4(const int4* p) {
     int4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
     return v;
 }
 
@@ -63,10 +64,13 @@ __device__ __forceinline__ int4 ld_peer_written_v4(const int4* p) {
     int4 v;
 #if EP_RT_AGGRESSIVE_PTX
     asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
 #else
     asm volatile("ld.global.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p)
+                 : "memory");
 #endif
     return v;
 }
@@ -103,8 +107,9 @@ __device__ __forceinline__ uint16_t ld_peer_written_b16(const uint16_t* p) {
 
 // Streaming store that does not pollute L1 (remote NVLink or local).
 __device__ __forceinline__ void st_na_v4(int4* p, const int4& v) {
-    asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1, %2, %3, %4};"
-                 ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+    asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z),
+                 "r"(v.w)
+                 : "memory");
 }
 
 __device__ __forceinline__ void st_na_b32(int32_t* p, int32_t v) {

@@ -108,8 +108,10 @@ __device__ void for_each_share_batch(ShareSmem& sm, int num_cells, int group, Co
                 int a = 0, b = n;  // the cell holding m: the largest a with start[a] <= m (start[n] > m)
                 while (b - a > 1) {
                     const int mid = (a + b) / 2;
-                    if (sm.start[mid] <= m) a = mid;
-                    else b = mid;
+                    if (sm.start[mid] <= m)
+                        a = mid;
+                    else
+                        b = mid;
                 }
                 sm.batch.cell[threadIdx.x] = c0 + a;
                 sm.batch.index[threadIdx.x] = m - sm.start[a];
