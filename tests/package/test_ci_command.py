@@ -48,3 +48,21 @@ def test_ruffs_cache_is_ignored():
     tools/tree_digest.py (the GPU run's tree check) refuses the tree, and pytest runs after ruff."""
     lines = (REPO / ".gitignore").read_text(encoding="utf-8").splitlines()
     assert "/.ruff_cache/" in lines
+
+
+def test_the_test_command_checks_the_layout_of_python_and_kernels():
+    """`python tools/format.py --check` (ruff format --check, clang-format --dry-run --Werror on every kernel source)
+    runs before the long cubin rebuild, with the exact clang-format of the `test` extra."""
+    try:
+        import tomllib
+    except ModuleNotFoundError:
+        tomllib = pytest.importorskip("tomli", reason="reading pyproject.toml on Python 3.10 needs tomli")
+    steps = [s.strip() for s in _readme_command().split("&&")]
+    assert "python tools/format.py --check" in steps
+    assert steps.index("python tools/format.py --check") < steps.index(
+        "python tools/build_cubins.py --install-sites --verify"
+    )
+    project = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    clang = [r for r in project["project"]["optional-dependencies"]["test"] if r.startswith("clang-format")]
+    assert clang == ["clang-format==19.1.7"]
+    assert (REPO / ".clang-format").is_file()

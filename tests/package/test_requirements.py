@@ -130,9 +130,16 @@ def device_versions():
     return {(e["flavour"], e["nvshmem"]) for e in manifest["cubins"] if e["needs_nvshmem"]}
 
 
+# The one exact pin: the kernels' formatter, a stand-alone binary nothing else requires, whose output can change
+# from version to version (the test command checks the layout with it).
+EXACT_PINS = {("test", "clang-format")}
+
+
 def test_no_pin_fights_torch():
     for name, extra in [("base", BASE), *EXTRAS.items()]:
-        for req in extra.values():
+        for dist_name, req in extra.items():
+            if (name, dist_name) in EXACT_PINS:
+                continue
             assert not any(s.operator in ("==", "===") for s in req.specifier), (name, str(req))
 
 
