@@ -22,7 +22,7 @@ from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
 from .runtime import driver, modules
 from .transport import agreement
-from .transport.error_record import ErrorRecords
+from .transport.error_record import INPUT_SLOT, ErrorRecords
 from .transport.nvl import NvlBuffer
 from .transport.topology import Topology
 from .utils import check_nvlink_connections
@@ -171,7 +171,9 @@ class Buffer:
                     teardown_stream=self.comm_stream,
                 )
             )
-            self._layout = LayoutOp(self.device_index, driver.multiprocessor_count(self.device_index))
+            self._layout = LayoutOp(
+                self.device_index, driver.multiprocessor_count(self.device_index), self._errors, self.rank
+            )
             self._nvl.barrier(self.comm_stream)
         if plan.ht is not None:
             self._ht = _HT_OPS[plan.ht](self, topo, setup)
@@ -415,6 +417,13 @@ class Buffer:
         if not self.destroyed:
             self._errors.raise_if_failed()
 
+    def _raise_input_errors(self) -> None:
+        """At the end of a high-throughput call (every kernel of it launched, so the peers' calls complete): raise a
+        bad expert id that the layout family's check recorded, if the host can see it yet (no sync: a dispatch that
+        waited for its receive counts sees its own; otherwise a later call's end, or raise_if_failed, reports it)."""
+        if not torch.cuda.is_current_stream_capturing():  # (re-arming it synchronises: not inside a capture)
+            self._errors.raise_if_failed(INPUT_SLOT)
+
     # ---- ep_rt extensions: what the argument checks and the benchmarks read, and the benchmarks' hooks -----------
     @property
     def is_internode(self) -> bool:
@@ -655,6 +664,7 @@ class Buffer:
             topk_idx, num_experts, self.group_size, scope.alloc_stream(), self.comm_stream, G
         )
         event = scope.finish([topk_idx, counts, in_rank])
+        self._raise_input_errors()
         return per_rank, per_node, per_expert, in_rank, event
 
     # ---- dispatch -------------------------------------------------------------------------------
@@ -756,8 +766,11 @@ class Buffer:
         )
         self._ht.check_dispatch(call)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        if call.handle is None and call.topk_idx is not None:  # before the notify, on the comm stream: no host sync
+            self._layout.check_ids(call.topk_idx, call.num_tokens_per_expert.numel(), self.comm_stream)
         r = self._ht.run_dispatch(call, scope.alloc_stream(), self.comm_stream)
         event = scope.finish(r.tensors)
+        self._raise_input_errors()
         out_x = (r.recv_x, r.recv_x_scales) if r.recv_x_scales is not None else r.recv_x
         return out_x, r.recv_topk_idx, r.recv_topk_weights, r.num_recv_tokens_per_expert_list, r.handle, event
 
@@ -805,6 +818,7 @@ class Buffer:
             x, handle, topk_weights, bias0, bias1, scope.alloc_stream(), self.comm_stream
         )
         event = scope.finish(tensors)
+        self._raise_input_errors()
         return combined_x, combined_w, event
 
     # ---- low latency --------------------------------------------------------------------------

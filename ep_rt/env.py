@@ -92,7 +92,8 @@ def net_timeout_s(timeout: float | None = None) -> float:
 
 
 def check_values() -> bool:
-    """EP_RT_CHECK_VALUES=0 skips the value checks that need a device sync (topk_idx range)."""
+    """EP_RT_CHECK_VALUES=0 skips the kernels' check of the topk_idx range (ops/layout.py; it needs no device sync:
+    the check before a dispatch is one small kernel launch)."""
     return _flag("EP_RT_CHECK_VALUES", True)
 
 

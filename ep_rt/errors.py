@@ -87,6 +87,8 @@ PHASES = {
     abi.EP_RT_PHASE_LL_DISPATCH_SEND: "low-latency dispatch (sending)",
     abi.EP_RT_PHASE_LL_BUFFER_FREE: "low-latency send (waiting until the peer has read the previous call on this buffer)",
     abi.EP_RT_PHASE_LL_BARRIER: "low-latency barrier (clean_low_latency_buffer or teardown)",
+    abi.EP_RT_PHASE_LAYOUT_IDS: "get_dispatch_layout (checking topk_idx)",
+    abi.EP_RT_PHASE_DISPATCH_IDS: "dispatch (checking topk_idx)",
     abi.EP_RT_PHASE_IN_NOTIFY: "internode dispatch notify (exchanging token counts over the network)",
     abi.EP_RT_PHASE_IN_HANDSHAKE: "internode cached dispatch handshake",
     abi.EP_RT_PHASE_IN_FORWARD: "internode dispatch (waiting for a source node's tokens, as its forwarder)",

@@ -33,18 +33,12 @@ def tensor(name: str, t, *, dtype=None, dtypes=None, ndim=None, device=None, con
     return t
 
 
-def topk_idx(t, device, num_experts: int, rows=None, may_sync: bool = True) -> None:
-    """Shape and dtype always; the value range too (one device sync) unless the caller must not sync
-    (num_worst_tokens, or a CUDA-graph capture), or EP_RT_CHECK_VALUES=0. Unchecked out-of-range ids are
-    treated as -1 by the kernels (never followed)."""
+def topk_idx(t, device, num_experts: int, rows=None) -> None:
+    """Shape and dtype. The values are checked by the kernels, without a device sync (issue 23): an id outside
+    [-1, num_experts) is treated as -1 and raised as a KernelError at the end of the call (ops/layout.py)."""
     tensor("topk_idx", t, dtypes=TOPK_IDX_DTYPES, ndim=2, device=device, rows=rows)
     if t.size(1) > nvl_layout.MAX_TOPK:
         raise ValueError(f"top-k is at most {nvl_layout.MAX_TOPK}, got {t.size(1)}")
-    may_sync = may_sync and not (t.is_cuda and torch.cuda.is_current_stream_capturing())
-    if may_sync and env.check_values() and t.numel() > 0:
-        lo, hi = (int(v) for v in torch.aminmax(t))
-        if lo < -1 or hi >= num_experts:
-            raise ValueError(f"topk_idx values must be in [-1, {num_experts}) (num_experts), found range [{lo}, {hi}]")
 
 
 def bits(t) -> int:

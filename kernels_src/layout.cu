@@ -1,6 +1,7 @@
 // get_dispatch_layout: per-rank, per-node and per-expert token counts and the token-to-rank table.
 // Each block histograms its slice of tokens in shared memory, then adds into the (zeroed) outputs.
 #include "ep_rt/params.h"
+#include "ep_rt/sync.cuh"
 #include "ep_rt/topk.cuh"
 
 using ep_rt::TopkIdx;
@@ -16,7 +17,25 @@ __device__ __forceinline__ bool seen_before(const TopkIdx& topk, int64_t row, in
     return false;
 }
 
+// An expert id outside [-1, num_experts): recorded for the host (first one wins), then treated as -1. The record is
+// the Buffer's "input" one, which no communication kernel watches, so a call with a bad id still completes on every
+// rank; the host raises it at the end of a call (issue 23: no device sync to check the ids).
+__device__ __forceinline__ void check_id(const LayoutParams& p, int64_t e) {
+    if (p.error != 0 && (e < -1 || e >= p.num_experts)) {
+        const ep_rt::ErrorSink sink{p.error, reinterpret_cast<int32_t*>(p.error_claim), p.rank};
+        ep_rt::report_error(sink, EP_RT_ERR_BAD_EXPERT, p.error_phase, -1, -1, e, p.num_experts);
+    }
+}
+
 }  // namespace
+
+// The check alone, before a dispatch's notify: a grid-stride pass over the ids.
+extern "C" __global__ void __launch_bounds__(256) ep_rt_check_topk_idx(const LayoutParams p) {
+    const TopkIdx topk(p.topk_idx, p.topk_idx_bits);
+    const int64_t n = int64_t(p.num_tokens) * p.num_topk;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+        check_id(p, topk[i]);
+}
 
 extern "C" __global__ void __launch_bounds__(256) ep_rt_get_dispatch_layout(const LayoutParams p) {
     extern __shared__ int counters[];  // [num_experts] | [num_ranks] | [num_ranks / G]
@@ -41,7 +60,8 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_get_dispatch_layout(cons
         for (int r = 0; r < p.num_ranks; ++r) flags[r] = false;
         for (int k = 0; k < p.num_topk; ++k) {
             const int64_t e = topk[row + k];
-            if (e < 0 || e >= p.num_experts) continue;  // -1 = no expert; out-of-range is rejected on the host
+            check_id(p, e);
+            if (e < 0 || e >= p.num_experts) continue;  // -1 = no expert; out of range: reported, then skipped
             atomicAdd(&expert_count[e], 1);
             const int64_t r = e / experts_per_rank;
             if (!seen_before(topk, row, k, r, experts_per_rank, p.num_experts)) {

@@ -118,6 +118,7 @@ _PARAMS = (
     ("ep_rt_intranode_combine", "CombineParams"),
     ("ep_rt_intranode_barrier", "BarrierParams"),
     ("ep_rt_get_dispatch_layout", "LayoutParams"),
+    ("ep_rt_check_topk_idx", "LayoutParams"),
     ("ep_rt_internode_", "InternodeParams"),
     ("ep_rt_ll_", "LowLatencyParams"),
 )

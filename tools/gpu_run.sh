@@ -155,7 +155,8 @@ step() {  # one named step; returns 3 for a name it does not know
     # The GPU tests in order of what a regression would hurt most, under one limit (LIMIT, default 480 s).
     gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 tests/gpu/test_cubins_gpu.py \
              tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_gpu.py tests/gpu/test_intranode_gpu.py \
-             tests/gpu/test_reliability_gpu.py tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py ;;
+             tests/gpu/test_reliability_gpu.py tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py \
+             tests/gpu/test_no_sync_gpu.py ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     soak_ht) run soak_ht 300 python3 -m pytest -q -rs -m soak tests/gpu/test_reliability_gpu.py ;;
     # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).

@@ -294,6 +294,8 @@ def intranode_buffer(num_recv):
     ht.timer = None
     lay = layout.LayoutOp.__new__(layout.LayoutOp)
     lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams)
+    lay.checker = launcher("ep_rt_check_topk_idx", abi.LayoutParams)
+    lay.error_ptr = errors.device_ptr("input")  # (the check of a dispatch's ids is launched, as on a GPU)
     lay.num_sms = 132
     return _buffer(errors, R, nv=nv, ht=ht, lay=lay)
 
@@ -341,6 +343,8 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
     io.timer = None
     lay = layout.LayoutOp.__new__(layout.LayoutOp)
     lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams)
+    lay.checker = launcher("ep_rt_check_topk_idx", abi.LayoutParams)
+    lay.error_ptr = errors.device_ptr("input")  # (the check of a dispatch's ids is launched, as on a GPU)
     lay.num_sms = 132
     buf = _buffer(errors, ranks, nv=nv, ht=io, lay=lay)
     buf.topology = io.topology

@@ -6,20 +6,56 @@ import ctypes
 
 import torch
 
+from .. import env
 from ..events import allocating_on
 from ..runtime import abi, driver, modules
 from ..runtime.call_plans import plan_for
 from ..runtime.launch import Launcher
+from ..transport.error_record import INPUT_SLOT
 
 _MAX_SMEM = 200 * 1024
 
 
+# The id check before a dispatch: enough blocks to read the ids at full speed, few enough to start at once.
+_CHECK_BLOCKS = 32
+
+
 class LayoutOp:
-    def __init__(self, device_index: int, num_sms: int):
+    """get_dispatch_layout, and the check of a dispatch's expert ids (issue 23: no device sync in a hot call). Both
+    kernels report an id outside [-1, num_experts) into the Buffer's "input" error record, which no communication
+    kernel watches: the call goes on (the id is treated as -1) and the host raises the error at the end of a call
+    (Buffer.raise_input_errors)."""
+
+    error_ptr = 0  # the "input" record's device address; 0: no check (an op built with object.__new__ too)
+
+    def __init__(self, device_index: int, num_sms: int, errors=None, rank: int = 0):
         module = modules.load_family(device_index, "layout")
         self.kernel = Launcher(module, "ep_rt_get_dispatch_layout", abi.LayoutParams)
+        self.checker = Launcher(module, "ep_rt_check_topk_idx", abi.LayoutParams)
         driver.set_max_dynamic_smem(self.kernel.function, _MAX_SMEM)
         self.num_sms = num_sms
+        if errors is not None:  # the record's claim word: device memory (atomics), re-armed after each report
+            self.claim = torch.zeros(1, dtype=torch.int32, device=torch.device("cuda", device_index))
+            errors.on_rearm(INPUT_SLOT, self.claim.zero_)
+            self.error_ptr = errors.device_ptr(INPUT_SLOT)
+            for k, phase in ((self.kernel, abi.EP_RT_PHASE_LAYOUT_IDS), (self.checker, abi.EP_RT_PHASE_DISPATCH_IDS)):
+                k.set(error_claim=self.claim.data_ptr(), rank=rank, error_phase=phase)
+
+    def check_ids(self, topk_idx: torch.Tensor, num_experts: int, stream) -> None:
+        """Launch the id check of a dispatch's topk_idx on `stream` (before the dispatch's kernels); nothing when
+        EP_RT_CHECK_VALUES=0 or there is nothing to check."""
+        n = topk_idx.numel()
+        if n == 0 or not self.error_ptr or not env.check_values():
+            return
+        self.checker.set(
+            topk_idx=topk_idx.data_ptr(),
+            num_tokens=topk_idx.size(0),
+            num_topk=topk_idx.size(1),
+            num_experts=num_experts,
+            topk_idx_bits=topk_idx.element_size() * 8,
+            error=self.error_ptr,
+        )
+        self.checker(min(-(-n // self.checker.block), _CHECK_BLOCKS), stream)
 
     # Made on first use (an op built with object.__new__, as the CPU tests do, has it too).
     call_plans = None  # (tokens, top-k, experts, ranks, ranks per node, top-k bits) -> (params, blocks, smem, nodes)
@@ -70,5 +106,6 @@ class LayoutOp:
             p.topk_idx, p.num_tokens_per_rank = topk_idx.data_ptr(), per_rank.data_ptr()
             p.num_tokens_per_rdma_rank = per_node.data_ptr() if per_node is not None else 0
             p.num_tokens_per_expert, p.is_token_in_rank = per_expert.data_ptr(), is_token_in_rank.data_ptr()
+            p.error = self.error_ptr if env.check_values() else 0
             self.kernel(blocks, comm_stream, smem=smem)
         return per_rank, per_node, per_expert, is_token_in_rank, counts

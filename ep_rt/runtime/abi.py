@@ -33,6 +33,8 @@ EP_RT_PHASE_LL_COMBINE_RECV = 8
 EP_RT_PHASE_LL_DISPATCH_SEND = 9
 EP_RT_PHASE_LL_BUFFER_FREE = 10
 EP_RT_PHASE_LL_BARRIER = 11
+EP_RT_PHASE_LAYOUT_IDS = 20
+EP_RT_PHASE_DISPATCH_IDS = 21
 
 EP_RT_NOTIFY_SLOT_BYTES = 5120
 EP_RT_NOTIFY_HIDDEN_BYTES = 2
@@ -163,6 +165,10 @@ class LayoutParams(Mirror):
         ("topk_idx_bits", _i32),
         ("num_ranks_per_node", _i32),
         ("pad", _i32),
+        ("error", _u64),
+        ("error_claim", _u64),
+        ("rank", _i32),
+        ("error_phase", _i32),
     ]
 
 

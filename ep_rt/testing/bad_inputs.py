@@ -126,6 +126,7 @@ def _bf16(*shape, dev="cuda"):
 
 
 _LL_IDS = "the LL send kernel checks the ids (a host check would sync every decode step and break graph capture)"
+_HT_IDS = "the layout family's kernels check the ids (no device sync); the call completes and raises at its end"
 
 
 def _cases() -> list[BadInput]:
@@ -236,12 +237,19 @@ def _cases() -> list[BadInput]:
         BadInput("layout CPU topk_idx", lambda c: c.buf.get_dispatch_layout(c.idx.cpu(), E), V, "must be on"),
         BadInput(
             "layout id == num_experts",
-            lambda c: c.buf.get_dispatch_layout(torch.full_like(c.idx, E), E),
-            V,
-            "values must be in",
+            lambda c: _layout_bad_id(c, E),
+            KE,
+            "get_dispatch_layout (checking topk_idx): topk_idx holds expert id",
+            completes=True,
+            launches=_HT_IDS,
         ),
         BadInput(
-            "layout id -2", lambda c: c.buf.get_dispatch_layout(torch.full_like(c.idx, -2), E), V, "values must be in"
+            "layout id -2",
+            lambda c: _layout_bad_id(c, -2),
+            KE,
+            "get_dispatch_layout (checking topk_idx): topk_idx holds expert id -2",
+            completes=True,
+            launches=_HT_IDS,
         ),
         BadInput("layout experts not divisible", lambda c: c.buf.get_dispatch_layout(c.idx, E + 1), V, "divisible"),
         BadInput("layout experts 0", lambda c: c.buf.get_dispatch_layout(c.idx, 0), V, "positive"),
@@ -308,11 +316,18 @@ def _cases() -> list[BadInput]:
         BadInput(
             "dispatch topk id == num_experts",
             lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, E)),
-            V,
-            "values must be in",
+            KE,
+            "dispatch (checking topk_idx): topk_idx holds expert id",
+            completes=True,
+            launches=_HT_IDS,
         ),
         BadInput(
-            "dispatch topk id -5", lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, -5)), V, "values must be in"
+            "dispatch topk id -5",
+            lambda c: c.dispatch(topk_idx=torch.full_like(c.idx, -5)),
+            KE,
+            "dispatch (checking topk_idx): topk_idx holds expert id -5",
+            completes=True,
+            launches=_HT_IDS,
         ),
         BadInput("dispatch f64 weights", lambda c: c.dispatch(topk_weights=c.w.double()), T, "float32"),
         BadInput(
@@ -632,6 +647,12 @@ def _ll_bad_id(c, bad):
     c.ll_dispatch(idx=idx)
     torch.cuda.synchronize()
     c.buf.raise_if_failed()  # only rank 0 raises (its send kernel saw the id); nothing is launched here
+
+
+def _layout_bad_id(c, bad):
+    c.buf.get_dispatch_layout(torch.full_like(c.idx, bad), E)
+    torch.cuda.synchronize()
+    c.buf.raise_if_failed()  # the layout kernel's report (its own call cannot see it without a sync)
 
 
 def _worst_too_small(c):

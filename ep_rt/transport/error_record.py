@@ -18,7 +18,10 @@ from ..errors import EpRtError, error_from_record
 from ..runtime import abi, driver
 
 RECORD_BYTES = 128
-SLOTS = ("nvl", "low_latency", "internode")
+# "input": the expert ids the layout family checks (ops/layout.py); no communication kernel watches it, so an error
+# there never stops a call midway, and the host raises it only at the end of a call (Buffer.raise_input_errors).
+INPUT_SLOT = "input"
+SLOTS = ("nvl", "low_latency", "internode", INPUT_SLOT)
 RECOVERABLE = (
     abi.EP_RT_ERR_BAD_EXPERT,
     abi.EP_RT_ERR_WORST_TOKENS,

@@ -145,7 +145,7 @@ def test_an_interrupt_between_the_launches_of_an_internode_dispatch(monkeypatch)
         start = len(trace.events)
         with pytest.raises(KeyboardInterrupt) as e:
             buf.internode_dispatch(x, topk_idx=idx, topk_weights=w, **common)
-        assert _launched(trace, start) == ["ep_rt_internode_notify", "ep_rt_internode_send"]
+        assert _launched(trace, start) == ["ep_rt_check_topk_idx", "ep_rt_internode_notify", "ep_rt_internode_send"]
         notes = [n for n in e.value.__notes__ if n.startswith("ep_rt:")]
         assert len(notes) == 1 and "interrupted (KeyboardInterrupt) during Buffer.dispatch" in notes[0], notes
         with pytest.raises(EpRtError, match="rank 1: interrupted .* during Buffer.dispatch: .* internode calls"):

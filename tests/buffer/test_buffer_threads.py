@@ -139,7 +139,7 @@ def test_calls_under_cuda_graph_capture_go_through_the_guard(monkeypatch):
         _, _, hook = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=True)
         hook()
         buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=32, **common)
-        assert _launches(trace) == launches + 6  # send + receive, twice; notify + dispatch
+        assert _launches(trace) == launches + 7  # send + receive, twice; the id check, notify and dispatch
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         buf.destroy()
 

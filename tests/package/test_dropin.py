@@ -12,6 +12,7 @@ from ep_rt import Buffer, Config, EventOverlap
 from ep_rt.events import EventHandle, StreamScope, event_of
 from ep_rt.ops.intranode import IntranodeOp
 from ep_rt.runtime import abi
+from ep_rt.transport.error_record import ErrorRecords
 
 CPU = torch.device("cpu")
 
@@ -200,7 +201,18 @@ def test_megatron_call_sequence_layout_event_into_dispatch(compute_stream):
     buf._nvl = SimpleNamespace(raise_if_failed=lambda: None)
     per_rank, in_rank = torch.zeros(R, dtype=torch.int32), torch.zeros(N, R, dtype=torch.bool)
     per_expert = torch.zeros(E, dtype=torch.int32)
-    buf._layout = lambda idx, e, r, alloc, comm, G=8: (per_rank, None, per_expert, in_rank, per_expert)
+    buf._errors = ErrorRecords(mapped=False)
+
+    class Layout:  # the layout op: the counts, and the dispatch's id check (a launch on the GPU)
+        checked = []
+
+        def __call__(self, idx, e, r, alloc, comm, G=8):
+            return per_rank, None, per_expert, in_rank, per_expert
+
+        def check_ids(self, idx, e, stream):
+            self.checked.append((idx, e))
+
+    buf._layout = Layout()
     dispatched = {}
 
     def dispatch(*args):

@@ -53,10 +53,11 @@ def test_the_cases_that_launch_kernels_are_exactly_those_whose_errors_kernels_fi
     """Every other case must raise before any ep_rt kernel runs (docs/INTERNODE_DESIGN.md "Errors" for the three
     internode ones); those that launch say why, and the GPU run checks the counter moved for them."""
     launching = {c.name for c in bad_inputs.CASES if c.launches}
-    assert launching == {"LL expert id == num_experts", "LL expert id -3", "num_worst_tokens too small"}
+    ids = {"layout id == num_experts", "layout id -2", "dispatch topk id == num_experts", "dispatch topk id -5"}
+    assert launching == {"LL expert id == num_experts", "LL expert id -3", "num_worst_tokens too small"} | ids
     assert all(c.completes for c in bad_inputs.CASES if c.launches)
     internode = {c.name for c in bad_inputs.internode_cases() if c.launches}
-    assert internode == {
+    assert internode == ids | {
         "num_worst_tokens too small",
         "internode dispatch too large for the RDMA buffer",
         "internode dispatch too large for the NVL buffer",

@@ -22,10 +22,10 @@ def test_the_harness_times_every_hot_call_and_counts_its_launches(tmp_path, caps
     rows = {r["call"]: r for r in report["rows"]}
     want = {  # call -> kernel launches it makes (cuLaunchKernel + cuLaunchKernelEx)
         "get_dispatch_layout": 1,
-        "intranode dispatch BF16": 2,
+        "intranode dispatch BF16": 3,  # the id check, notify, dispatch
         "intranode cached dispatch": 1,
         "intranode combine": 1,
-        "internode dispatch BF16": 4,
+        "internode dispatch BF16": 5,
         "internode cached dispatch": 3,
         "internode combine": 3,
         "LL dispatch FP8": 2,
@@ -43,10 +43,8 @@ def test_the_harness_times_every_hot_call_and_counts_its_launches(tmp_path, caps
         assert got == n, (call, row["per_call"])
         assert row["median_us"] > 0
     assert rows["LL dispatch FP8"]["per_call"]["torch.empty"] >= 1
-    assert (
-        rows["intranode dispatch BF16"]["per_call"]["torch.aminmax + 2 x int() (= 1 kernel + 2 blocking D2H copies)"]
-        == 1
-    )
+    for call, row in rows.items():  # no hot call syncs the device (issue 23 item 1): no aminmax and its copies
+        assert not any(name.startswith("torch.aminmax") for name in row["per_call"]), (call, row["per_call"])
 
 
 def test_only_runs_one_part(tmp_path):

@@ -143,7 +143,8 @@ def test_check_fails_on_a_tampered_block_size(checkout, change):
     try:
         problems, _ = build_cubins.check(checkout / "kernels_src", checkout / "cubins")
         assert len(problems) == 1 and problems[0].startswith(f"{TAMPERED}: the manifest's block sizes "), problems
-        assert "{'ep_rt_get_dispatch_layout': 256}" in problems[0] and "rebuild" in problems[0]
+        cubins = "the cubin's {'ep_rt_check_topk_idx': 256, 'ep_rt_get_dispatch_layout': 256}"
+        assert cubins in problems[0] and "rebuild" in problems[0]
         cli = subprocess.run(
             [
                 sys.executable,

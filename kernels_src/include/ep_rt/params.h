@@ -31,6 +31,9 @@
 #define EP_RT_PHASE_LL_DISPATCH_SEND 9
 #define EP_RT_PHASE_LL_BUFFER_FREE 10
 #define EP_RT_PHASE_LL_BARRIER 11
+// The expert ids of get_dispatch_layout and of a dispatch, checked by the layout family (no host sync).
+#define EP_RT_PHASE_LAYOUT_IDS 20
+#define EP_RT_PHASE_DISPATCH_IDS 21
 
 struct ErrorRecord {
     int32_t code;
@@ -57,6 +60,11 @@ struct LayoutParams {
     int32_t topk_idx_bits;              // 64 or 32: the width of topk_idx
     int32_t num_ranks_per_node;         // G: a node's ranks (num_tokens_per_rdma_rank has num_ranks / G entries)
     int32_t pad;
+    // Where an expert id outside [-1, num_experts) is reported (the Buffer's "input" record; 0: not checked).
+    uint64_t error;        // ErrorRecord* (host-mapped)
+    uint64_t error_claim;  // int32* in device memory: the record's claim word
+    int32_t rank;
+    int32_t error_phase;   // EP_RT_PHASE_LAYOUT_IDS or EP_RT_PHASE_DISPATCH_IDS
 };
 
 // Buffer control region: offsets (bytes from each rank's buffer base), identical on every rank.
