@@ -6,7 +6,10 @@ Each event is (call, arguments); a kernel launch records its name, grid, block, 
 started early, and every field of its parameter struct. Addresses (host memory, fake device memory, CPU tensors
 standing in for device tensors) are numbered in order of first appearance, so two runs of the same code give the
 same trace. tests/buffer/test_host_trace.py compares the trace with tests/data/host_trace_golden.json, recorded from the code
-before the Buffer refactor of issue 26: same transports, kernels, fields, order and teardown.
+before the Buffer refactor of issue 26: same transports, kernels, fields, order and teardown. Re-recorded for issue 23
+item 1 (the id check without a device sync), after checking that the new trace equals the old one once the
+ep_rt_check_topk_idx launches, LayoutParams' four new fields (error, error_claim, rank, error_phase) and the larger
+error page (4 records: 512 bytes, was 384) are taken out, with pointer names renumbered.
 
     python -m tests.host_trace            # print the differences against the golden trace (none: exit 0)
     python -m tests.host_trace --write    # record the golden trace (only from code whose behaviour is the reference)
