@@ -155,7 +155,14 @@ class Buffer:
         shared["EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)"] = str(validate.topk_idx_t)
         setup = agreement.exchange(group, shared, lambda: self._prepare(group, topo, timeout, **args))
         self._plan = plan = setup.plan
-        # The plan, executed: transports, then ops.
+        try:
+            self._build(plan, setup, group, topo, num_nvl_bytes)
+        except BaseException:  # an error, a peer that never came, Ctrl-C: the caller never gets this Buffer
+            self._abandon_construction()
+            raise
+
+    def _build(self, plan, setup, group, topo, num_nvl_bytes) -> None:
+        """The plan, executed: transports, then ops (each part owned as soon as it exists, see _own)."""
         self._errors = self._own(ErrorRecords())
         self._session = None
         if plan.nvl_buffer:  # the NVL buffer of my node (also the device barrier)
@@ -183,6 +190,19 @@ class Buffer:
     def _own(self, part):
         self._parts.append(part)
         return part
+
+    def _abandon_construction(self) -> None:
+        """Free what a failed construction made, without collectives (the peers may be anywhere in theirs), so no
+        IPC mapping, host page or NVSHMEM registration outlives it and a new Buffer can be made; the first error of
+        the teardown is added to the construction's, never raised over it."""
+        import sys
+
+        error = sys.exc_info()[1]
+        try:
+            self._release(collective=False)
+        except Exception as e:  # noqa: BLE001 (the construction's own error is what the caller must see)
+            if error is not None and hasattr(error, "add_note"):
+                error.add_note(f"ep_rt: freeing the partly built Buffer also failed: {type(e).__name__}: {e}")
 
     def _prepare(
         self,

@@ -207,3 +207,31 @@ def test_an_interrupt_in_a_local_call_leaves_the_buffer_usable(monkeypatch):
         start = len(trace.events)
         buf.destroy()
         assert _launched(trace, start) == ["ep_rt_intranode_barrier"]
+
+
+# ---- inside Buffer(): the caller never gets the Buffer, so its construction frees what it made -------------------
+@pytest.mark.parametrize("exc", [KeyboardInterrupt, SystemExit, RuntimeError], ids=["ctrl-c", "sigterm", "error"])
+def test_a_construction_that_fails_midway_frees_its_parts_without_collectives(monkeypatch, exc):
+    import gc
+    import warnings
+
+    with host_trace.driven("internode + low latency") as (trace, make):
+        _raise_at(monkeypatch, "ep_rt_internode_barrier", exc)  # the internode op's first barrier, mid-construction
+        start = len(trace.events)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with pytest.raises(exc):
+                make()
+            gc.collect()  # the half-built Buffer's finalizer has nothing left to warn about
+        assert not [w for w in caught if "not destroyed" in str(w.message)], [str(w.message) for w in caught]
+        after = trace.events[start:]
+        assert ["NvshmemSession.destroy", False] in after  # freed, without NVSHMEM's collective teardown
+        assert not _events_after(trace, start, "nvshmem.barrier_all")
+        # every host page mapped for the device was freed again
+        mapped = [e for e in after if e[0] == "driver.host_alloc_mapped"]
+        freed = [e for e in after if e[0] == "driver.host_free"]
+        assert mapped and len(freed) == len(mapped), (mapped, freed)
+        new = make()  # and a new Buffer works
+        x, idx, w, common = host_trace.ht_inputs(new)
+        new.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+        new.destroy()
