@@ -363,27 +363,50 @@ class Buffer:
             op for op in (self._ll, self._ht if self._plan.ht == buffer_plan.INTERNODE else None) if op is not None
         ]
         self._ll = self._ht = self._layout = self._nvl = None
-        errors = []
+        errors, interrupt = [], None
+
+        def note(e: BaseException) -> None:  # an interrupt (Ctrl-C, SIGTERM's SystemExit) makes the rest local
+            nonlocal interrupt, collective
+            if isinstance(e, Exception):
+                errors.append(e)
+                return
+            interrupt, collective = interrupt or e, False
+            try:  # the interrupted wait's kernel (a barrier, with a deadline) must end before its memory is freed
+                torch.cuda.synchronize(self.device)
+            except BaseException:  # a second interrupt: free anyway, as asked
+                pass
+
         try:  # our own kernels first (every wait they make has a deadline, so this returns)
             torch.cuda.synchronize(self.device)
         except Exception as e:  # a finalizer at interpreter exit: the driver may be gone
             errors.append(e)
             collective = False
+        except BaseException as e:
+            note(e)
         # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen every
         # peer arrive (mask-aware for LL), and never in shrink mode: a rank's masks are its own view (a peer may have
         # masked us while we masked nobody), and every rank must make the same choice.
-        nvshmem_collective = (
-            collective and self._nvshmem_users_met(nvshmem_users, errors) and not self._plan.nvshmem_teardown_local
-        )
+        nvshmem_collective = False
+        try:
+            nvshmem_collective = (
+                collective and self._nvshmem_users_met(nvshmem_users, errors) and not self._plan.nvshmem_teardown_local
+            )
+        except BaseException as e:
+            note(e)
         parts, self._parts = self._parts, []
-        for part in reversed(parts):
+        for part in reversed(parts):  # every part is freed, an interrupt or not; after one, without collectives
             part_collective = buffer_plan.part_destroy_collective(
-                part.error_slot, collective, nvshmem_collective, lambda slot: self._errors.check(slot) is not None
+                part.error_slot,
+                collective,
+                nvshmem_collective and collective,
+                lambda slot: self._errors.check(slot) is not None,
             )
             try:
                 part.destroy(part_collective)
-            except Exception as e:  # keep freeing the rest; report the first failure
-                errors.append(e)
+            except BaseException as e:  # keep freeing the rest; report the first failure
+                note(e)
+        if interrupt is not None:
+            raise interrupt
         if errors:
             raise errors[0]
 

@@ -153,6 +153,13 @@ class NvlBuffer:
             if collective and self.failed is None and self.local_ptr:
                 self.barrier(stream if stream is not None else torch.cuda.current_stream(self.device_index))
                 freed = True
+        except BaseException as e:
+            if not isinstance(e, Exception):  # interrupted in the barrier's wait: its kernel ends before the frees
+                try:
+                    torch.cuda.synchronize(self.device_index)
+                except BaseException:  # a second interrupt: free anyway, as asked
+                    pass
+            raise
         finally:
             for ptr in self._opened:
                 driver.ipc_close_handle(ptr)

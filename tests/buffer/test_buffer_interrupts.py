@@ -235,3 +235,36 @@ def test_a_construction_that_fails_midway_frees_its_parts_without_collectives(mo
         x, idx, w, common = host_trace.ht_inputs(new)
         new.dispatch(x, topk_idx=idx, topk_weights=w, **common)
         new.destroy()
+
+
+# ---- inside destroy(): an interrupt makes the rest of the teardown local, and everything is still freed -----------
+@pytest.mark.parametrize(
+    "kernel,nvshmem_collective",
+    [("ep_rt_internode_barrier", False), ("ep_rt_intranode_barrier", True)],
+    ids=["in the NVSHMEM users' barrier", "in the NVL buffer's barrier"],
+)
+def test_an_interrupt_inside_destroy_still_frees_every_part_and_propagates(monkeypatch, kernel, nvshmem_collective):
+    """The NVSHMEM users' barrier interrupted: NVSHMEM's collective teardown is skipped. The NVL buffer's barrier
+    interrupted (it comes after NVSHMEM's teardown, whose barrier every peer passed): the parts after it are freed
+    without collectives. Either way the interrupted barrier's kernel ends before any memory is freed."""
+    with host_trace.driven("internode + low latency") as (trace, make):
+        start = len(trace.events)
+        buf = make()
+        _raise_at(monkeypatch, kernel, lambda: trace.add("interrupt", kernel) or KeyboardInterrupt())
+        at_destroy = len(trace.events)
+        with pytest.raises(KeyboardInterrupt):
+            buf.destroy()
+        after = trace.events[at_destroy:]
+        mapped = [e for e in trace.events[start:] if e[0] == "driver.host_alloc_mapped"]
+        freed = [e for e in after if e[0] == "driver.host_free"]
+        assert mapped and len(freed) == len(mapped), (mapped, freed)
+        assert ["NvshmemSession.destroy", nvshmem_collective] in after
+        hit = after.index(["interrupt", kernel])
+        frees = [i for i, e in enumerate(after) if e[0] in ("driver.host_free", "driver.mem_free") and i > hit]
+        syncs = [i for i, e in enumerate(after) if e[0] == "torch.cuda.synchronize" and i > hit]
+        assert frees and syncs and syncs[0] < frees[0], (hit, syncs, frees)  # the barrier's kernel ended first
+        buf.destroy()  # a second destroy() does nothing
+        new = make()
+        x, idx, w, common = host_trace.ht_inputs(new)
+        new.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+        new.destroy()
