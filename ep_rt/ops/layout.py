@@ -24,7 +24,7 @@ class LayoutOp:
     """get_dispatch_layout, and the check of a dispatch's expert ids (issue 23: no device sync in a hot call). Both
     kernels report an id outside [-1, num_experts) into the Buffer's "input" error record, which no communication
     kernel watches: the call goes on (the id is treated as -1) and the host raises the error at the end of a call
-    (Buffer.raise_input_errors)."""
+    (ep_rt.buffer)."""
 
     error_ptr = 0  # the "input" record's device address; 0: no check (an op built with object.__new__ too)
 

@@ -19,7 +19,7 @@ from ..runtime import abi, driver
 
 RECORD_BYTES = 128
 # "input": the expert ids the layout family checks (ops/layout.py); no communication kernel watches it, so an error
-# there never stops a call midway, and the host raises it only at the end of a call (Buffer.raise_input_errors).
+# there never stops a call midway, and the host raises it only at the end of a call (ep_rt.buffer).
 INPUT_SLOT = "input"
 SLOTS = ("nvl", "low_latency", "internode", INPUT_SLOT)
 RECOVERABLE = (
