@@ -9,11 +9,12 @@ import time
 from ep_rt.testing import spawn
 
 
-def _blocked_rank(path):
+def _blocked_rank(path, ready):
     sys.stderr = open(path, "w", buffering=1)  # (faulthandler writes to this file's descriptor)
     import faulthandler
 
     faulthandler.register(spawn.STACK_SIGNAL, file=sys.stderr, all_threads=True)
+    ready.set()
     while True:
         _waiting_for_a_peer_that_is_gone()
 
@@ -29,12 +30,13 @@ def _exits_at_once():
 def test_the_hang_report_names_each_rank_and_dumps_the_stacks_of_those_still_running(tmp_path):
     ctx = mp.get_context("spawn")
     stacks = tmp_path / "rank1.err"
-    procs = [ctx.Process(target=_exits_at_once), ctx.Process(target=_blocked_rank, args=(str(stacks),))]
+    ready = ctx.Event()
+    procs = [ctx.Process(target=_exits_at_once), ctx.Process(target=_blocked_rank, args=(str(stacks), ready))]
     for p in procs:
         p.start()
     try:
-        procs[0].join(30)
-        time.sleep(2.0)  # rank 1 has registered its handler
+        procs[0].join(60)
+        assert ready.wait(120)  # rank 1 has registered its handler (a spawned child may take long to start)
         text = spawn._hang_report(procs, 150, results={}, gone=set())
     finally:
         procs[1].terminate()
@@ -44,10 +46,11 @@ def test_the_hang_report_names_each_rank_and_dumps_the_stacks_of_those_still_run
     assert "_waiting_for_a_peer_that_is_gone" in dump and "_blocked_rank" in dump, dump
 
 
-def _ignores_sigterm():
+def _ignores_sigterm(ready):
     import signal
 
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ready.set()
     while True:
         time.sleep(0.05)
 
@@ -56,10 +59,11 @@ def test_ending_the_ranks_waits_until_every_one_has_exited_even_one_that_ignores
     """The next test's NVSHMEM start failed while the ranks of the test before were still exiting: run_ranks ends
     its ranks and returns only once all are gone."""
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_ignores_sigterm), ctx.Process(target=_waiting_for_a_peer_that_is_gone)]
+    ready = ctx.Event()
+    procs = [ctx.Process(target=_ignores_sigterm, args=(ready,)), ctx.Process(target=_waiting_for_a_peer_that_is_gone)]
     for p in procs:
         p.start()
-    time.sleep(2.0)
+    assert ready.wait(120)  # its SIGTERM handler is installed (a spawned child may take long to start)
     spawn._end(procs, grace_s=2.0)
     assert [p.is_alive() for p in procs] == [False, False]
     assert procs[0].exitcode == -9  # (it needed the SIGKILL)
