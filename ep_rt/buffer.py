@@ -23,6 +23,7 @@ from .ops.layout import LayoutOp
 from .runtime import driver, modules
 from .transport import agreement
 from .transport.error_record import INPUT_SLOT, ErrorRecords
+from .transport.host_wait import settle_after_interrupt
 from .transport.nvl import NvlBuffer
 from .transport.topology import Topology
 from .utils import check_nvlink_connections
@@ -363,18 +364,15 @@ class Buffer:
             op for op in (self._ll, self._ht if self._plan.ht == buffer_plan.INTERNODE else None) if op is not None
         ]
         self._ll = self._ht = self._layout = self._nvl = None
-        errors, interrupt = [], None
+        errors, interrupt, nvshmem_collective = [], None, False
 
         def note(e: BaseException) -> None:  # an interrupt (Ctrl-C, SIGTERM's SystemExit) makes the rest local
-            nonlocal interrupt, collective
+            nonlocal interrupt, collective, nvshmem_collective
             if isinstance(e, Exception):
                 errors.append(e)
                 return
-            interrupt, collective = interrupt or e, False
-            try:  # the interrupted wait's kernel (a barrier, with a deadline) must end before its memory is freed
-                torch.cuda.synchronize(self.device)
-            except BaseException:  # a second interrupt: free anyway, as asked
-                pass
+            interrupt, collective, nvshmem_collective = interrupt or e, False, False
+            settle_after_interrupt(self.device)  # the interrupted barrier's kernel ends before its memory is freed
 
         try:  # our own kernels first (every wait they make has a deadline, so this returns)
             torch.cuda.synchronize(self.device)
@@ -386,7 +384,6 @@ class Buffer:
         # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen every
         # peer arrive (mask-aware for LL), and never in shrink mode: a rank's masks are its own view (a peer may have
         # masked us while we masked nobody), and every rank must make the same choice.
-        nvshmem_collective = False
         try:
             nvshmem_collective = (
                 collective and self._nvshmem_users_met(nvshmem_users, errors) and not self._plan.nvshmem_teardown_local
@@ -396,10 +393,7 @@ class Buffer:
         parts, self._parts = self._parts, []
         for part in reversed(parts):  # every part is freed, an interrupt or not; after one, without collectives
             part_collective = buffer_plan.part_destroy_collective(
-                part.error_slot,
-                collective,
-                nvshmem_collective and collective,
-                lambda slot: self._errors.check(slot) is not None,
+                part.error_slot, collective, nvshmem_collective, lambda slot: self._errors.check(slot) is not None
             )
             try:
                 part.destroy(part_collective)
@@ -699,7 +693,7 @@ class Buffer:
         node size, not per `rank // 8`."""
         self._live()
         validate.experts(num_experts, self.group_size)
-        validate.topk_idx(topk_idx, self.device, num_experts)
+        validate.topk_idx(topk_idx, self.device)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         topo = getattr(self, "topology", None)
         G = topo.node_size if topo is not None and topo.num_nodes > 1 else 8

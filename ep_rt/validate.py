@@ -33,7 +33,7 @@ def tensor(name: str, t, *, dtype=None, dtypes=None, ndim=None, device=None, con
     return t
 
 
-def topk_idx(t, device, num_experts: int, rows=None) -> None:
+def topk_idx(t, device, rows=None) -> None:
     """Shape and dtype. The values are checked by the kernels, without a device sync (issue 23): an id outside
     [-1, num_experts) is treated as -1 and raised as a KernelError at the end of the call (ops/layout.py)."""
     tensor("topk_idx", t, dtypes=TOPK_IDX_DTYPES, ndim=2, device=device, rows=rows)

@@ -296,6 +296,7 @@ def intranode_buffer(num_recv):
     lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams)
     lay.checker = launcher("ep_rt_check_topk_idx", abi.LayoutParams)
     lay.error_ptr = errors.device_ptr("input")  # (the check of a dispatch's ids is launched, as on a GPU)
+    lay.checker.set(error=lay.error_ptr)
     lay.num_sms = 132
     return _buffer(errors, R, nv=nv, ht=ht, lay=lay)
 
@@ -345,6 +346,7 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
     lay.kernel = launcher("ep_rt_get_dispatch_layout", abi.LayoutParams)
     lay.checker = launcher("ep_rt_check_topk_idx", abi.LayoutParams)
     lay.error_ptr = errors.device_ptr("input")  # (the check of a dispatch's ids is launched, as on a GPU)
+    lay.checker.set(error=lay.error_ptr)
     lay.num_sms = 132
     buf = _buffer(errors, ranks, nv=nv, ht=io, lay=lay)
     buf.topology = io.topology

@@ -137,7 +137,7 @@ def check(
         if num_worst_tokens:
             raise ValueError("num_worst_tokens needs topk_idx")
         return DispatchArgs(data, scales)
-    validate.topk_idx(topk_idx, dev, num_experts, rows=N)
+    validate.topk_idx(topk_idx, dev, rows=N)
     validate.tensor("topk_weights", topk_weights, dtype=torch.float32, ndim=2, device=dev, rows=N)
     if topk_weights.size(1) != topk_idx.size(1):
         raise ValueError("topk_weights must have the shape of topk_idx")

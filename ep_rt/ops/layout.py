@@ -40,6 +40,7 @@ class LayoutOp:
             self.error_ptr = errors.device_ptr(INPUT_SLOT)
             for k, phase in ((self.kernel, abi.EP_RT_PHASE_LAYOUT_IDS), (self.checker, abi.EP_RT_PHASE_DISPATCH_IDS)):
                 k.set(error_claim=self.claim.data_ptr(), rank=rank, error_phase=phase)
+            self.checker.set(error=self.error_ptr)
 
     def check_ids(self, topk_idx: torch.Tensor, num_experts: int, stream) -> None:
         """Launch the id check of a dispatch's topk_idx on `stream` (before the dispatch's kernels); nothing when
@@ -53,7 +54,6 @@ class LayoutOp:
             num_topk=topk_idx.size(1),
             num_experts=num_experts,
             topk_idx_bits=topk_idx.element_size() * 8,
-            error=self.error_ptr,
         )
         self.checker(min(-(-n // self.checker.block), _CHECK_BLOCKS), stream)
 

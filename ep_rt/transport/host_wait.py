@@ -54,3 +54,15 @@ def wait_for_token(
                 ),
             )
         raise
+
+
+def settle_after_interrupt(device) -> None:
+    """An interrupt (Ctrl-C, SIGTERM's SystemExit) cut a host wait short during a teardown: wait for this device's
+    kernels (every wait they make has a deadline) before their memory is freed; a second interrupt skips the wait,
+    and the memory is freed anyway, as asked."""
+    import torch
+
+    try:
+        torch.cuda.synchronize(device)
+    except BaseException:  # noqa: BLE001
+        pass

@@ -24,7 +24,7 @@ from ..runtime.launch import Launcher
 from . import nvl_layout
 from .error_record import ErrorRecords
 from .device_view import device_tensor
-from .host_wait import wait_for_token
+from .host_wait import settle_after_interrupt, wait_for_token
 from .topology import Topology
 
 SLOT = "nvl"  # this buffer's slot in the ErrorRecords
@@ -155,10 +155,7 @@ class NvlBuffer:
                 freed = True
         except BaseException as e:
             if not isinstance(e, Exception):  # interrupted in the barrier's wait: its kernel ends before the frees
-                try:
-                    torch.cuda.synchronize(self.device_index)
-                except BaseException:  # a second interrupt: free anyway, as asked
-                    pass
+                settle_after_interrupt(self.device_index)
             raise
         finally:
             for ptr in self._opened:

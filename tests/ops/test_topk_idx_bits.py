@@ -44,9 +44,9 @@ def test_bad_knob_is_a_clear_error():
 
 def test_both_widths_pass_the_checks_and_others_do_not():
     for dtype in (torch.int64, torch.int32):
-        validate.topk_idx(torch.zeros(3, 2, dtype=dtype), torch.device("cpu"), 4)
+        validate.topk_idx(torch.zeros(3, 2, dtype=dtype), torch.device("cpu"))
     with pytest.raises(TypeError, match="dtypes"):
-        validate.topk_idx(torch.zeros(3, 2, dtype=torch.int16), torch.device("cpu"), 4)
+        validate.topk_idx(torch.zeros(3, 2, dtype=torch.int16), torch.device("cpu"))
     assert validate.bits(torch.zeros(1, dtype=torch.int32)) == 32 and validate.bits(None) == 64
 
 
