@@ -63,10 +63,26 @@ class _IntranodeFields(NamedTuple):
     send_pos: torch.Tensor  # int32 [N, R]
 
 
+class IntranodeRounds(NamedTuple):
+    """A call that went through the NVL buffer in rounds (ep_rt/ops/intranode.py): its combine and a cached
+    dispatch from it take the same rounds. Host-side, like the facts: a handle rebuilt as a plain tuple has none, and
+    its combine then runs in one pass (refused for size by the kernels, on every rank concerned)."""
+
+    tokens_per_round: int
+    num_rounds: int
+    rank_prefix_matrix: torch.Tensor  # int32 [rounds, R, R]: each round's
+    recv_channel_prefix_matrix: torch.Tensor  # int32 [rounds, R, C]: each round's
+    send_pos: torch.Tensor  # int32 [N, R]: each token's position among the tokens of its round sent to a rank
+
+    def tensors(self) -> tuple:
+        return self.rank_prefix_matrix, self.recv_channel_prefix_matrix, self.send_pos
+
+
 class IntranodeHandle(_IntranodeFields):
-    """DeepEP's 6-tuple (fields above); `facts` when ep_rt made it."""
+    """DeepEP's 6-tuple (fields above); `facts` and, for a call in rounds, `rounds` when ep_rt made it."""
 
     facts: Optional[HandleFacts] = None
+    rounds: Optional[IntranodeRounds] = None
 
 
 class _InternodeFields(NamedTuple):

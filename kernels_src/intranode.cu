@@ -59,6 +59,19 @@ __device__ __forceinline__ int combine_rows(const int32_t* rpm, int num_ranks, i
     return combine_base(rpm, num_ranks, src, num_ranks);
 }
 
+// A call in rounds (params.h): what to add to a row of src's block on `me` in this round to get its row in the
+// whole call (src's start in the call, plus what src sent me in earlier rounds, less its start in this round).
+__device__ __forceinline__ int round_row_shift(uint64_t round_rpm, uint64_t full_rpm, int round, int num_ranks, int src,
+                                               int me) {
+    if (round_rpm == 0) return 0;
+    const int32_t* rounds = reinterpret_cast<const int32_t*>(round_rpm);
+    const int64_t stride = int64_t(num_ranks) * num_ranks;
+    int shift = block_start(reinterpret_cast<const int32_t*>(full_rpm), num_ranks, src, me) -
+                block_start(rounds + round * stride, num_ranks, src, me);
+    for (int k = 0; k < round; ++k) shift += rows_from(rounds + k * stride, num_ranks, src, me);
+    return shift;
+}
+
 // Announce `seq` in every peer's flag array at index `me`, after all of this block's earlier stores.
 __device__ __forceinline__ void signal_peers(const uint64_t* peer_buffers, int64_t region, int index, int me,
                                              int num_ranks, int64_t seq) {
@@ -182,6 +195,7 @@ __device__ void run_notify(const NotifyParams& p, int64_t seq) {
         slot[EP_RT_NOTIFY_NUM_TOPK] = p.num_topk;
         slot[EP_RT_NOTIFY_NUM_CHANNELS] = C;
         slot[EP_RT_NOTIFY_NUM_EXPERTS] = p.num_experts;
+        slot[EP_RT_NOTIFY_NUM_TOKENS] = p.num_tokens;
     }
     for (int j = threadIdx.x; j < R; j += blockDim.x) slot[EP_RT_NOTIFY_RANK_COUNTS + j] = per_rank[j];
     for (int c = threadIdx.x; c < C; c += blockDim.x) slot[EP_RT_NOTIFY_CHANNEL_COUNTS + c] = channel_counts[c];
@@ -244,8 +258,14 @@ __device__ void run_notify(const NotifyParams& p, int64_t seq) {
             max_dispatch = max(max_dispatch, into);
             max_combine = max(max_combine, out);
         }
-        int num_recv = 0;
-        for (int s = 0; s < R; ++s) num_recv += counts[s][me];
+        int num_recv = 0, max_tokens = 0;
+        for (int s = 0; s < R; ++s) {
+            num_recv += counts[s][me];
+            max_tokens =
+                max(max_tokens,
+                    static_cast<const volatile int32_t*>(notify_slot(local, p.ctrl, s))[EP_RT_NOTIFY_NUM_TOKENS]);
+        }
+        host[EP_RT_HOST_MAX_TOKENS] = max_tokens;  // how many rounds a call too large for the buffer takes
         host[EP_RT_HOST_MAX_DISPATCH_ROWS] = max_dispatch;
         host[EP_RT_HOST_MAX_COMBINE_ROWS] = max_combine;
         host[EP_RT_HOST_NUM_RECV] = num_recv;
@@ -286,8 +306,10 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
     __shared__ int row_limit[EP_RT_MAX_NVL_RANKS];
     __shared__ uint64_t x_base[EP_RT_MAX_NVL_RANKS], scale_base[EP_RT_MAX_NVL_RANKS];
     __shared__ uint64_t idx_base[EP_RT_MAX_NVL_RANKS], w_base[EP_RT_MAX_NVL_RANKS], src_base[EP_RT_MAX_NVL_RANKS];
+    __shared__ int row_shift[EP_RT_MAX_NVL_RANKS];  // per source: 0 unless the call runs in rounds
     if (threadIdx.x < R) {
         const int dst = threadIdx.x;
+        row_shift[dst] = round_row_shift(p.round_rpm, p.full_rpm, p.round, R, dst, me);
         const int total = rpm[(R - 1) * R + dst];
         row_base[dst] = block_start(rpm, R, me, dst);
         const int64_t limit = dst == me ? p.num_out_rows : p.region.capacity;
@@ -295,9 +317,12 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
         if (c == 0 && total > limit)
             report_error(sink, dst == me ? EP_RT_ERR_WORST_TOKENS : EP_RT_ERR_CAPACITY, EP_RT_PHASE_DISPATCH_RECV, dst,
                          c, total, limit);
-        if (dst == me) {
-            x_base[dst] = p.recv_x, scale_base[dst] = p.recv_x_scales, idx_base[dst] = p.recv_topk_idx;
-            w_base[dst] = p.recv_topk_weights, src_base[dst] = p.recv_src_idx;
+        if (dst == me) {  // (my own rows: their row in the whole call)
+            const int64_t shift = row_shift[me];
+            auto shifted = [shift](uint64_t ptr, int64_t row_bytes) { return ptr ? ptr + shift * row_bytes : ptr; };
+            x_base[dst] = shifted(p.recv_x, hidden_bytes), scale_base[dst] = shifted(p.recv_x_scales, S * 4);
+            idx_base[dst] = shifted(p.recv_topk_idx, K * topk_idx_bytes(p.recv_topk_idx_bits));
+            w_base[dst] = shifted(p.recv_topk_weights, K * 4), src_base[dst] = shifted(p.recv_src_idx, 4);
         } else {
             const uint64_t data = p.peer_buffers[dst] + p.ctrl.data;
             x_base[dst] = data + p.region.x, scale_base[dst] = data + p.region.scales;
@@ -371,7 +396,7 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
         if (lane == 0) {
 #pragma unroll
             for (int j = 0; j < EP_RT_MAX_NVL_RANKS; ++j)
-                if (row[j] >= 0) reinterpret_cast<int32_t*>(src_base[j])[row[j]] = t;
+                if (row[j] >= 0) reinterpret_cast<int32_t*>(src_base[j])[row[j]] = t + p.token_offset;
         }
     }
     signal_peers(p.peer_buffers, p.ctrl.dispatch_done, me * EP_RT_MAX_CHANNELS + c, me, R, seq);
@@ -390,20 +415,21 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
         const int row_end = min(block_start(rpm, R, src, me) + last, row_limit[me]);
         if (row_end <= row_begin) continue;
         const int64_t n = row_end - row_begin;
-        block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + row_begin * hidden_bytes,
+        const int64_t out = row_begin + row_shift[src];  // its row in the whole call's output
+        block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + out * hidden_bytes,
                                       at<uint8_t>(data, p.region.x) + row_begin * hidden_bytes, n * hidden_bytes);
         if (p.recv_x_scales)
-            block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_x_scales) + int64_t(row_begin) * S,
+            block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_x_scales) + out * S,
                                           at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
         if (p.recv_topk_idx) {
             const int64_t w = topk_idx_bytes(p.recv_topk_idx_bits);
-            block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_topk_idx) + int64_t(row_begin) * K * w,
+            block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_topk_idx) + out * K * w,
                                           at<uint8_t>(data, p.region.topk_idx) + int64_t(row_begin) * K * w, n * K * w);
         }
         if (p.recv_topk_weights)
-            block_copy<Src::kPeerWritten>(reinterpret_cast<float*>(p.recv_topk_weights) + int64_t(row_begin) * K,
+            block_copy<Src::kPeerWritten>(reinterpret_cast<float*>(p.recv_topk_weights) + out * K,
                                           at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
-        block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_src_idx) + row_begin,
+        block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_src_idx) + out,
                                       at<int32_t>(data, p.region.src_idx) + row_begin, n * 4);
     }
 
@@ -444,7 +470,8 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
         if (src == me) continue;
         const int first = rcpm[src * C + c];
         const int last = c + 1 < C ? rcpm[src * C + c + 1] : rows_from(rpm, R, src, me);
-        const int in_begin = block_start(rpm, R, src, me) + first;
+        const int in_begin =
+            block_start(rpm, R, src, me) + first + round_row_shift(p.round_rpm, p.full_rpm, p.round, R, src, me);
         const int n = min(last - first, p.num_in_rows - in_begin);
         const int dst_row = combine_base(rpm, R, src, me) + first;
         if (combine_rows(rpm, R, src) > p.region.capacity) {
@@ -477,7 +504,9 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
     __shared__ int src_base[EP_RT_MAX_NVL_RANKS];
     if (threadIdx.x < R) {
         const int r = threadIdx.x;
-        src_base[r] = r == me ? block_start(rpm, R, me, me) : combine_base(rpm, R, me, r);
+        src_base[r] = r == me
+                          ? block_start(rpm, R, me, me) + round_row_shift(p.round_rpm, p.full_rpm, p.round, R, me, me)
+                          : combine_base(rpm, R, me, r);
     }
     __syncthreads();
     int begin, end;

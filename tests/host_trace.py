@@ -9,7 +9,10 @@ same trace. tests/buffer/test_host_trace.py compares the trace with tests/data/h
 before the Buffer refactor of issue 26: same transports, kernels, fields, order and teardown. Re-recorded for issue 23
 item 1 (the id check without a device sync), after checking that the new trace equals the old one once the
 ep_rt_check_topk_idx launches, LayoutParams' four new fields (error, error_claim, rank, error_phase) and the larger
-error page (4 records: 512 bytes, was 384) are taken out, with pointer names renumbered.
+error page (4 records: 512 bytes, was 384) are taken out, with pointer names renumbered. Re-recorded for issue 22
+item 1 (intranode rounds), after checking that the new trace equals the old one once the dispatch and combine
+params' new fields (round_rpm, full_rpm, round, token_offset: all 0 in these one-pass calls; CombineParams' pad
+became round) are taken out and the host counters' 4116 bytes (one more word, the largest token count) read 4112.
 
     python -m tests.host_trace            # print the differences against the golden trace (none: exit 0)
     python -m tests.host_trace --write    # record the golden trace (only from code whose behaviour is the reference)
@@ -174,6 +177,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
             c = (ctypes.c_int32 * abi.EP_RT_HOST_COUNTER_WORDS).from_address(p.host_counters)
             c[abi.EP_RT_HOST_NUM_RECV] = ROWS
             c[abi.EP_RT_HOST_MAX_DISPATCH_ROWS] = c[abi.EP_RT_HOST_MAX_COMBINE_ROWS] = ROWS
+            c[abi.EP_RT_HOST_MAX_TOKENS] = p.num_tokens  # (every rank has this rank's tokens)
             for i in range(p.num_experts // p.num_ranks):
                 c[abi.EP_RT_HOST_EXPERT_COUNTS + i] = 3
             c[abi.EP_RT_HOST_TOKEN] = p.host_token

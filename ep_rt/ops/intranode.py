@@ -8,6 +8,11 @@ The handle has DeepEP's six entries: (rank_prefix_matrix [R,R], channel_prefix_m
 recv_channel_prefix_matrix [R,C], recv_src_idx [rows], is_token_in_rank [N,R], send_pos [N,R]).
 In ep_rt every column of rank_prefix_matrix is valid, and the last entry holds each token's
 position among those sent to a rank (-1 if not sent) instead of DeepEP's ring-slot counters.
+
+A call whose rows do not fit the NVL buffer runs in rounds (issue 22; nvl_layout.Rounds): after the whole call's
+notify, round k is a notify and a dispatch of every rank's tokens [k*T, (k+1)*T), each row written to its row in the
+whole call's output, so the outputs and the handle are those of one pass; the handle also carries the rounds
+(`rounds`), which its combine and cached dispatch go through the same way.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ import torch
 from .. import validate
 from ..errors import BufferTooSmallError
 from ..events import allocating_on
-from ..handles import DispatchResult, HandleFacts, IntranodeHandle, next_serial, with_facts
+from ..handles import DispatchResult, HandleFacts, IntranodeHandle, IntranodeRounds, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, modules
 from ..runtime.call_plans import plan_for
@@ -37,6 +42,11 @@ def _ptr(t) -> int:
     return t.data_ptr() if t is not None else 0
 
 
+def _row_ptr(t, row: int) -> int:
+    """Address of row `row` of t (0 for an absent tensor): a round's first token."""
+    return t.data_ptr() + row * t.stride(0) * t.element_size() if t is not None else 0
+
+
 class _DispatchPlan:
     """One dispatch shape's parameter structs, filled once (issue 23, docs/HOST_PATH.md): the notify and dispatch
     kernels' fields that depend only on (hidden bytes, hidden, scales, top-k, experts, channels, alignment,
@@ -49,7 +59,7 @@ class _DispatchPlan:
 class _CombinePlan:
     """One combine shape's (hidden, top-k, channels) parameter struct, filled once."""
 
-    __slots__ = ("combine",)
+    __slots__ = ("combine", "capacity")
 
 
 class IntranodeOp:
@@ -87,6 +97,7 @@ class IntranodeOp:
         d.num_channels, d.hidden_bytes, d.num_scales, d.num_topk = num_channels, hidden_bytes, S, K
         d.num_local_experts = num_experts // nvl.num_ranks
         d.fill_unused_rows, d.handshake = int(worst), int(kind == "cached")
+        d.round_rpm = d.full_rpm = d.round = d.token_offset = 0  # one pass (a call in rounds patches these)
         d.recv_topk_idx_bits = (
             validate.bits(None) if kind == "cached" or not K else torch.iinfo(validate.topk_idx_t).bits
         )
@@ -107,8 +118,9 @@ class IntranodeOp:
     def _combine_plan(self, kind, hidden, K, num_channels) -> _CombinePlan:
         plan = _CombinePlan()
         c = plan.combine = abi.CombineParams.from_buffer_copy(self.combine_kernel.params)
-        nvl_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
+        plan.capacity = nvl_layout.CombineRows(hidden, K).fill(c.region, self.nvl.num_nvl_bytes)
         c.num_channels, c.hidden, c.num_topk = num_channels, hidden, K
+        c.round_rpm = c.full_rpm = c.round = 0
         return plan
 
     def raise_if_failed(self) -> None:
@@ -180,8 +192,11 @@ class IntranodeOp:
         plan = self._plan_for(
             ("dispatch", hidden_bytes, hidden, S, K, num_experts, num_channels, expert_alignment, worst)
         )
-        # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them).
-        host_token = 0 if worst else nvl.next_host_token()
+        # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them), unless
+        # the buffer may be too small for one pass: then the counts decide whether the call runs in rounds. Inside a
+        # CUDA-graph capture it cannot wait: one pass, and the kernels report a call that does not fit.
+        wait = not worst or (num_worst_tokens > plan.capacity and not torch.cuda.is_current_stream_capturing())
+        host_token = nvl.next_host_token() if wait else 0
 
         with allocating_on(alloc_stream):
             rank_prefix_matrix = torch.empty(R, R, dtype=torch.int32, device=dev)
@@ -214,22 +229,22 @@ class IntranodeOp:
         d.num_tokens, d.topk_idx_bits = N, validate.bits(topk_idx)
 
         max_dispatch = max_combine = None  # over all ranks; known on the host unless num_worst_tokens
+        rounds, num_recv = None, None
         counters = nvl.counters
-        if worst:
-            num_rows = num_worst_tokens
-        else:
+        num_rows = num_worst_tokens
+        if wait:
             nvl.wait_host_counters(host_token, "dispatch notify")
-            num_rows = counters[abi.EP_RT_HOST_NUM_RECV]
+            num_recv = counters[abi.EP_RT_HOST_NUM_RECV]
+            num_rows = num_rows if worst else num_recv
             max_dispatch = counters[abi.EP_RT_HOST_MAX_DISPATCH_ROWS]
             max_combine = counters[abi.EP_RT_HOST_MAX_COMBINE_ROWS]
             if max_dispatch > plan.capacity or max_combine > plan.combine_capacity:
-                # Every rank sees the same maxima, so every rank raises here: nothing hangs.
-                need = nvl_layout.nvl_bytes_for(max(hidden_bytes, 2 * hidden), max(max_dispatch, max_combine))
-                raise BufferTooSmallError(
-                    f"rank {me}: this dispatch needs room for {max_dispatch} received rows (and {max_combine} rows "
-                    f"in its combine) but the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {plan.capacity} "
-                    f"({plan.combine_capacity}); create the Buffer with num_nvl_bytes >= {need}"
-                )
+                # Every rank sees the same maxima and token counts, so every rank takes the same rounds (or raises).
+                rounds = self._rounds(plan, counters[abi.EP_RT_HOST_MAX_TOKENS], hidden_bytes, hidden)
+            # A num_worst_tokens below what arrives: the rounds run into room for all of it (the peers go on in
+            # step) and the call raises at its end; in one pass the kernel reports it.
+            if rounds is not None and num_recv > num_rows:
+                num_rows = num_recv
 
         with allocating_on(alloc_stream):
             recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
@@ -240,7 +255,25 @@ class IntranodeOp:
         d.recv_x, d.recv_x_scales, d.recv_src_idx = recv_x.data_ptr(), _ptr(recv_x_scales), recv_src_idx.data_ptr()
         d.recv_topk_idx, d.recv_topk_weights = _ptr(recv_topk_idx), _ptr(recv_topk_weights)
         d.num_out_rows = num_rows
-        self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
+        if rounds is None:
+            self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
+            round_state = None
+        else:
+            round_state = self._dispatch_in_rounds(
+                rounds,
+                x,
+                x_scales,
+                topk_idx,
+                topk_weights,
+                is_token_in_rank,
+                rank_prefix_matrix,
+                plan,
+                alloc_stream,
+                comm_stream,
+            )
+            if worst and K and num_recv < num_rows:  # rows past the real count carry no expert
+                with torch.cuda.stream(comm_stream):
+                    recv_topk_idx[num_recv:] = -1
 
         # Read after the launch (only notify writes the host counters; this call's is done): the GPU is busy already.
         # notify publishes them whenever num_tokens_per_expert is given (always: ht_args requires it).
@@ -257,6 +290,12 @@ class IntranodeOp:
         with_facts(
             handle, HandleFacts.of(handle, self.serial, max_dispatch_rows=max_dispatch, max_combine_rows=max_combine)
         )
+        handle.rounds = round_state
+        if rounds is not None and worst and num_recv > num_worst_tokens:
+            raise ValueError(
+                f"rank {me}: num_worst_tokens={num_worst_tokens} but this rank receives {num_recv} tokens; pass "
+                f"num_worst_tokens >= {num_recv} (the peers' calls completed)"
+            )
         tensors = [
             x,
             x_scales,
@@ -269,8 +308,67 @@ class IntranodeOp:
             recv_topk_idx,
             recv_topk_weights,
             *handle,
+            *(round_state.tensors() if round_state is not None else ()),
         ]
         return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
+
+    # ---- a call in rounds (larger than the NVL buffer) ------------------------------------------------
+    def _rounds(self, plan: _DispatchPlan, max_tokens: int, hidden_bytes: int, hidden: int) -> nvl_layout.Rounds:
+        nvl = self.nvl
+        rounds = nvl_layout.rounds_for(plan.capacity, plan.combine_capacity, nvl.num_ranks, max_tokens)
+        if rounds is None:  # the same capacities on every rank: every rank raises here
+            need = nvl_layout.nvl_bytes_for(max(hidden_bytes, 2 * hidden), nvl.num_ranks)
+            raise BufferTooSmallError(
+                f"rank {nvl.rank}: the NVL buffer ({nvl.num_nvl_bytes} bytes) holds {plan.capacity} rows "
+                f"({plan.combine_capacity} in combine), less than one round of {nvl.num_ranks} rows (a token from "
+                f"each rank); create the Buffer with num_nvl_bytes >= {need}"
+            )
+        return rounds
+
+    def _dispatch_in_rounds(
+        self, rounds, x, x_scales, topk_idx, topk_weights, is_token_in_rank, full_rpm, plan, alloc_stream, comm_stream
+    ) -> IntranodeRounds:
+        """The rounds of a dispatch whose whole-call notify ran: per round a notify of the round's tokens (its own
+        prefix matrices and send positions) and the dispatch kernel writing rows to their rows in the outputs."""
+        nvl, R, N = self.nvl, self.nvl.num_ranks, x.size(0)
+        n, T, C = rounds.num_rounds, rounds.tokens_per_round, plan.dispatch.num_channels
+        dev = x.device
+        with allocating_on(alloc_stream):
+            rpm = torch.empty(n, R, R, dtype=torch.int32, device=dev)
+            cpm = torch.empty(n, R, C, dtype=torch.int32, device=dev)
+            rcpm = torch.empty(n, R, C, dtype=torch.int32, device=dev)
+            send_pos = torch.empty(N, R, dtype=torch.int32, device=dev)
+        with torch.cuda.stream(comm_stream):  # each round's num_tokens_per_rank, on the GPU
+            padded = torch.zeros(n * T, R, dtype=torch.int32, device=dev)
+            padded[:N] = is_token_in_rank
+            per_rank = padded.view(n, T, R).sum(1, dtype=torch.int32)
+        # Round 0's notify rewrites the notify slots: every peer must have read the whole call's first.
+        nvl.barrier(comm_stream, synchronize=False)
+        state = IntranodeRounds(T, n, rpm, rcpm, send_pos)
+        note = self.notify.params
+        note.host_token = 0
+        d = self.dispatch_kernel.params
+        d.round_rpm, d.full_rpm, d.fill_unused_rows = rpm.data_ptr(), full_rpm.data_ptr(), 0
+        for k in range(n):
+            t0, t1 = rounds.token_range(k, N)
+            note.num_tokens, note.num_tokens_per_rank = t1 - t0, per_rank[k].data_ptr()
+            note.is_token_in_rank, note.send_pos = _row_ptr(is_token_in_rank, t0), _row_ptr(send_pos, t0)
+            note.channel_prefix_matrix, note.rank_prefix_matrix = cpm[k].data_ptr(), rpm[k].data_ptr()
+            note.recv_channel_prefix_matrix = rcpm[k].data_ptr()
+            self._run("notify", self.notify, R, comm_stream)
+            self._point_round(d, state, k, t0, t1, x, x_scales, topk_idx, topk_weights)
+            self._run("dispatch", self.dispatch_kernel, C, comm_stream)
+        return state
+
+    @staticmethod
+    def _point_round(d, state: IntranodeRounds, k, t0, t1, x, x_scales, topk_idx, topk_weights) -> None:
+        """Dispatch params at round k's tokens [t0, t1) and prefix matrices (the outputs stay the whole call's)."""
+        d.x, d.x_scales = _row_ptr(x, t0), _row_ptr(x_scales, t0)
+        d.topk_idx, d.topk_weights = _row_ptr(topk_idx, t0), _row_ptr(topk_weights, t0)
+        d.send_pos = _row_ptr(state.send_pos, t0)
+        d.rank_prefix_matrix = state.rank_prefix_matrix[k].data_ptr()
+        d.recv_channel_prefix_matrix = state.recv_channel_prefix_matrix[k].data_ptr()
+        d.round, d.token_offset, d.num_tokens = k, t0, t1 - t0
 
     def check_handle_capacity(
         self, handle, hidden_bytes: int, num_scales: int, combine_hidden: int | None, combine_topk: int
@@ -281,6 +379,9 @@ class IntranodeOp:
         facts = getattr(handle, "facts", None)
         if facts is None:
             return
+        rounds = getattr(handle, "rounds", None)
+        if rounds is not None:  # a round brings at most R * tokens_per_round rows to any rank
+            facts = HandleFacts(facts.owner, facts.tensor_ptrs, *(2 * (self.nvl.num_ranks * rounds.tokens_per_round,)))
         nbytes = self.nvl.num_nvl_bytes
         if combine_hidden is None:
             rows, what = facts.max_dispatch_rows, "cached dispatch"
@@ -321,7 +422,16 @@ class IntranodeOp:
         else:
             d.scale_token_stride = d.scale_hidden_stride = 0
         d.num_tokens, d.num_out_rows = N, num_rows
-        self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
+        rounds = getattr(handle, "rounds", None)
+        if rounds is None:
+            self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
+        else:  # the dispatch's rounds again; its handshake keeps each round's rows out of a peer still reading
+            d.round_rpm, d.full_rpm = rounds.rank_prefix_matrix.data_ptr(), rank_prefix_matrix.data_ptr()
+            split = nvl_layout.Rounds(rounds.tokens_per_round, rounds.num_rounds)
+            for k in range(rounds.num_rounds):
+                t0, t1 = split.token_range(k, N)
+                self._point_round(d, rounds, k, t0, t1, x, x_scales, None, None)
+                self._run("dispatch", self.dispatch_kernel, num_channels, comm_stream)
         tensors = [x, x_scales, recv_x, recv_x_scales, scratch_src_idx, *handle]
         return recv_x, recv_x_scales, tensors
 
@@ -342,6 +452,20 @@ class IntranodeOp:
         c.recv_channel_prefix_matrix = recv_channel_prefix_matrix.data_ptr()
         c.combined_x, c.combined_topk_weights = combined_x.data_ptr(), _ptr(combined_w)
         c.num_tokens, c.num_in_rows = N, x.size(0)
-        self._run("combine", self.combine_kernel, num_channels, comm_stream)
+        rounds = getattr(handle, "rounds", None)
+        if rounds is None:
+            self._run("combine", self.combine_kernel, num_channels, comm_stream)
+        else:  # the dispatch's rounds, each reducing its tokens into their rows of the outputs
+            c.round_rpm, c.full_rpm = rounds.rank_prefix_matrix.data_ptr(), rank_prefix_matrix.data_ptr()
+            split = nvl_layout.Rounds(rounds.tokens_per_round, rounds.num_rounds)
+            for k in range(rounds.num_rounds):
+                t0, t1 = split.token_range(k, N)
+                c.send_pos = _row_ptr(rounds.send_pos, t0)
+                c.rank_prefix_matrix = rounds.rank_prefix_matrix[k].data_ptr()
+                c.recv_channel_prefix_matrix = rounds.recv_channel_prefix_matrix[k].data_ptr()
+                c.combined_x, c.combined_topk_weights = _row_ptr(combined_x, t0), _row_ptr(combined_w, t0)
+                c.bias0, c.bias1 = _row_ptr(bias0, t0), _row_ptr(bias1, t0)
+                c.num_tokens, c.round = t1 - t0, k
+                self._run("combine", self.combine_kernel, num_channels, comm_stream)
         tensors = [x, topk_weights, bias0, bias1, combined_x, combined_w, *handle]
         return combined_x, combined_w, tensors

@@ -41,6 +41,7 @@ EP_RT_NOTIFY_HIDDEN_BYTES = 2
 EP_RT_NOTIFY_NUM_TOPK = 3
 EP_RT_NOTIFY_NUM_CHANNELS = 4
 EP_RT_NOTIFY_NUM_EXPERTS = 5
+EP_RT_NOTIFY_NUM_TOKENS = 6
 EP_RT_NOTIFY_RANK_COUNTS = 8
 EP_RT_NOTIFY_CHANNEL_COUNTS = 16
 EP_RT_NOTIFY_EXPERT_COUNTS = 144
@@ -55,8 +56,9 @@ EP_RT_HOST_NUM_RECV = 0
 EP_RT_HOST_MAX_DISPATCH_ROWS = 1
 EP_RT_HOST_MAX_COMBINE_ROWS = 2
 EP_RT_HOST_TOKEN = 3
-EP_RT_HOST_EXPERT_COUNTS = 4
-EP_RT_HOST_COUNTER_WORDS = 4 + EP_RT_MAX_LOCAL_EXPERTS
+EP_RT_HOST_MAX_TOKENS = 4
+EP_RT_HOST_EXPERT_COUNTS = 5
+EP_RT_HOST_COUNTER_WORDS = 5 + EP_RT_MAX_LOCAL_EXPERTS
 
 EP_RT_LL_MAX_SIGNALS = 65536
 EP_RT_LL_MAX_TOKENS = 1024
@@ -258,6 +260,8 @@ class DispatchParams(Mirror):
         ("recv_topk_idx", _u64),
         ("recv_topk_weights", _u64),
         ("recv_src_idx", _u64),
+        ("round_rpm", _u64),
+        ("full_rpm", _u64),
         ("ctrl", ControlLayout),
         ("region", DispatchRegion),
         ("scale_token_stride", _i64),
@@ -276,6 +280,8 @@ class DispatchParams(Mirror):
         ("handshake", _i32),
         ("topk_idx_bits", _i32),
         ("recv_topk_idx_bits", _i32),
+        ("round", _i32),
+        ("token_offset", _i32),
         ("pad", _i32),
     ]
 
@@ -303,6 +309,8 @@ class CombineParams(Mirror):
         ("recv_channel_prefix_matrix", _u64),
         ("combined_x", _u64),
         ("combined_topk_weights", _u64),
+        ("round_rpm", _u64),
+        ("full_rpm", _u64),
         ("ctrl", ControlLayout),
         ("region", CombineRegion),
         ("timeout_ns", _i64),
@@ -313,7 +321,7 @@ class CombineParams(Mirror):
         ("hidden", _i32),
         ("num_topk", _i32),
         ("num_in_rows", _i32),
-        ("pad", _i32),
+        ("round", _i32),
     ]
 
 

@@ -28,7 +28,7 @@ class Case:
     num_topk: int = 8  # 0: dispatch without top-k (routing from is_token_in_rank only)
     num_experts: int = 64
     dtype: str = "bf16"  # bf16 | fp8 | fp8_colmajor | fp8_ue8m0
-    routing: str = "uniform"  # uniform | holes | hot_expert | empty_rank
+    routing: str = "uniform"  # uniform | holes | hot_expert | empty_rank | one_rank
     num_worst_tokens: bool = False
     async_finish: bool = False
     previous_event: bool = False
@@ -154,6 +154,8 @@ def make_inputs(case: Case, seed: int, num_ranks: int, device):
         scores = torch.rand(n, E, generator=g)
         if case.routing == "empty_rank":  # nobody sends to the last rank
             scores[:, E - E // num_ranks :] = -1
+        if case.routing == "one_rank":  # every token to rank 0's experts only (needs E / R >= top-k)
+            scores[:, E // num_ranks :] = -1
         idx = torch.topk(scores, K, dim=1).indices if n else torch.empty(0, K, dtype=torch.int64)
         if case.routing == "hot_expert":
             idx[:, 0] = 0

@@ -97,3 +97,26 @@ def nvl_bytes_for(hidden_bytes: int, rows: int) -> int:
     dispatch = sum(DispatchRows(hidden_bytes, hidden_bytes // 128, MAX_TOPK).widths())
     combine = hidden_bytes + 4 * MAX_TOPK
     return align(max(dispatch, combine) * rows + ALIGN * 5)
+
+
+@dataclass(frozen=True)
+class Rounds:
+    """How a call that does not fit the data region goes through it (kernels_src/include/ep_rt/params.h): round k
+    carries every source's tokens [k * tokens_per_round, (k + 1) * tokens_per_round), so at most
+    num_ranks * tokens_per_round rows reach any rank in a round, in dispatch and in combine alike."""
+
+    tokens_per_round: int
+    num_rounds: int
+
+    def token_range(self, k: int, num_tokens: int) -> tuple[int, int]:
+        begin = min(k * self.tokens_per_round, num_tokens)
+        return begin, min(begin + self.tokens_per_round, num_tokens)
+
+
+def rounds_for(capacity: int, combine_capacity: int, num_ranks: int, max_tokens: int) -> Rounds | None:
+    """The rounds of a call whose largest rank has max_tokens tokens, for a data region of `capacity` dispatch
+    rows and `combine_capacity` combine rows; None when not even one token per source fits a round."""
+    per_round = min(capacity, combine_capacity) // num_ranks
+    if per_round <= 0:
+        return None
+    return Rounds(per_round, max(-(-max_tokens // per_round), 1))

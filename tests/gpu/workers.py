@@ -169,8 +169,9 @@ def timeout(rank, num_ranks):
 
 
 def too_small(rank, num_ranks):
-    """A dispatch that does not fit raises on every rank, and the Buffer stays usable."""
-    buf = Buffer(dist.group.WORLD, 1 * MB, explicitly_destroy=True)
+    """A dispatch whose NVL buffer holds less than one round (a row from each rank: calls larger than the buffer go
+    in rounds) raises on every rank, and the Buffer stays usable for rows that fit."""
+    buf = Buffer(dist.group.WORLD, 8192, explicitly_destroy=True)  # one row of hidden 2048; 24 rows of hidden 128
     x = torch.randn(512, 2048, device=buf.device).to(torch.bfloat16)
     idx = torch.randint(0, 8, (512, 4), device=buf.device)
     w = torch.rand(512, 4, device=buf.device)
@@ -187,7 +188,7 @@ def too_small(rank, num_ranks):
         )
     except BufferTooSmallError as e:
         message = str(e)
-    small = x[:8].contiguous()
+    small = x[:8, :128].contiguous()
     sidx = idx[:8].contiguous()
     per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(sidx, 8)
     recv, *_ = buf.dispatch(
@@ -567,3 +568,118 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
         res["cases"].append((f"good round after {name}", chk.checks, chk.failures))
     buf.destroy()
     return res
+
+
+ROUND_FACTORS = (2, 4, 10)
+ROUND_CASES = (
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "holes (-1 in topk_idx)",
+    "a rank receives nothing",
+    "bias pair",
+    "uneven token counts",
+)
+
+
+def _rounds_of(buf, case, seed):
+    """How many rounds the case's dispatch takes in `buf` (1: one pass)."""
+    xs, idxs, ws = selfcheck.make_inputs(case, seed, buf.group_size, buf.device)
+    x, idx, w = xs[buf.rank], idxs[buf.rank], ws[buf.rank]
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idx, case.num_experts)
+    *_, handle, _ = buf.dispatch(
+        x,
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idx,
+        topk_weights=w,
+        config=Config(case.num_sms, 6, 256, 6, 128),
+    )
+    torch.cuda.synchronize()
+    return handle.rounds.num_rounds if handle.rounds is not None else 1
+
+
+def _rounds_graph(buf, case, seed, replays=3):
+    """Cached dispatch and combine from a handle of a call in rounds, captured in a CUDA graph and replayed with new
+    data (same routing), each replay bit-exact with the reference."""
+    from ep_rt import reference
+
+    R, me, dev = buf.group_size, buf.rank, buf.device
+    chk = checker.Checker(case)
+    config = Config(case.num_sms, 6, 256, 6, 128)
+    xs, idxs, ws = selfcheck.make_inputs(case, seed, R, dev)
+    per_rank, _, per_expert, in_rank, _ = buf.get_dispatch_layout(idxs[me], case.num_experts)
+    _, _, recv_w, _, handle, _ = buf.dispatch(
+        xs[me],
+        num_tokens_per_rank=per_rank,
+        is_token_in_rank=in_rank,
+        num_tokens_per_expert=per_expert,
+        topk_idx=idxs[me],
+        topk_weights=ws[me],
+        config=config,
+    )
+    rows = handle.recv_src_idx.size(0)
+    x_in = xs[me].clone()
+    y_in = torch.zeros(rows, case.hidden, dtype=torch.bfloat16, device=dev)
+
+    def step():
+        cached_x, *_ = buf.dispatch(x_in, handle=handle, config=config)
+        combined, combined_w, _ = buf.combine(y_in, handle, topk_weights=recv_w, config=config)
+        return cached_x, combined, combined_w
+
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        cached_x, combined, combined_w = step()
+    for rep in range(replays):
+        s = seed * 31 + rep
+        new_xs = [
+            (torch.randn(x.shape, generator=torch.Generator().manual_seed(s * 100 + r)) * (1 + r))
+            .to(torch.bfloat16)
+            .to(dev)
+            for r, x in enumerate(xs)
+        ]
+        ref = reference.intranode_dispatch(new_xs, idxs, ws, case.num_experts, case.num_sms, 1, 0)
+        ys, _ = selfcheck.replay_inputs(s, R, rows, x_in.size(0), case.hidden, dev)
+        ys = [ys[r][: ref[r]["recv_x"].size(0)] for r in range(R)]
+        ref_c = reference.intranode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], None)[me]
+        x_in.copy_(new_xs[me])
+        y_in.copy_(ys[me])
+        graph.replay()
+        torch.cuda.synchronize()
+        chk.equal(f"replay {rep} cached recv_x", cached_x, ref[me]["recv_x"])
+        chk.equal(f"replay {rep} combined_x", combined, ref_c["combined_x"])
+        chk.equal(f"replay {rep} combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
+    del graph
+    buf.raise_if_failed()
+    return chk, handle.rounds.num_rounds if handle.rounds is not None else 1
+
+
+def rounds_suite(rank, num_ranks, factors=ROUND_FACTORS):
+    """Issue 22: each case in a Buffer whose NVL buffer holds about 1/f of the case's rows (f = 2, 4, 10), so the
+    call goes in rounds: layout, dispatch, cached dispatch and combine bit-exact with the reference; then every token
+    to one rank, and a CUDA graph of cached dispatch and combine from such a call."""
+    from ep_rt.transport import nvl_layout
+
+    cases = checker.select(selfcheck.standard_cases(num_ranks), ROUND_CASES) + [
+        selfcheck.Case("every token to one rank", routing="one_rank", num_tokens=384, num_experts=32)
+    ]
+    seed = checker.shared_seed(dist.group.WORLD)
+    out = []
+    for f in factors:
+        for i, case in enumerate(cases):
+            rows = sum(case.tokens_by_rank) if case.tokens_by_rank else case.num_tokens * num_ranks
+            nbytes = nvl_layout.nvl_bytes_for(2 * case.hidden, max(-(-rows // f), num_ranks))
+            buf = Buffer(dist.group.WORLD, nbytes, explicitly_destroy=True)
+            chk = selfcheck.run_case(buf, case, seed + 100 * f + i)
+            n = _rounds_of(buf, case, seed + 100 * f + i)
+            out.append((f"{case.name}, 1/{f} of its rows", n, chk.checks, chk.failures))
+            buf.destroy()
+    case = selfcheck.Case("graph of a call in rounds", num_tokens=256, hidden=1024, num_experts=32)
+    buf = Buffer(dist.group.WORLD, nvl_layout.nvl_bytes_for(2048, 256 * num_ranks // 4), explicitly_destroy=True)
+    chk, n = _rounds_graph(buf, case, seed + 7)
+    out.append((case.name, n, chk.checks, chk.failures))
+    buf.destroy()
+    return {"seed": seed, "cases": out}

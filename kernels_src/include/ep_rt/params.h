@@ -129,6 +129,7 @@ struct NotifyParams {
 #define EP_RT_NOTIFY_NUM_TOPK 3
 #define EP_RT_NOTIFY_NUM_CHANNELS 4
 #define EP_RT_NOTIFY_NUM_EXPERTS 5
+#define EP_RT_NOTIFY_NUM_TOKENS 6
 #define EP_RT_NOTIFY_RANK_COUNTS 8
 #define EP_RT_NOTIFY_CHANNEL_COUNTS 16
 #define EP_RT_NOTIFY_EXPERT_COUNTS 144
@@ -140,8 +141,14 @@ struct NotifyParams {
 #define EP_RT_HOST_MAX_DISPATCH_ROWS 1
 #define EP_RT_HOST_MAX_COMBINE_ROWS 2
 #define EP_RT_HOST_TOKEN 3
-#define EP_RT_HOST_EXPERT_COUNTS 4
-#define EP_RT_HOST_COUNTER_WORDS (4 + EP_RT_MAX_LOCAL_EXPERTS)
+#define EP_RT_HOST_MAX_TOKENS 4
+#define EP_RT_HOST_EXPERT_COUNTS 5
+#define EP_RT_HOST_COUNTER_WORDS (5 + EP_RT_MAX_LOCAL_EXPERTS)
+
+// A call larger than the data region runs in rounds (issue 22): round k carries every source's tokens
+// [k * T, (k + 1) * T), so at most R * T rows reach a rank (T = capacity / R); each round has its own notify and
+// prefix matrices (round_rpm[k]). Rows are written to their row in the whole call's output: a source's block
+// there starts at full_rpm's start plus what that source sent in earlier rounds.
 
 // Data region of a dispatch (structure of arrays, row = final receive index).
 struct DispatchRegion {
@@ -168,6 +175,8 @@ struct DispatchParams {
     uint64_t recv_topk_idx;          // int64 or int32 (recv_topk_idx_bits) [rows, K] or 0
     uint64_t recv_topk_weights;      // f32 [rows, K] or 0
     uint64_t recv_src_idx;           // int32 [rows]
+    uint64_t round_rpm;              // a call in rounds (see below): int32 [rounds, R, R], else 0
+    uint64_t full_rpm;               // a call in rounds: the whole call's rank_prefix_matrix int32 [R, R]
     struct ControlLayout ctrl;
     struct DispatchRegion region;
     int64_t scale_token_stride;      // in 32-bit words
@@ -186,6 +195,8 @@ struct DispatchParams {
     int32_t handshake;               // cached mode: no notify ran, wait for peers before writing
     int32_t topk_idx_bits;           // 64 or 32: the width of topk_idx
     int32_t recv_topk_idx_bits;      // 64 or 32: the width of recv_topk_idx (ep_rt.topk_idx_t), also in the region
+    int32_t round;                   // a call in rounds: this round's index
+    int32_t token_offset;            // a call in rounds: the call's index of this round's first token (recv_src_idx)
     int32_t pad;
 };
 
@@ -207,6 +218,8 @@ struct CombineParams {
     uint64_t recv_channel_prefix_matrix; // int32 [R, C]
     uint64_t combined_x;             // bf16 [N, hidden]
     uint64_t combined_topk_weights;  // f32 [N, K] or 0
+    uint64_t round_rpm;              // a call in rounds: int32 [rounds, R, R] of its dispatch, else 0
+    uint64_t full_rpm;               // a call in rounds: the whole dispatch's rank_prefix_matrix
     struct ControlLayout ctrl;
     struct CombineRegion region;
     int64_t timeout_ns;
@@ -217,7 +230,7 @@ struct CombineParams {
     int32_t hidden;                  // elements, multiple of 8
     int32_t num_topk;
     int32_t num_in_rows;
-    int32_t pad;
+    int32_t round;                   // a call in rounds: this round's index
 };
 
 // ---- low-latency mode -------------------------------------------------------------------------
