@@ -43,10 +43,15 @@ def test_a_dispatch_too_large_for_the_buffer_goes_in_rounds_with_its_combine_and
         got = _launches(trace, start)
         names = [n for n, _ in got]
         # the id check, the whole call's notify (the host reads its counts), a barrier, then 3 rounds of 2 tokens
-        assert names == ["ep_rt_check_topk_idx", "ep_rt_intranode_notify", "ep_rt_intranode_barrier"] + [
-            "ep_rt_intranode_notify",
-            "ep_rt_intranode_dispatch",
-        ] * 3, names
+        assert (
+            names
+            == ["ep_rt_check_topk_idx", "ep_rt_intranode_notify", "ep_rt_intranode_barrier"]
+            + [
+                "ep_rt_intranode_notify",
+                "ep_rt_intranode_dispatch",
+            ]
+            * 3
+        ), names
         rounds = handle.rounds
         assert (rounds.tokens_per_round, rounds.num_rounds) == (2, 3)
         assert got[1][1]["host_token"] != 0 and got[1][1]["num_tokens"] == N
