@@ -642,7 +642,7 @@ def _rounds_graph(buf, case, seed, replays=3):
             for r, x in enumerate(xs)
         ]
         ref = reference.intranode_dispatch(new_xs, idxs, ws, case.num_experts, case.num_sms, 1, 0)
-        ys, _ = selfcheck.replay_inputs(s, R, rows, x_in.size(0), case.hidden, dev)
+        ys, _ = selfcheck.replay_inputs(s, R, x_in.size(0) * R, x_in.size(0), case.hidden, dev)  # (rows on any rank)
         ys = [ys[r][: ref[r]["recv_x"].size(0)] for r in range(R)]
         ref_c = reference.intranode_combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], None)[me]
         x_in.copy_(new_xs[me])

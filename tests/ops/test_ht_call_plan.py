@@ -8,7 +8,9 @@ dtypes changing, num_worst_tokens, no top-k, config=None, async_finish, previous
 tokens, a shape seen before), every kernel launch (kernel, grid, block, smem, stream, launch config, every field of
 the parameter struct), every stream wait and every record_stream, in order. Pointers are named by the tensor they
 point at ("&intranode.D2[4][0]": the first handle tensor of dispatch D2); the few internal ones by first appearance.
-Regenerate it only for an intended change of what the kernels receive, and say so in the commit.
+Regenerate it only for an intended change of what the kernels receive, and say so in the commit. Edited, not
+regenerated, for issue 22's intranode rounds: every intranode dispatch and combine entry gained round_rpm, full_rpm,
+round (and token_offset, dispatch) as 0, what one pass passes, and the combine's pad field (now round) went.
 """
 
 import ctypes
