@@ -571,16 +571,18 @@ class Buffer:
         Arguments:
             num_ranks: the number of ranks.
             num_ranks_per_node (ep_rt): the node size the config is for; without it config.ranks_per_node's rule
-                (EP_RT_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE, else 8 as DeepEP). dispatch(config=None)
-                passes the Buffer's own node size.
+                (EP_RT_RANKS_PER_NODE, else torchrun's LOCAL_WORLD_SIZE where it fits the group, else one node
+                up to 8 ranks, else nodes of 8 as DeepEP where 8 divides num_ranks, else of the largest of 4, 2, 1
+                that does). dispatch(config=None) passes the Buffer's own node size.
 
         Returns:
             config: the Config.
 
         ep_rt: a config from EP_RT_CONFIG_FILE (`python -m ep_rt tune`) wins when it holds one for num_ranks (its
         num_sms included: the file says what was measured); else DeepEP's row where DeepEP has one, and a default
-        elsewhere (ep_rt.config_tables), with Buffer.num_sms. Any rank count is accepted (DeepEP asserts on rank
-        counts outside its table). Of a Config, ep_rt's intranode kernels use num_sms only."""
+        elsewhere (ep_rt.config_tables), with Buffer.num_sms. Any positive rank count gets a Config (DeepEP asserts on
+        rank counts outside its table); only a stated node size (num_ranks_per_node, EP_RT_RANKS_PER_NODE) that does
+        not divide it raises ValueError. Of a Config, ep_rt's intranode kernels use num_sms only."""
         tuned = config_file.lookup("dispatch", num_ranks)
         return (
             tuned

@@ -52,8 +52,9 @@ class Config:
         """Bytes of NVL buffer that hold a dispatch and combine of `num_max_tokens_per_rank` tokens per rank
         with `hidden_bytes` per token (FP8 scales and top-k up to 32 included). Unlike DeepEP's ring buffers,
         ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument). The ranks
-        sit in nodes of `num_ranks_per_node` (without it: ranks_per_node's rule, DeepEP's 8 when nothing says
-        otherwise); across nodes the hint is the room for the combine input of the worst case (every token of
+        sit in nodes of `num_ranks_per_node` (without it: ranks_per_node's rule: EP_RT_RANKS_PER_NODE, torchrun's
+        LOCAL_WORLD_SIZE where it fits, one node up to 8 ranks, DeepEP's 8 where it divides num_ranks, else 4, 2 or
+        1); across nodes the hint is the room for the combine input of the worst case (every token of
         every rank to one rank)."""
         _check_hint_args(hidden_bytes, num_ranks, num_max_tokens_per_rank)
         G = ranks_per_node(num_ranks, num_ranks_per_node)
@@ -84,36 +85,47 @@ class Config:
 def ranks_per_node(num_ranks: int, num_ranks_per_node: int | None = None) -> int:
     """The ranks per node (G) that the configs and size hints assume for a group of `num_ranks` ranks.
 
-    A Buffer passes its own (Topology.node_size). Without one, the first of these that is set:
+    A Buffer passes its own (Topology.node_size). Without one, the first of these that applies:
       1. `num_ranks_per_node`, the caller's (1..8);
       2. EP_RT_RANKS_PER_NODE, which the Buffer's Topology will use too;
-      3. LOCAL_WORLD_SIZE (torchrun's: the processes it started on this host), right when the group is the whole
-         world, whole hosts, or lies in one host; a group spread over hosts with fewer of its ranks on each (a
-         strided subgroup) needs 1 or 2;
-      4. 8, DeepEP's assumption (its tables and hints are for nodes of 8 GPUs).
+    either is what the nodes are: one that does not divide num_ranks (or exceeds 8) is a ValueError naming it, since
+    a Buffer of that group would refuse it as well. Else G is guessed, never an error:
+      3. LOCAL_WORLD_SIZE (torchrun's: the processes it started on this host), where it is at most 8 and the group
+         lies in one host or is whole hosts (the whole world, say);
+      4. else one node if the group fits in one (at most 8 ranks, and at most LOCAL_WORLD_SIZE where set);
+      5. else the largest of 8, 4, 2 and 1 (GPUs per host; DeepEP's 8 first) that divides num_ranks, and no more
+         than LOCAL_WORLD_SIZE where set: a subgroup has at most that many ranks on a host. 12 ranks: 3 nodes of 4.
     torch.distributed knows no local world size without a collective, which a static call made on one rank alone
-    cannot risk. A group no larger than G lies on one node (G becomes num_ranks). A ValueError naming where G came
-    from when it exceeds 8 or does not divide num_ranks."""
+    cannot risk. A group no larger than G lies on one node (G becomes num_ranks)."""
     if not isinstance(num_ranks, int) or isinstance(num_ranks, bool) or num_ranks <= 0:
         raise ValueError(f"num_ranks must be a positive int, got {num_ranks!r}")
-    value, source = _node_size_source(num_ranks_per_node)
-    G = min(value, num_ranks)
-    fix = (
-        ""
-        if num_ranks_per_node is not None
-        else ("; pass num_ranks_per_node= (the group's ranks on each node) or set EP_RT_RANKS_PER_NODE")
-    )
-    if G > nvl_layout.MAX_NVL_RANKS:
-        raise ValueError(
-            f"{num_ranks} ranks in nodes of {G} ({source}), but an ep_rt node holds at most "
-            f"{nvl_layout.MAX_NVL_RANKS} ranks (its NVL buffer){fix}"
-        )
-    if num_ranks % G:
-        raise ValueError(f"num_ranks ({num_ranks}) must be a multiple of the ranks per node ({G}: {source}){fix}")
-    return G
+    stated = _stated_node_size(num_ranks_per_node)
+    if stated is not None:
+        value, source = stated
+        G = min(value, num_ranks)
+        fix = "" if num_ranks_per_node is not None else " (a Buffer's Topology refuses it too)"
+        if G > nvl_layout.MAX_NVL_RANKS:
+            raise ValueError(
+                f"{num_ranks} ranks in nodes of {G} ({source}), but an ep_rt node holds at most "
+                f"{nvl_layout.MAX_NVL_RANKS} ranks (its NVL buffer){fix}"
+            )
+        if num_ranks % G:
+            raise ValueError(f"num_ranks ({num_ranks}) must be a multiple of the ranks per node ({G}: {source}){fix}")
+        return G
+    lws = _local_world_size()
+    if lws is not None and lws <= nvl_layout.MAX_NVL_RANKS and (num_ranks <= lws or num_ranks % lws == 0):
+        return min(lws, num_ranks)
+    cap = min(lws or config_tables.NVL_PEERS, nvl_layout.MAX_NVL_RANKS)
+    if num_ranks <= cap:
+        return num_ranks
+    return max(g for g in HOST_SIZES if g <= cap and num_ranks % g == 0)
 
 
-def _node_size_source(num_ranks_per_node: int | None) -> tuple[int, str]:
+HOST_SIZES = (8, 4, 2, 1)  # GPUs per host that ranks_per_node's guess picks from (1 divides anything)
+
+
+def _stated_node_size(num_ranks_per_node: int | None) -> tuple[int, str] | None:
+    """(G, where it came from) when the caller or EP_RT_RANKS_PER_NODE says what the nodes are, else None."""
     from . import env
 
     if num_ranks_per_node is not None:
@@ -129,19 +141,21 @@ def _node_size_source(num_ranks_per_node: int | None) -> tuple[int, str]:
                 f"ranks (its NVL buffer)"
             )
         return g, f"EP_RT_RANKS_PER_NODE={g}"
+    return None
+
+
+def _local_world_size() -> int | None:
     # Not an ep_rt knob: torchrun's (and torch.distributed.elastic's) count of this host's processes.
     raw = os.environ.get("LOCAL_WORLD_SIZE", "").strip()
-    if raw:
-        try:
-            lws = int(raw)
-        except ValueError:
-            lws = 0
-        if lws <= 0:
-            raise ValueError(f"LOCAL_WORLD_SIZE must be a positive int (torchrun sets it), got {raw!r}")
-        return lws, f"LOCAL_WORLD_SIZE={lws}, the processes torchrun started on this host"
-    return config_tables.NVL_PEERS, (
-        "DeepEP's 8 per node: no num_ranks_per_node, EP_RT_RANKS_PER_NODE or LOCAL_WORLD_SIZE"
-    )
+    if not raw:
+        return None
+    try:
+        lws = int(raw)
+    except ValueError:
+        lws = 0
+    if lws <= 0:
+        raise ValueError(f"LOCAL_WORLD_SIZE must be a positive int (torchrun sets it), got {raw!r}")
+    return lws
 
 
 def _check_hint_args(hidden_bytes: int, num_ranks: int, num_max_tokens_per_rank: int) -> None:

@@ -10,7 +10,8 @@ count it has (1 -> 2, 3 -> 4, 5..7 -> 8). DeepEP's intranode kernels check no ch
 (only Config's own rules), so any of its rows is valid there.
 
 Internode rows are looked up by node count (DeepEP's RDMA ranks, num_ranks / 8): its rings, and its combine's
-checks on them, are per node. So 2 nodes of 4 GPUs get DeepEP's 16-rank row. A node count DeepEP has no row for
+checks on them, are per node (the node size: config.ranks_per_node, a Buffer's Topology for dispatch(config=None)).
+So 2 nodes of 4 GPUs get DeepEP's 16-rank row. A node count DeepEP has no row for
 takes the row of the nearest smaller node count it has (the largest, 20 nodes, beyond it), with the combine's
 NVL receive size raised to satisfy DeepEP's internode combine checks for that node count (deep_ep.cpp,
 internode.cu: a multiple of the node count, each node's share above the chunk sizes plus the forwarder warps).

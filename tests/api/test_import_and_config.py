@@ -84,8 +84,8 @@ def test_nvl_hint_holds_the_workload():
     assert hint % 128 == 0
     with pytest.raises(ValueError):
         Config().get_nvl_buffer_size_hint(100, 2)
-    with pytest.raises(ValueError):
-        Config().get_nvl_buffer_size_hint(128, 9)
+    with pytest.raises(ValueError, match="multiple of the ranks per node"):
+        Config().get_nvl_buffer_size_hint(128, 9, num_ranks_per_node=8)  # 9 ranks are not nodes of 8
 
 
 def test_soa_regions_do_not_overlap_and_fit():

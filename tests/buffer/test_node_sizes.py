@@ -116,21 +116,15 @@ def test_deepeps_own_rows_in_nodes_of_8_are_its_literals():
 
 
 def test_the_node_size_without_the_keyword(monkeypatch):
-    # nothing set: DeepEP's 8 per node
+    # nothing set: DeepEP's 8 per node; 12 ranks are not whole nodes of 8, so the largest host size that fits: 3 x 4
     assert Buffer.get_dispatch_config(16) == row(V1[16][0])
-    with pytest.raises(
-        ValueError,
-        match=r"multiple of the ranks per node \(8: DeepEP's 8 per node.*"
-        r"pass num_ranks_per_node= .* or set EP_RT_RANKS_PER_NODE",
-    ):
-        Buffer.get_dispatch_config(12)
+    assert Buffer.get_dispatch_config(12) == row(V1[24][0])
     # torchrun on hosts of 4 GPUs: 12 ranks are 3 nodes
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
     assert Buffer.get_dispatch_config(12) == row(V1[24][0])
     assert Buffer.get_combine_config(16) == row(V1[32][1])  # 4 nodes of 4, not 2 of 8
     assert Buffer.get_dispatch_config(2) == row(V1[2][0])  # a group inside one host
-    with pytest.raises(ValueError, match=r"multiple of the ranks per node \(4: LOCAL_WORLD_SIZE=4"):
-        Buffer.get_dispatch_config(6)
+    assert Buffer.get_dispatch_config(6) == row(V1[24][0])  # a subgroup, at most 4 a host: 3 nodes of 2
     # EP_RT_RANKS_PER_NODE wins over LOCAL_WORLD_SIZE (the Topology uses it too), the keyword over both
     monkeypatch.setenv("EP_RT_RANKS_PER_NODE", "2")
     assert Buffer.get_dispatch_config(6) == row(V1[24][0])  # 3 nodes of 2
@@ -139,10 +133,9 @@ def test_the_node_size_without_the_keyword(monkeypatch):
     with pytest.raises(ValueError, match="EP_RT_RANKS_PER_NODE=16, but an ep_rt node holds at most 8"):
         Buffer.get_dispatch_config(32)
     monkeypatch.delenv("EP_RT_RANKS_PER_NODE")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")  # 16 processes on one host: fine for a group inside it only
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "16")  # 16 processes on one host: an ep_rt node holds 8 of them at most
     assert Buffer.get_dispatch_config(8) == row(V1[8][0])
-    with pytest.raises(ValueError, match=r"32 ranks in nodes of 16 \(LOCAL_WORLD_SIZE=16.*at most 8 ranks"):
-        Buffer.get_dispatch_config(32)
+    assert Buffer.get_dispatch_config(32) == row(V1[32][0])  # 4 nodes of 8
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "four")
     with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE must be a positive int"):
         Buffer.get_dispatch_config(8)
@@ -178,6 +171,109 @@ def test_the_catalogue_cases_of_impossible_shapes_raise_their_message():
         case = cases[name]
         with pytest.raises(case.error, match=case.match):
             case.call(None)
+
+
+# ---- no node size stated: the documented guess, never an error -------------------------------------------------
+
+HOST_SIZES = (8, 4, 2, 1)  # GPUs per host that the guess picks from (the README's rule)
+
+
+def guessed_node_size(R, lws=None):
+    """The README's rule when neither num_ranks_per_node nor EP_RT_RANKS_PER_NODE is set: torchrun's
+    LOCAL_WORLD_SIZE where it fits the group (at most 8, and the group inside one host or whole hosts), else one node
+    when the group fits in one (8 ranks, or LOCAL_WORLD_SIZE's host, at most), else the largest of 8, 4, 2, 1 ranks
+    per node (no more than LOCAL_WORLD_SIZE) that divides the rank count."""
+    if lws is not None and lws <= 8 and (R <= lws or R % lws == 0):
+        return min(R, lws)
+    cap = min(lws or 8, 8)
+    if R <= cap:
+        return R
+    return max(g for g in HOST_SIZES if g <= cap and R % g == 0)
+
+
+@pytest.mark.parametrize("lws", [None, 1, 2, 3, 4, 6, 8, 16])
+def test_configs_without_a_node_size_never_raise(monkeypatch, lws):
+    """Every positive rank count gets a Config that passes DeepEP's checks (Config's own, the internode combine's):
+    the row of the guessed node size."""
+    if lws is not None:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(lws))
+    for R in range(1, 321):
+        G = guessed_node_size(R, lws)
+        N = R // G
+        for kind, get in zip(KINDS, (Buffer.get_dispatch_config, Buffer.get_combine_config)):
+            c = get(R)
+            assert c == get(R, num_ranks_per_node=G) == row(expected(kind, N, R)), (kind, R, lws)
+            if N > 1 and kind == "combine":
+                assert deepep_combine_ok(N, *as_tuple(c))
+
+
+def test_the_reported_rank_counts_without_a_node_size():
+    """Issue 22: 6, 12 and 20 ranks (3 nodes of 2 or 4, 5 of 4) with nothing in the environment."""
+    assert Buffer.get_dispatch_config(6) == row(V1[8][0])  # one node of 6: 8 ranks' row
+    assert Buffer.get_combine_config(6) == row(V1[8][1])
+    assert Buffer.get_dispatch_config(12) == row(V1[24][0])  # 3 nodes of 4
+    assert Buffer.get_combine_config(12) == row(V1[24][1])
+    assert Buffer.get_dispatch_config(20) == row(V1[32][0])  # 5 nodes of 4: 4 nodes' row
+    assert Buffer.get_combine_config(20) == Config(Buffer.num_sms, 1, 290, 8, 128)
+    assert Buffer.get_dispatch_config(10) == row(V1[32][0])  # 5 nodes of 2
+    assert Buffer.get_dispatch_config(9) == row(V1[64][0])  # 9 nodes of 1: 8 nodes' row
+    c = Config()
+    for R, G in ((12, 4), (20, 4), (10, 2), (9, 1), (36, 4)):
+        rdma = c.get_rdma_buffer_size_hint(7168 * 2, R)
+        assert rdma == c.get_rdma_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G) > 0
+        assert c.get_nvl_buffer_size_hint(7168 * 2, R) == c.get_nvl_buffer_size_hint(7168 * 2, R, 4096, G)
+    assert c.get_rdma_buffer_size_hint(7168 * 2, 6) == 0  # one node
+
+
+@pytest.mark.parametrize("lws", [None, 1, 2, 3, 4, 6, 8, 16])
+def test_two_argument_hints_without_a_node_size_follow_the_guess(monkeypatch, lws):
+    """The hints take the configs' node size; beyond the internode kernels' limits they raise (no Buffer of that
+    shape exists), nothing else does."""
+    if lws is not None:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(lws))
+    c = Config()
+    for R in range(1, 321):
+        G = guessed_node_size(R, lws)
+        if R > 256 or R // G > 64:
+            with pytest.raises(ValueError, match="at most 256 ranks and 64 nodes"):
+                c.get_rdma_buffer_size_hint(7168 * 2, R)
+            continue
+        rdma = c.get_rdma_buffer_size_hint(7168 * 2, R)
+        assert rdma == c.get_rdma_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G), (R, lws)
+        assert (rdma == 0) == (G == R)
+        assert c.get_nvl_buffer_size_hint(7168 * 2, R) == c.get_nvl_buffer_size_hint(7168 * 2, R, 4096, G)
+
+
+@pytest.mark.parametrize("nodes,G", [(2, 4), (3, 4), (3, 2), (5, 4), (4, 2)])
+def test_two_argument_hints_under_torchrun_hold_calls_of_their_size(monkeypatch, nodes, G):
+    """2 x 4 with LOCAL_WORLD_SIZE=4 (the reported case: the 8-per-node RDMA hint is 0) and its kin: each (rank ->
+    node) stream of T records fits the RDMA hint, every row a rank receives the NVL hint."""
+    R = nodes * G
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(G))
+    nvl, rdma = Config().get_nvl_buffer_size_hint(7168 * 2, R), Config().get_rdma_buffer_size_hint(7168 * 2, R)
+    assert rdma > 0
+    room = nvl - lay.nvl_control_offsets(R, nodes)["records"]
+    for hidden_bytes, S, K in RECORDS.values():
+        for record in (lay.dispatch_record_bytes(hidden_bytes, S, K), lay.combine_record_bytes(7168, K)):
+            assert lay.capacity(rdma, nodes, record) >= T, (R, G, record)
+            assert room // record >= R * T, (R, G, record)
+
+
+def test_a_stated_node_size_that_does_not_fit_still_raises(monkeypatch):
+    """num_ranks_per_node= and EP_RT_RANKS_PER_NODE say what the nodes are (a Buffer's Topology takes the latter and
+    refuses a group it does not divide): no guess replaces them."""
+    with pytest.raises(ValueError, match=r"num_ranks \(12\) must be a multiple of the ranks per node \(8: "):
+        Buffer.get_dispatch_config(12, num_ranks_per_node=8)
+    monkeypatch.setenv("EP_RT_RANKS_PER_NODE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    for call in (
+        lambda: Buffer.get_dispatch_config(6),
+        lambda: Buffer.get_combine_config(6),
+        lambda: Config().get_rdma_buffer_size_hint(256, 6),
+        lambda: Config().get_nvl_buffer_size_hint(256, 6),
+    ):
+        with pytest.raises(ValueError, match=r"multiple of the ranks per node \(4: EP_RT_RANKS_PER_NODE=4\)"):
+            call()
 
 
 # ---- dispatch(config=None) takes the Buffer's own node size -----------------------------------------------------
@@ -271,8 +367,7 @@ def test_two_argument_hints_take_the_node_size_from_the_environment(monkeypatch)
     """Megatron-Core's and SGLang's get_buffer call (hidden_bytes, num_ranks): the same rule as the configs."""
     c = Config()
     assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == 0  # DeepEP's 8 per node
-    with pytest.raises(ValueError, match=r"\(8: DeepEP's 8 per node"):
-        c.get_rdma_buffer_size_hint(7168 * 2, 12)
+    assert c.get_rdma_buffer_size_hint(7168 * 2, 12) == c.get_rdma_buffer_size_hint(7168 * 2, 12, 4096, 4) > 0
     for name in ("LOCAL_WORLD_SIZE", "EP_RT_RANKS_PER_NODE"):
         monkeypatch.setenv(name, "4")
         assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == c.get_rdma_buffer_size_hint(7168 * 2, 8, 4096, 4) > 0
@@ -290,14 +385,19 @@ def test_the_low_latency_hint_does_not_depend_on_the_node_size(monkeypatch):
         monkeypatch.delenv("LOCAL_WORLD_SIZE")
 
 
-@pytest.mark.parametrize("nodes,G", [(1, 1), (1, 3), (1, 8), (2, 1), (2, 4), (3, 4), (3, 2), (5, 8), (12, 1)])
-def test_a_buffer_sized_by_the_two_argument_hints_gets_past_its_own_checks(no_gpu, nodes, G):  # noqa: F811
-    """Buffer(group, nvl hint, rdma hint) with the node size from the environment (torchrun's LOCAL_WORLD_SIZE), as
-    Megatron-Core's get_buffer sizes it: neither refuses the sizes ("needs num_rdma_bytes > 0", "num_rdma_bytes is
-    for the low-latency mode"); one node goes on to create its transports, several to internode mode's NVSHMEM
-    world."""
+TORCHRUN = [(1, 1), (1, 3), (1, 8), (2, 1), (2, 4), (3, 4), (3, 2), (5, 8), (12, 1)]
+GUESSED = [(1, 6), (2, 8), (3, 4), (5, 4), (5, 2), (9, 1)]  # layouts the guess without any environment gets right
+
+
+@pytest.mark.parametrize("nodes,G,torchrun", [(n, g, True) for n, g in TORCHRUN] + [(n, g, False) for n, g in GUESSED])
+def test_a_buffer_sized_by_the_two_argument_hints_gets_past_its_own_checks(no_gpu, nodes, G, torchrun):  # noqa: F811
+    """Buffer(group, nvl hint, rdma hint) with the node size from the environment (torchrun's LOCAL_WORLD_SIZE), or
+    guessed without one, as Megatron-Core's get_buffer sizes it: neither refuses the sizes ("needs num_rdma_bytes >
+    0", "num_rdma_bytes is for the low-latency mode"); one node goes on to create its transports, several to
+    internode mode's NVSHMEM world."""
     R = nodes * G
-    no_gpu.setenv("LOCAL_WORLD_SIZE", str(G))
+    if torchrun:
+        no_gpu.setenv("LOCAL_WORLD_SIZE", str(G))
     use_topology(no_gpu, 0, nodes, G)
     FakeGroup(0, R, calls=[MIRROR]).install(no_gpu)
     hidden_bytes = 7168 * 2
