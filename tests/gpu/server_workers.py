@@ -16,7 +16,7 @@ from ep_rt import Buffer
 from ep_rt.errors import EpRtError
 from ep_rt.testing import selfcheck_ht
 
-SHAPE = dict(tokens=128, hidden=512, topk=4, experts=16)
+SHAPE = dict(tokens=128, hidden=512, topk=4, experts=48)  # (48: divisible by 2 and 3 ranks)
 LATE_S = 2.0  # how late the last rank comes to the watched dispatch
 
 
