@@ -47,7 +47,7 @@ def _round(buf, seed: int):
 def _checked_round(timeout_s: float, seed: int) -> dict:
     """A fresh Buffer's full round against the reference, then its destroy."""
     buf = _buffer(timeout_s)
-    chk = selfcheck_ht.run_case(buf, selfcheck_ht.Case("fresh Buffer", num_tokens=128), seed)
+    chk = selfcheck_ht.run_case(buf, selfcheck_ht.Case("fresh Buffer", num_tokens=128, num_experts=48), seed)
     buf.destroy()
     return {"checks": chk.checks, "failures": chk.failures[:5]}
 
