@@ -26,6 +26,7 @@
 #include <cuda_bf16.h>
 
 #include "ep_rt/copy.cuh"
+#include "ep_rt/grid.cuh"
 #include "ep_rt/net.cuh"
 #include "ep_rt/params.h"
 #include "ep_rt/ptx.cuh"
@@ -35,8 +36,6 @@
 using namespace ep_rt;
 
 namespace {
-
-constexpr int kWarp = 32;
 
 struct In {
     const InternodeParams& p;
@@ -73,12 +72,6 @@ struct In {
     __device__ int rail(int node) const { return node * G + j; }
     __device__ int pe(int node) const { return p.pe_base + node * p.pe_stride; }
 };
-
-__device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int channel, int& begin, int& end) {
-    const int per_channel = (num_tokens + num_channels - 1) / num_channels;
-    begin = min(channel * per_channel, num_tokens);
-    end = min(begin + per_channel, num_tokens);
-}
 
 __device__ __forceinline__ int64_t align16(int64_t v) { return (v + 15) / 16 * 16; }
 
@@ -248,7 +241,7 @@ __device__ bool handshake(const In& in, int kind, int64_t seq, int phase) {
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const InternodeParams p) {
     const In in(p);
     const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t seq = in.seq(EP_RT_IN_WS_NOTIFY);
     const ErrorSink sink = in.sink();
     const bool* in_rank = reinterpret_cast<const bool*>(p.is_token_in_rank);
@@ -260,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
     // Column x < R: tokens to rank x; x >= R: tokens that reach node x - R (and their stream positions).
     for (int x = warp; x < R + N; x += num_warps) {
         int run = 0;
-        for (int t0 = begin; t0 < end; t0 += kWarp) {
+        for (int t0 = begin; t0 < end; t0 += kWarpSize) {
             const int t = t0 + lane;
             bool hit = false;
             if (t < end) {
@@ -310,16 +303,16 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
             slot[EP_RT_IN_SLOT_NUM_EXPERTS] = p.num_experts;
             slot[EP_RT_IN_SLOT_NUM_SCALES] = p.num_scales;
         }
-        for (int r = lane; r < R; r += kWarp) slot[sl.tot + r] = gbl_cpm[r * C + C - 1];
-        for (int q = lane; q < N; q += kWarp) slot[sl.node + q] = rdma_cpm[q * C + C - 1];
-        for (int cc = lane; cc < C; cc += kWarp)
+        for (int r = lane; r < R; r += kWarpSize) slot[sl.tot + r] = gbl_cpm[r * C + C - 1];
+        for (int q = lane; q < N; q += kWarpSize) slot[sl.node + q] = rdma_cpm[q * C + C - 1];
+        for (int cc = lane; cc < C; cc += kWarpSize)
             slot[sl.stream + cc] = rdma_cpm[n * C + cc] - (cc > 0 ? rdma_cpm[n * C + cc - 1] : 0);
         for (int l = 0; l < G; ++l) {
             const int d = n * G + l;
             int32_t* part = slot + sl.per + l * sl.per_words;
-            for (int cc = lane; cc < C; cc += kWarp)
+            for (int cc = lane; cc < C; cc += kWarpSize)
                 part[cc] = gbl_cpm[d * C + cc] - (cc > 0 ? gbl_cpm[d * C + cc - 1] : 0);
-            for (int e = lane; e < L; e += kWarp) part[C + e] = per_expert != nullptr ? per_expert[d * L + e] : 0;
+            for (int e = lane; e < L; e += kWarpSize) part[C + e] = per_expert != nullptr ? per_expert[d * L + e] : 0;
         }
         __threadfence();
         __syncwarp();
@@ -351,8 +344,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_notify(const I
         const Slot ts(R, N, min(max(their_c, 0), EP_RT_MAX_CHANNELS), G, min(max(their_l, 0), EP_RT_MAX_LOCAL_EXPERTS));
         for (int l = 0; l < G; ++l) {
             int32_t* to = reinterpret_cast<int32_t*>(in.nvl(l, p.nvl.slots + int64_t(src) * p.nvl.slot_bytes));
-            for (int w = lane; w < ts.per; w += kWarp) to[w] = ld_peer_written_b32(from + w);
-            for (int w = lane; w < ts.per_words; w += kWarp)
+            for (int w = lane; w < ts.per; w += kWarpSize) to[w] = ld_peer_written_b32(from + w);
+            for (int w = lane; w < ts.per_words; w += kWarpSize)
                 to[ts.per + w] = ld_peer_written_b32(from + ts.per + l * ts.per_words + w);
             __syncwarp();
             if (lane == 0) release_nvl(in.nvl_word(l, p.nvl.slot_flags, src), seq);
@@ -480,7 +473,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
     allow_next_kernel_to_start();  // the forward kernel waits for its data through flags and signal words
     const In in(p);
     const int R = in.R, N = in.N, C = in.C, G = in.G, c = blockIdx.x;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     if (p.cached) {
         if (!handshake(in, EP_RT_IN_HS_CACHED, in.seq(EP_RT_IN_WS_CACHED), EP_RT_PHASE_IN_HANDSHAKE)) return;
         if (c == 0) {
@@ -520,10 +513,10 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_send(const Int
                 uint8_t* r = in.record(n == in.m ? p.lay.recv : p.lay.stage, n, stream_pos);
                 warp_copy<Src::kInput>(r, reinterpret_cast<const uint8_t*>(p.x) + int64_t(t) * p.hidden_bytes,
                                        p.hidden_bytes, lane);
-                for (int i = lane; i < S; i += kWarp)
+                for (int i = lane; i < S; i += kWarpSize)
                     reinterpret_cast<int32_t*>(r + rec.scales)[i] =
                         x_scales[int64_t(t) * p.scale_token_stride + int64_t(i) * p.scale_hidden_stride];
-                for (int k = lane; k < K; k += kWarp) {
+                for (int k = lane; k < K; k += kWarpSize) {
                     const int64_t e = topk_idx[int64_t(t) * K + k];
                     reinterpret_cast<int32_t*>(r + rec.idx)[k] = e >= 0 ? int32_t(e) : -1;
                     reinterpret_cast<float*>(r + rec.weights)[k] =
@@ -577,7 +570,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
     allow_next_kernel_to_start();  // the receive kernel waits for every block it copies through the relay flags
     const In in(p);
     const int C = in.C, G = in.G, s = blockIdx.x / C, c = blockIdx.x % C, src = s * G + in.j;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t seq = in.seq(EP_RT_IN_WS_DISPATCH);
     const ErrorSink sink = in.sink();
     const int32_t* recv_rdma_cpm = reinterpret_cast<const int32_t*>(p.recv_rdma_cpm);
@@ -593,8 +586,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
     bool ok = true;
     if (s == in.m && threadIdx.x == 0)  // my own node's records, written by my send kernel (which may still run)
         ok = wait_flag(own_ready(p, 0, c), seq, in.node_timeout_ns(), sink, EP_RT_PHASE_IN_FORWARD, in.me, c);
-    if (threadIdx.x >= kWarp && threadIdx.x < kWarp + G) {  // the start rows of every rank of my node
-        const int l = threadIdx.x - kWarp;
+    if (threadIdx.x >= kWarpSize && threadIdx.x < kWarpSize + G) {  // the start rows of every rank of my node
+        const int l = threadIdx.x - kWarpSize;
         ok = wait_flag(in.nvl_word(l, p.nvl.pub_flag, 0), seq, in.node_timeout_ns(), sink, EP_RT_PHASE_IN_FORWARD,
                        in.m * G + l, c);
         if (ok) {
@@ -656,8 +649,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
                 }
             }
             // Push: the warp walks its 32 records in order, each to every rank it is for.
-            for (int q = 0; q < kWarp; ++q) {
-                const int iq = i0 + warp * kWarp + q;
+            for (int q = 0; q < kWarpSize; ++q) {
+                const int iq = i0 + warp * kWarpSize + q;
                 if (iq >= last) break;  // warp-uniform
                 const int mq = __shfl_sync(0xffffffffu, mask, q);
                 const uint8_t* from = in.record(p.lay.recv, s, iq);
@@ -696,7 +689,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_forward(const 
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const InternodeParams p) {
     const In in(p);
     const int R = in.R, C = in.C, G = in.G, c = blockIdx.x;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t seq = in.seq(EP_RT_IN_WS_DISPATCH);
     const ErrorSink sink = in.sink();
     const int32_t* recv_gbl_cpm = reinterpret_cast<const int32_t*>(p.recv_gbl_cpm);
@@ -719,11 +712,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_recv(const Int
             const uint8_t* rr = records + int64_t(out) * p.lay.record_bytes;
             warp_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + int64_t(out) * p.hidden_bytes, rr,
                                          p.hidden_bytes, lane);
-            for (int q = lane; q < S; q += kWarp)
+            for (int q = lane; q < S; q += kWarpSize)
                 reinterpret_cast<int32_t*>(p.recv_x_scales)[int64_t(out) * S + q] =
                     ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.scales) + q);
             if (p.recv_topk_idx) {
-                for (int k = lane; k < K; k += kWarp) {
+                for (int k = lane; k < K; k += kWarpSize) {
                     const int e = ld_peer_written_b32(reinterpret_cast<const int32_t*>(rr + rec.idx) + k);
                     const bool local = e >= in.me * L && e < (in.me + 1) * L;
                     store_topk_idx(p.recv_topk_idx, p.recv_topk_idx_bits, int64_t(out) * K + k,
@@ -772,13 +765,13 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_publis
     const int K = p.num_topk;
     uint8_t* rows = in.nvl(in.j, p.nvl.records);
     if (num_recv <= p.nvl_capacity_rows) {
-        const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+        const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
         for (int i = c * num_warps + warp; i < num_recv; i += gridDim.x * num_warps) {
             uint8_t* dst = rows + int64_t(i) * row_bytes;
             warp_copy<Src::kInput>(dst, reinterpret_cast<const uint8_t*>(p.x) + int64_t(i) * p.hidden_bytes,
                                    p.hidden_bytes, lane);
             if (p.topk_weights)
-                for (int k = lane; k < K; k += kWarp)
+                for (int k = lane; k < K; k += kWarpSize)
                     reinterpret_cast<float*>(dst + p.hidden_bytes)[k] =
                         reinterpret_cast<const float*>(p.topk_weights)[int64_t(i) * K + k];
         }
@@ -800,7 +793,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
     allow_next_kernel_to_start();  // the reduce kernel waits for every partial through signal words and a flag
     const In in(p);
     const int N = in.N, C = in.C, G = in.G, c = blockIdx.x;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t seq = in.seq(EP_RT_IN_WS_COMBINE);
     const ErrorSink sink = in.sink();
     const int32_t* recv_rdma_cpm = reinterpret_cast<const int32_t*>(p.recv_rdma_cpm);
@@ -852,7 +845,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
                                   ? in.nvl(l, p.nvl.records + int64_t(prefix[l][s] + q) * row_bytes)
                                   : nullptr;
                 }
-                for (int v = lane; v < hidden_int4; v += kWarp) {
+                for (int v = lane; v < hidden_int4; v += kWarpSize) {
                     float acc[8];
 #pragma unroll
                     for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
@@ -870,7 +863,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
                     for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(acc[e]);
                     reinterpret_cast<int4*>(out)[v] = packed;
                 }
-                for (int kk = lane; kk < K; kk += kWarp) {
+                for (int kk = lane; kk < K; kk += kWarpSize) {
                     float acc = 0.0f;
 #pragma unroll
                     for (int l = 0; l < EP_RT_MAX_NVL_RANKS; ++l)
@@ -902,7 +895,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_forwar
 extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce(const InternodeParams p) {
     const In in(p);
     const int N = in.N, C = in.C, c = blockIdx.x;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, num_warps = blockDim.x / kWarp;
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
     const int64_t seq = in.seq(EP_RT_IN_WS_COMBINE);
     const ErrorSink sink = in.sink();
     const int32_t* rdma_cpm = reinterpret_cast<const int32_t*>(p.rdma_cpm);
@@ -933,7 +926,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
         const int32_t* head = rdma_head + int64_t(t) * N;
         const int4* b0 = p.bias0 ? reinterpret_cast<const int4*>(p.bias0) + int64_t(t) * hidden_int4 : nullptr;
         const int4* b1 = p.bias1 ? reinterpret_cast<const int4*>(p.bias1) + int64_t(t) * hidden_int4 : nullptr;
-        for (int v = lane; v < hidden_int4; v += kWarp) {
+        for (int v = lane; v < hidden_int4; v += kWarpSize) {
             float acc[8];
 #pragma unroll
             for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
@@ -957,7 +950,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_internode_combine_reduce
             st_na_v4(reinterpret_cast<int4*>(p.combined_x) + int64_t(t) * hidden_int4 + v, packed);
         }
         if (p.combined_topk_weights) {
-            for (int k = lane; k < K; k += kWarp) {
+            for (int k = lane; k < K; k += kWarpSize) {
                 float w = 0.0f;
                 for (int n = 0; n < N; ++n) {
                     const int pos = head[n];

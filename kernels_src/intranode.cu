@@ -31,7 +31,9 @@ __device__ __forceinline__ int32_t* notify_slot(uint64_t buffer, const ControlLa
     return at<int32_t>(buffer, ctrl.notify_slots + int64_t(src) * EP_RT_NOTIFY_SLOT_BYTES);
 }
 
-// Token range [begin, end) of a channel: contiguous slices of ceil(N / C) tokens.
+// Token range [begin, end) of a channel: contiguous slices of ceil(N / C) tokens. The same as ep_rt/grid.cuh's,
+// which this file includes from its next functional change on (any edit renames the cu12 build's internal symbols,
+// and the cu12 intranode cubins' hardware marks would go with them).
 __device__ __forceinline__ void channel_range(int num_tokens, int num_channels, int channel, int& begin, int& end) {
     const int per_channel = (num_tokens + num_channels - 1) / num_channels;
     begin = min(channel * per_channel, num_tokens);
