@@ -17,8 +17,8 @@
 #   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
 #          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
-#          soak_ht, cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, megatron (wheels in
-#          MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
+#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli,
+#          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS),
 #          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
@@ -159,6 +159,8 @@ step() {  # one named step; returns 3 for a name it does not know
              tests/gpu/test_no_sync_gpu.py ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     soak_ht) run soak_ht 300 python3 -m pytest -q -rs -m soak tests/gpu/test_reliability_gpu.py ;;
+    # Issue 25 item 1: a million LL calls and 100,000 HT calls, memory, fds and CUDA events sampled (LIMIT_CALLS).
+    soak_calls) run soak_calls "${LIMIT_CALLS:-590}" python3 -m pytest -q -rs -s -m soak tests/gpu/test_call_soak_gpu.py ;;
     # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).
     cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs \
              -m "not bench and not soak and not more_ranks" tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \

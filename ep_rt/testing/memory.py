@@ -22,6 +22,8 @@ class Sample:
     host_rss: int  # resident set size of this process
     ep_rt_device: int = 0  # device memory ep_rt allocated through runtime.driver and holds
     ep_rt_host: int = 0  # pinned host memory ep_rt allocated and holds
+    open_fds: int = 0  # this process's open file descriptors
+    cuda_events: int = 0  # torch.cuda.Event objects alive in this process
 
 
 def _rss() -> int:
@@ -30,6 +32,20 @@ def _rss() -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def open_fds() -> int:
+    try:
+        return len(os.listdir("/proc/self/fd"))
+    except OSError:  # not Linux: not counted
+        return 0
+
+
+def cuda_events() -> int:
+    """torch.cuda.Event objects alive (the garbage collector tracks them; a scan takes tens of milliseconds)."""
+    import gc
+
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.cuda.Event))
 
 
 def _nvml_process(device_index: int) -> int:
@@ -50,7 +66,8 @@ def _nvml_process(device_index: int) -> int:
     return 0
 
 
-def sample(round_: int) -> Sample:
+def sample(round_: int, counts: bool = False) -> Sample:
+    """counts: also count open file descriptors and live CUDA events (the event scan walks every Python object)."""
     dev = torch.cuda.current_device()
     torch.cuda.synchronize()
     free, total = torch.cuda.mem_get_info(dev)
@@ -58,11 +75,19 @@ def sample(round_: int) -> Sample:
 
     live = driver.live_bytes()
     return Sample(
-        round_, torch.cuda.memory_allocated(dev), total - free, _nvml_process(dev), _rss(), live["device"], live["host"]
+        round_,
+        torch.cuda.memory_allocated(dev),
+        total - free,
+        _nvml_process(dev),
+        _rss(),
+        live["device"],
+        live["host"],
+        open_fds() if counts else 0,
+        cuda_events() if counts else 0,
     )
 
 
-PER_PROCESS = ("torch_allocated", "ep_rt_device", "ep_rt_host", "host_rss")
+PER_PROCESS = ("torch_allocated", "ep_rt_device", "ep_rt_host", "host_rss", "open_fds", "cuda_events")
 DEVICE_WIDE = ("device_used", "nvml_process")
 
 
@@ -82,19 +107,27 @@ LIMITS = {
     "host_rss": 256 << 20,
     "device_used": 256 << 20,
     "nvml_process": 256 << 20,
+    "open_fds": 0,
+    "cuda_events": 0,
 }
 
 
-def leaks(samples: list[Sample], gpu_shared: bool | None = None) -> list[str]:
-    """Measures that grew past their limit; device-wide ones only when this process has its GPU to itself."""
+def leaks(samples: list[Sample], gpu_shared: bool | None = None, limits: dict | None = None) -> list[str]:
+    """Measures that grew past their limit (LIMITS, or the caller's `limits` where given); device-wide ones only
+    when this process has its GPU to itself."""
     if gpu_shared is None:
         import torch.distributed as dist
 
         gpu_shared = dist.is_initialized() and dist.get_world_size() > torch.cuda.device_count()
     names = PER_PROCESS if gpu_shared else PER_PROCESS + DEVICE_WIDE
-    g = growth(samples)
+    g, limit = growth(samples), {**LIMITS, **(limits or {})}
     return [
-        f"{k} grew by {g[k] / 2**20:.1f} MiB after the warm-up (limit {LIMITS[k] / 2**20:.0f})"
+        f"{k} grew by {g[k]} after the warm-up (limit {limit[k]})"
+        if k in COUNTS
+        else f"{k} grew by {g[k] / 2**20:.1f} MiB after the warm-up (limit {limit[k] / 2**20:.0f})"
         for k in names
-        if g[k] > LIMITS[k]
+        if g[k] > limit[k]
     ]
+
+
+COUNTS = ("open_fds", "cuda_events")  # numbers, not bytes
