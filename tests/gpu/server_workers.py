@@ -205,3 +205,52 @@ def sigint_during_host_wait(rank: int, num_ranks: int, timeout_s: float, seed: i
     dist.barrier()
     out["fresh"] = _checked_round(timeout_s, seed + 3)
     return out
+
+
+def two_buffers(rank, num_ranks, seed: int):
+    """Issue 25 item 2, SGLang's prefill and decode in one process: a high-throughput Buffer and a low-latency Buffer
+    on one group, checked rounds of each in alternation, with CUDA-graph replays of an LL dispatch + combine between
+    the HT rounds; then Buffers on subgroups (4 ranks: {0, 1} and {2, 3}): a high-throughput one works beside the
+    world's, a low-latency one is refused (one NVSHMEM world per process), and after the world's LL Buffer is
+    destroyed a new one works."""
+    from ep_rt.testing import selfcheck_ll, soak_ll
+
+    ht = Buffer(dist.group.WORLD, 64 << 20, explicitly_destroy=True)
+    ll_case = selfcheck_ll.LLCase("two buffers, LL", max_tokens=64, num_tokens=48, hidden=1024, num_experts=48)
+    rdma = Buffer.get_low_latency_rdma_size_hint(soak_ll.MAX_TOKENS, 2048, num_ranks, 64)
+    ll = Buffer(dist.group.WORLD, 0, rdma, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    ht_case = selfcheck_ht.Case("two buffers, HT", num_tokens=128, num_experts=48)
+    checks, failures = 0, []
+    graph = soak_ll._GraphRound(ll, rank, num_ranks, ll.device, **soak_ll.GRAPH_SHAPE)
+    tally = soak_ll._Tally(4, ll.device)
+    for i in range(4):
+        for chk in (
+            selfcheck_ht.run_case(ht, ht_case, seed + i),
+            selfcheck_ll.run_ll_case(ll, ll_case, seed + 100 + i),
+        ):
+            checks += chk.checks
+            failures += chk.failures
+        tally.round = i
+        graph.replay_checked(seed * 31 + i, tally)  # between eager rounds of both Buffers
+    torch.cuda.synchronize()
+    out = {"checks": checks + tally.checks, "failures": failures[:5], "graph_bad": tally.bad.tolist()}
+    if num_ranks == 4:
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # (every rank makes both groups, in order)
+        mine = pairs[rank // 2]
+        sub = Buffer(mine, 32 << 20, explicitly_destroy=True)
+        chk = selfcheck_ht.run_case(sub, selfcheck_ht.Case("subgroup HT", num_tokens=128, num_experts=16), seed + 7)
+        out["subgroup_checks"], out["subgroup_failures"] = chk.checks, chk.failures[:5]
+        try:
+            Buffer(mine, 0, rdma, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+            out["subgroup_ll"] = None
+        except EpRtError as e:
+            out["subgroup_ll"] = str(e)
+        sub.destroy()
+    del graph
+    ll.destroy()
+    ht.destroy()
+    again = Buffer(dist.group.WORLD, 0, rdma, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+    chk = selfcheck_ll.run_ll_case(again, ll_case, seed + 9)
+    out["again_checks"], out["again_failures"] = chk.checks, chk.failures[:5]
+    again.destroy()
+    return out

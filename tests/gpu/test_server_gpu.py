@@ -61,3 +61,18 @@ def test_sigint_during_a_dispatchs_host_wait(num_ranks):
     for res in results:
         assert res["destroy_s"] < 3 * TIMEOUT + 10, res
         assert res["fresh"]["checks"] > 0 and not res["fresh"]["failures"], res
+
+
+@pytest.mark.server
+@gpus(1)
+@pytest.mark.parametrize("num_ranks", [2, 4])
+def test_a_high_throughput_and_a_low_latency_buffer_in_one_process(num_ranks):
+    """Issue 25 item 2 (server_workers.two_buffers): alternation and graph replays bit-exact; at 4 ranks a subgroup's
+    HT Buffer works and its LL Buffer is refused naming the rule; a new LL Buffer works after both are destroyed."""
+    results = run_ranks(server_workers.two_buffers, num_ranks, args=(_seed(),), timeout_s=400)
+    for res in results:
+        assert res["checks"] > 0 and not res["failures"] and res["graph_bad"] == [0, 0, 0], res
+        assert res["again_checks"] > 0 and not res["again_failures"], res
+        if num_ranks == 4:
+            assert res["subgroup_checks"] > 0 and not res["subgroup_failures"], res
+            assert "NVSHMEM is initialised once per process" in (res["subgroup_ll"] or ""), res
