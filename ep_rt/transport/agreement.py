@@ -68,6 +68,7 @@ def verdict(contributions: list[dict], rank: int) -> Exception | None:
             + " | ".join(diffs)
             + (f". Setup also failed on {failed}" if failed else "")
             + ". Nothing was allocated; fix the values and create the Buffer again on every rank."
+            + "".join(_why(line) for line in diffs)
         )
     if not errors:
         return None
@@ -77,6 +78,20 @@ def verdict(contributions: list[dict], rank: int) -> Exception | None:
         f"rank {rank}: another rank failed to set up this Buffer, so no rank started the "
         f"collective allocations ({failed}); nothing was allocated here"
     )
+
+
+def _why(difference: str) -> str:
+    """Plain words for a difference whose cause the values alone do not tell."""
+    if difference.startswith("NVSHMEM world:") and "initialise " in difference and "join the live " in difference:
+        # A restarted (or new) process beside ranks that still hold the world an earlier Buffer started.
+        return (
+            " The ranks that would join a live NVSHMEM world still hold the one an earlier Buffer started, while the "
+            "others have none (a restarted or new process): NVSHMEM starts once per process, and its teardown needs "
+            "every peer it started with, so that world cannot take the new process. Restart every process of the "
+            "group; or, while all of them are alive, destroy() every Buffer on every rank before making new ones. "
+            "Buffers that need no NVSHMEM (high-throughput on one node) can still be made."
+        )
+    return ""
 
 
 def _knob(read: Callable[[], object]) -> object:

@@ -4,6 +4,7 @@ the last rank is the late peer that keeps the others in the dispatch's host wait
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -254,3 +255,91 @@ def two_buffers(rank, num_ranks, seed: int):
     out["again_checks"], out["again_failures"] = chk.checks, chk.failures[:5]
     again.destroy()
     return out
+
+
+# ---- issue 25 item 5: a rank that dies and a replacement that joins a new process group of the same ranks ----------
+RESTART_TIMEOUT_S = 5.0
+
+
+def _restart_join(port: int, rank: int):
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+
+
+def _restart_buffers():
+    from ep_rt.testing import selfcheck_ll
+
+    case = selfcheck_ll.LLCase("restart, LL", max_tokens=32, num_tokens=32, hidden=1024, num_experts=16)
+    rdma = Buffer.get_low_latency_rdma_size_hint(case.max_tokens, case.hidden, 2, case.num_experts)
+    return case, rdma
+
+
+def _restart_new_buffers(seed: int) -> dict:
+    """In the new group: a checked round on a new high-throughput Buffer, then a low-latency Buffer (which the
+    survivor's left-over NVSHMEM world refuses on every rank, naming the cause)."""
+    from ep_rt.errors import RankMismatchError
+
+    out = {}
+    ht = Buffer(dist.group.WORLD, 32 << 20, explicitly_destroy=True, timeout_s=RESTART_TIMEOUT_S)
+    chk = selfcheck_ht.run_case(ht, selfcheck_ht.Case("after a restart", num_tokens=128, num_experts=16), seed)
+    out["ht_checks"], out["ht_failures"] = chk.checks, chk.failures[:5]
+    ht.destroy()
+    _, rdma = _restart_buffers()
+    try:
+        Buffer(dist.group.WORLD, 0, rdma, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True)
+        out["ll"] = "made"
+    except RankMismatchError as e:
+        out["ll"] = str(e)
+    return out
+
+
+def restart_first_group(rank: int, ports, queue, seed: int) -> None:
+    """Both ranks: a Buffer with both modes and a checked round of each; then rank 1 dies. Rank 0 (the survivor):
+    its next call raises within the timeout, destroy() completes, and it joins the second group (ports[1])."""
+    from ep_rt.errors import EpRtError as Error
+
+    from ep_rt.testing import selfcheck_ll
+
+    torch.cuda.set_device(0)
+    _restart_join(ports[0], rank)
+    case, rdma = _restart_buffers()
+    old = Buffer(
+        dist.group.WORLD,
+        32 << 20,
+        rdma,
+        low_latency_mode=True,
+        num_qps_per_rank=4,
+        explicitly_destroy=True,
+        timeout_s=RESTART_TIMEOUT_S,
+    )
+    first = selfcheck_ht.run_case(old, selfcheck_ht.Case("before the restart", num_tokens=128, num_experts=16), seed)
+    first_ll = selfcheck_ll.run_ll_case(old, case, seed + 1)
+    torch.cuda.synchronize()
+    dist.barrier()
+    if rank == 1:
+        os._exit(17)  # the process dies between calls
+    out = {"first": first.checks + first_ll.checks, "first_failures": (first.failures + first_ll.failures)[:5]}
+    t0 = time.monotonic()
+    try:
+        _round(old, seed + 2)
+        out["call"] = None
+    except Error as e:
+        out["call"] = f"{type(e).__name__}: {e}"
+    out["call_s"] = time.monotonic() - t0
+    t0 = time.monotonic()
+    try:
+        old.destroy()
+        out["destroy"] = None
+    except Exception as e:  # noqa: BLE001 (reported)
+        out["destroy"] = f"{type(e).__name__}: {e}"
+    out["destroy_s"] = time.monotonic() - t0
+    dist.destroy_process_group()
+    _restart_join(ports[1], 0)
+    out.update(_restart_new_buffers(seed + 3))
+    queue.put(("survivor", out))
+
+
+def restart_replacement(ports, queue, seed: int) -> None:
+    """The replacement of rank 1: a fresh process joining the second group as rank 1."""
+    torch.cuda.set_device(0)
+    _restart_join(ports[1], 1)
+    queue.put(("replacement", _restart_new_buffers(seed + 3)))

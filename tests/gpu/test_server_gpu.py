@@ -76,3 +76,47 @@ def test_a_high_throughput_and_a_low_latency_buffer_in_one_process(num_ranks):
         if num_ranks == 4:
             assert res["subgroup_checks"] > 0 and not res["subgroup_failures"], res
             assert "NVSHMEM is initialised once per process" in (res["subgroup_ll"] or ""), res
+
+
+@pytest.mark.server
+@gpus(1)
+def test_a_rank_that_dies_and_a_replacement_in_a_new_group():
+    """Issue 25 item 5: rank 1 dies between calls; the survivor's call raises within the timeout and its destroy()
+    completes; a fresh process joins a new process group of the same two ranks, where a new high-throughput Buffer
+    runs a checked round on both, and a low-latency Buffer is refused on both, naming why (the survivor still holds
+    the NVSHMEM world of the dead peer, which NVSHMEM cannot tear down without it)."""
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    from ep_rt.testing.spawn import free_port
+
+    ctx = mp.get_context("spawn")
+    q, seed, ports = ctx.Queue(), _seed(), (free_port(), free_port())
+    procs = [ctx.Process(target=server_workers.restart_first_group, args=(r, ports, q, seed)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    try:
+        procs[1].join(120)
+        assert procs[1].exitcode == 17, procs[1].exitcode  # it died where the test kills it
+        procs.append(ctx.Process(target=server_workers.restart_replacement, args=(ports, q, seed)))
+        procs[-1].start()
+        got = {}
+        while len(got) < 2:
+            try:
+                who, res = q.get(timeout=240)
+            except queue_mod.Empty:
+                raise AssertionError(f"no result from {sorted({'survivor', 'replacement'} - set(got))}") from None
+            got[who] = res
+    finally:
+        for p in procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+    survivor, replacement = got["survivor"], got["replacement"]
+    assert survivor["first"] > 0 and not survivor["first_failures"], survivor
+    assert survivor["call"] and "rank 1" in survivor["call"], survivor  # names the dead peer
+    assert survivor["call_s"] < 3 * server_workers.RESTART_TIMEOUT_S + 10, survivor
+    assert survivor["destroy"] is None and survivor["destroy_s"] < 3 * server_workers.RESTART_TIMEOUT_S + 10, survivor
+    for res in (survivor, replacement):
+        assert res["ht_checks"] > 0 and not res["ht_failures"], res
+        assert "Restart every process of the group" in res["ll"], res

@@ -56,6 +56,23 @@ def test_verdict_mismatch_is_raised_on_every_rank():
         assert "num_nvl_bytes: 0 on ranks 0-1; 128 on rank 2" in str(e) and "Nothing was allocated" in str(e)
 
 
+def test_a_restarted_process_beside_ranks_holding_a_live_nvshmem_world_is_explained():
+    """Issue 25 item 5: survivors of a dead peer keep the NVSHMEM world their abandoned Buffer started (its teardown
+    needs every peer); a replacement process has none. Every rank raises, and says why and what to do."""
+    world = "NVSHMEM world"
+    table = contributions([{world: "join the live full world of 2 PEs"}, {world: "initialise full world of 2 PEs"}])
+    for rank in range(2):
+        e = str(agreement.verdict(table, rank))
+        assert "'join the live full world of 2 PEs' on rank 0; 'initialise full world of 2 PEs' on rank 1" in e
+        assert "a restarted or new process" in e and "Restart every process of the group" in e
+    other = str(
+        agreement.verdict(
+            contributions([{world: "initialise full world of 2 PEs"}, {world: "initialise rail world of 1 PEs"}]), 0
+        )
+    )
+    assert "restarted" not in other  # another difference of the world gets no such hint
+
+
 def test_verdict_local_failure_the_failed_rank_reraises_the_others_name_it():
     table = contributions([{"a": 1}] * 3, errors={1: ("NetworkSettingError", "NVSHMEM_IB_SL='99' is out of range")})
     assert agreement.verdict(table, 1) is None  # rank 1 raises its own exception
