@@ -12,6 +12,7 @@ PKG = ROOT / "ep_rt"
 API = {
     "ep_rt.config",
     "ep_rt.config_tables",
+    "ep_rt.deepep_hints",
     "ep_rt.config_file",
     "ep_rt.handles",
     "ep_rt.events",
