@@ -44,8 +44,12 @@ def open_fds() -> int:
 def cuda_events() -> int:
     """torch.cuda.Event objects alive (the garbage collector tracks them; a scan takes tens of milliseconds)."""
     import gc
+    import warnings
 
-    return sum(1 for o in gc.get_objects() if isinstance(o, torch.cuda.Event))
+    event = torch.cuda.Event
+    with warnings.catch_warnings():  # (isinstance wakes deprecated lazy objects, which warn)
+        warnings.simplefilter("ignore")
+        return sum(1 for o in gc.get_objects() if isinstance(o, event))
 
 
 def _nvml_process(device_index: int) -> int:
