@@ -683,3 +683,20 @@ def rounds_suite(rank, num_ranks, factors=ROUND_FACTORS):
     out.append((case.name, n, chk.checks, chk.failures))
     buf.destroy()
     return {"seed": seed, "cases": out}
+
+
+def megatron_sizes(rank, num_ranks, token_counts=(8192, 16384), hidden=2048):
+    """Issue 22 item 5: a Buffer sized as Megatron-Core's get_buffer sizes it (the two-argument NVL hint, the larger
+    of the dispatch and combine config's: room for 4096 tokens per rank) takes calls of 8192 and 16384 tokens per
+    rank, in rounds, bit-exact."""
+    configs = (Buffer.get_dispatch_config(num_ranks), Buffer.get_combine_config(num_ranks))
+    nbytes = max(c.get_nvl_buffer_size_hint(hidden * 2, num_ranks) for c in configs)
+    buf = Buffer(dist.group.WORLD, nbytes, explicitly_destroy=True)
+    seed = checker.shared_seed(buf.group)
+    out = []
+    for i, n in enumerate(token_counts):
+        case = selfcheck.Case(f"{n} tokens per rank in get_buffer's size", num_tokens=n, hidden=hidden)
+        chk = selfcheck.run_case(buf, case, seed + i)
+        out.append((case.name, _rounds_of(buf, case, seed + i), chk.checks, chk.failures))
+    buf.destroy()
+    return {"seed": seed, "cases": out, "num_nvl_bytes": nbytes}
