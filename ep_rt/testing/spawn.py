@@ -29,14 +29,33 @@ def free_port() -> int:
 STACK_SIGNAL = signal.SIGUSR1
 
 
-def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
+def default_backend(num_ranks: int, num_gpus: int) -> str:
+    """NCCL when every rank has a GPU of its own (NCCL refuses two ranks on one GPU), gloo otherwise (or none)."""
+    return "nccl" if num_gpus and num_ranks <= num_gpus else "gloo"
+
+
+def capped(timeout_s: float) -> float:
+    """timeout_s, capped by SPAWN_DEADLINE_S: a runner with a time limit per test (tools/gpu_run.sh) sets it below
+    its limit, so a hang is reported with the ranks' stacks before the runner kills pytest."""
+    cap = os.environ.get("SPAWN_DEADLINE_S")
+    return min(timeout_s, float(cap)) if cap else timeout_s
+
+
+def setup_rank(rank, num_ranks, num_gpus, port, backend, env) -> None:
+    """What a spawned rank does before any work: its environment, stack dumps on STACK_SIGNAL, its GPU (rank %
+    num_gpus; none with num_gpus 0, a CPU rank) and the process group."""
     os.environ.update(env)
     faulthandler.register(STACK_SIGNAL, all_threads=True)
-    try:
+    if num_gpus:
         torch.cuda.set_device(rank % num_gpus)
-        torch.distributed.init_process_group(
-            backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks
-        )
+    torch.distributed.init_process_group(
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=num_ranks
+    )
+
+
+def _entry(rank, fn, num_ranks, num_gpus, port, backend, env, queue, args):
+    try:
+        setup_rank(rank, num_ranks, num_gpus, port, backend, env)
         result = fn(rank, num_ranks, *args)
     except BaseException as e:  # report, then let spawn see the failure too
         queue.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
@@ -64,8 +83,7 @@ def run_ranks(
     num_gpus = num_gpus or torch.cuda.device_count()
     if num_gpus == 0:
         raise RuntimeError("no CUDA GPU visible")
-    if backend is None:  # NCCL refuses two ranks on one GPU
-        backend = "nccl" if num_ranks <= num_gpus else "gloo"
+    backend = backend or default_backend(num_ranks, num_gpus)
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     procs = mp.start_processes(
@@ -75,10 +93,7 @@ def run_ranks(
         join=False,
         start_method="spawn",
     )
-    # A runner with a time limit per test (tools/gpu_run.sh) caps the deadline below it, so a hang is reported with
-    # the ranks' stacks before the runner kills pytest.
-    cap = os.environ.get("SPAWN_DEADLINE_S")
-    timeout_s = min(timeout_s, float(cap)) if cap else timeout_s
+    timeout_s = capped(timeout_s)
     deadline = time.monotonic() + timeout_s
     results, errors = {}, {}
 
@@ -135,15 +150,24 @@ def _end(processes, grace_s: float = 10.0) -> None:
             p.join(grace_s)
 
 
-def _hang_report(processes, timeout_s: float, results: dict, gone: set) -> str:
-    """The deadline passed: which ranks finished, which exited, which still run (their stacks go to stderr)."""
-    alive = [r for r, p in enumerate(processes) if p.is_alive()]
+def dump_stacks(processes, ranks=None) -> list:
+    """Send STACK_SIGNAL to the ranks still running (each writes every thread's Python stack to its stderr) and give
+    them a moment to write before the caller ends them; returns those ranks. ranks: only these (default: all)."""
+    alive = [r for r, p in enumerate(processes) if p.is_alive() and (ranks is None or r in ranks)]
     for r in alive:
         try:
             os.kill(processes[r].pid, STACK_SIGNAL)
         except ProcessLookupError:
             pass
-    time.sleep(1.0)  # time to write the stacks before the caller terminates them
+    time.sleep(1.0)
+    return alive
+
+
+def _hang_report(processes, timeout_s: float, results: dict, gone: set, busy=None) -> str:
+    """The deadline passed: which ranks finished, which exited, which still run (their stacks go to stderr).
+    busy: the ranks that count as still running if alive (default: all; a rank pool's ranks that replied wait
+    alive for the next call)."""
+    alive = dump_stacks(processes, busy)
     exited = {r: p.exitcode for r, p in enumerate(processes) if not p.is_alive() and r not in results}
     return (
         f"ranks did not finish within {timeout_s:.0f} s: results from {sorted(results)}, exited without one "
