@@ -128,14 +128,18 @@ step() {  # one named step; returns 3 for a name it does not know
     # pyproject's default "not bench and not soak", so an -m that excludes repeats it.
     smoke) run smoke 120 python3 -m pytest -q -rs -m smoke tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
              tests/gpu/test_intranode_gpu.py ;;
-    suite) run suite 360 python3 -m pytest -q -rs -m suite tests/gpu/test_intranode_gpu.py ;;
+    # The intranode suite, one test per case and variant (ranks spawned once per variant: ep_rt.testing.rank_pool).
+    suite) run suite 360 python3 -m pytest -q -rs -m suite tests/gpu/test_intranode_cases_gpu.py ;;
     main)  run main 300 python3 -m ep_rt ;;
     main_quick) run main_quick 300 python3 -m ep_rt --quick --no-bench ;;
     catalogue) run catalogue 300 python3 -m pytest -q -rs -m catalogue tests/gpu/test_reliability_gpu.py ;;
     main_aggressive) run main_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --quick ;;
     rest)  run rest 420 python3 -m pytest -q -rs -m "not bench and not soak and not smoke and not suite and not pypi" \
              tests ;;  # all that smoke and suite leave
-    ll)    run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
+    # The LL suite one test per case (no -x: a case that breaks the ranks fails the cases after it at once), then
+    # shrink mode and the put path, stopping at the first failure.
+    ll)    run ll_cases 300 python3 -m pytest -q -rs tests/gpu/test_low_latency_cases_gpu.py
+           run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
     tests) run tests 540 python3 -m pytest -q -rs -m "not bench and not soak and not pypi" tests ;;  # no PyPI there
     ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
     ep8_main) run ep8_main 540 python3 -m ep_rt ;;                           # one rank per GPU: EP8 tables
@@ -154,9 +158,9 @@ step() {  # one named step; returns 3 for a name it does not know
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
     # The GPU tests in order of what a regression would hurt most, under one limit (LIMIT, default 480 s).
     gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 tests/gpu/test_cubins_gpu.py \
-             tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_gpu.py tests/gpu/test_intranode_gpu.py \
-             tests/gpu/test_reliability_gpu.py tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py \
-             tests/gpu/test_no_sync_gpu.py ;;
+             tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_cases_gpu.py tests/gpu/test_low_latency_gpu.py \
+             tests/gpu/test_intranode_cases_gpu.py tests/gpu/test_intranode_gpu.py tests/gpu/test_reliability_gpu.py \
+             tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py tests/gpu/test_no_sync_gpu.py ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     soak_ht) run soak_ht 300 python3 -m pytest -q -rs -m soak tests/gpu/test_reliability_gpu.py ;;
     # Issue 25 item 1: a million LL calls and 100,000 HT calls, memory, fds and CUDA events sampled (LIMIT_CALLS).
@@ -164,7 +168,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # The CUDA 12 cubins forced (NVSHMEM-free families: the LL family must match the NVSHMEM host library's flavour).
     cu12)  run cu12 300 env EP_RT_CUBIN_FLAVOUR=cu12 python3 -m pytest -q -rs \
              -m "not bench and not soak and not more_ranks" tests/gpu/test_cubins_gpu.py tests/gpu/test_layout_gpu.py \
-             tests/gpu/test_intranode_gpu.py ;;
+             tests/gpu/test_intranode_cases_gpu.py tests/gpu/test_intranode_gpu.py ;;
     retest) run retest "${LIMIT_RETEST:-300}" python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
@@ -214,8 +218,8 @@ step() {  # one named step; returns 3 for a name it does not know
     cu12_net) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              run cu12_net 480 env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
-               python3 -m pytest -q -rs ${CU12_TESTS:-tests/gpu/test_low_latency_gpu.py \
-               "tests/gpu/test_internode_gpu.py::test_internode_matches_reference" \
+               python3 -m pytest -q -rs ${CU12_TESTS:-tests/gpu/test_low_latency_cases_gpu.py \
+               tests/gpu/test_low_latency_gpu.py "tests/gpu/test_internode_gpu.py::test_internode_matches_reference" \
                tests/gpu/test_chaos_transport_gpu.py} ;;
     # Each test id of EACH_A / EACH_B its own pytest run (its own log, failures reported even if a later one hangs);
     # cu12_each: EACH_CU12 under the cu12 flavour with the carried cu12 host library.

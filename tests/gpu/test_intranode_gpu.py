@@ -1,5 +1,6 @@
-"""Multi-rank GPU tests: Buffer, peer mapping, barrier, dispatch/combine against the reference (both cubin
-variants), create/destroy cycles, timeouts, capacity errors, and more ranks than GPUs."""
+"""Multi-rank GPU tests: Buffer, peer mapping, barrier, create/destroy cycles, timeouts, capacity errors, calls in
+rounds, and more ranks than GPUs. (The dispatch/combine suite against the reference, both cubin variants, is
+test_intranode_cases_gpu.py: one test per case.)"""
 
 import pytest
 
@@ -24,19 +25,6 @@ def _report(results):
 def test_buffer_construction_peer_mapping_and_barrier():
     results = run_ranks(workers.buffer_basics, 2, timeout_s=300)
     assert all(all(r) for r in results)
-
-
-@pytest.mark.suite
-@gpus(1)
-@pytest.mark.parametrize("aggressive", [False, True], ids=["safe", "aggressive"])
-def test_dispatch_combine_match_reference_2_ranks(aggressive):
-    results = run_ranks(workers.suite, 2, args=(None, aggressive), timeout_s=900)
-    assert results[0]["cases"], "no cases ran"
-    names = [name for name, _, _ in results[0]["cases"]]
-    assert workers.GRAPH_CASE in names, names
-    assert all(checks > 0 for _, checks, _ in results[0]["cases"])
-    problems = _report(results)
-    assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
 
 @gpus(1)

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from ep_rt import Buffer, Config
 from ep_rt.runtime import driver as _driver
 from ep_rt.testing import checker, selfcheck_ht as selfcheck
+from ep_rt.testing.rank_pool import rank_cache, rank_forget
 from ep_rt.errors import BufferTooSmallError, CommTimeoutError, EpRtError
 
 MB = 1 << 20
@@ -81,6 +82,57 @@ def suite(rank, num_ranks, case_names=None, aggressive=False):
         out.append((GRAPH_CASE, chk.checks, chk.failures))
     buf.destroy()
     return {"seed": seed, "cases": out, "variant": "aggressive" if aggressive else "safe"}
+
+
+# The per-case GPU tests (tests/gpu/*_cases_gpu.py) run one case per call on a RankPool's ranks; each rank builds its
+# Buffer at the pool's first case and keeps it (rank_cache) under these keys.
+HT_CASES_BUFFER = "intranode cases"
+LL_CASES_BUFFER = "low-latency cases"
+
+
+def ht_case(rank, num_ranks, name, seed):
+    """One case of `suite` by name (GRAPH_CASE: its CUDA-graph case) on this rank's kept Buffer, sized as suite's.
+    Returns the case's checks and failures, and the variant the rank runs under (the pool's environment)."""
+    from ep_rt import env
+
+    need = Config(24).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
+    buf = rank_cache(HT_CASES_BUFFER, lambda: Buffer(dist.group.WORLD, need, explicitly_destroy=True))
+    if name == GRAPH_CASE:
+        chk = selfcheck.run_graph_case(buf, seed)
+    else:
+        (case,) = checker.select(selfcheck.standard_cases(num_ranks), [name])
+        chk = selfcheck.run_case(buf, case, seed)
+    return {"checks": chk.checks, "failures": chk.failures, "aggressive": env.aggressive_ptx()}
+
+
+LL_GRAPH_CASE = "cuda graph replays"
+LL_AFTER_CLEAN_CASE = "after clean"
+
+
+def ll_case(rank, num_ranks, name, seed):
+    """One case of `ll_suite` by name (LL_GRAPH_CASE, LL_AFTER_CLEAN_CASE: its graph replays, its round after
+    clean_low_latency_buffer) on this rank's kept low-latency Buffer: checks, failures and notes."""
+    from ep_rt.testing import selfcheck_ll
+
+    buf = rank_cache(LL_CASES_BUFFER, lambda: ll_buffer(num_ranks))
+    if name == LL_GRAPH_CASE:
+        chk = selfcheck_ll.run_ll_graph(buf, seed)
+    elif name == LL_AFTER_CLEAN_CASE:
+        buf.clean_low_latency_buffer(128, 1024, 32)
+        chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed)
+    else:
+        (case,) = checker.select(selfcheck_ll.ll_cases(num_ranks), [name])
+        chk = selfcheck_ll.run_ll_case(buf, case, seed)
+    return {"checks": chk.checks, "failures": chk.failures, "notes": list(chk.notes)}
+
+
+def drop_cached_buffer(rank, num_ranks, key):
+    """Destroy the Buffer rank_cache keeps under `key`, if any (after a case that raised, whose Buffer may have
+    failed, and at the end of a pool): the next case builds a fresh one. True if there was one."""
+    buf = rank_forget(key)
+    if buf is not None:
+        _destroy_quietly(buf)
+    return buf is not None
 
 
 def create_destroy(rank, num_ranks, cycles=20):
@@ -228,10 +280,10 @@ def ll_suite(rank, num_ranks):
         out.append((case.name, chk.checks, chk.failures))
         notes += [f"{case.name}: {n}" for n in chk.notes]
     chk = selfcheck_ll.run_ll_graph(buf, seed + 100)
-    out.append(("cuda graph replays", chk.checks, chk.failures))
+    out.append((LL_GRAPH_CASE, chk.checks, chk.failures))
     buf.clean_low_latency_buffer(128, 1024, 32)
     chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed + 200)
-    out.append(("after clean", chk.checks, chk.failures))
+    out.append((LL_AFTER_CLEAN_CASE, chk.checks, chk.failures))
     remote_peers = buf.group_size - buf._ll.nvlink_peers
     buf.destroy()
     return {"seed": seed, "cases": out, "notes": notes, "variant": "ll", "remote_peers": remote_peers}

@@ -1,0 +1,193 @@
+"""The per-case GPU tests (tests/gpu/test_intranode_cases_gpu.py, tests/gpu/test_low_latency_cases_gpu.py) on the
+CPU, as far as they go without a GPU: one collected item per case and variant, in an order that runs every case of
+one variant (one pool of ranks) before the next, selectable by marker; and the tests' own functions run on a CPU
+RankPool whose ranks build stand-in Buffers and case runners, so the wiring (a case by name, one Buffer per rank
+kept between cases and dropped after a case that raised, the seed, the verdicts) is what the GPU run will use."""
+
+import contextlib
+import functools
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from ep_rt.testing import checker, rank_pool, selfcheck_ht, selfcheck_ll
+
+from ..repo import REPO
+
+INTRANODE = "tests/gpu/test_intranode_cases_gpu.py"
+LOW_LATENCY = "tests/gpu/test_low_latency_cases_gpu.py"
+
+
+def _collect(*args) -> list:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "--collect-only", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return [line for line in done.stdout.splitlines() if "::" in line]
+
+
+@pytest.fixture(scope="module")
+def collected():
+    """The node ids of both per-case modules, and of tests/gpu under -m "suite and not aggressive"."""
+    return _collect(INTRANODE, LOW_LATENCY), _collect("-m", "suite and not aggressive", "tests/gpu")
+
+
+def test_each_case_and_variant_is_one_item_every_safe_case_before_any_aggressive_one(collected):
+    from tests.gpu import workers
+
+    names = [c.name for c in selfcheck_ht.standard_cases(2)] + [workers.GRAPH_CASE]
+    ids = [i for i in collected[0] if i.startswith(INTRANODE)]
+    params = [re.search(r"\[(.*)\]$", i).group(1) for i in ids]
+    assert len(ids) == 2 * len(names) == len(set(ids)), ids
+    variants = [p.split("-", 1)[0] for p in params]
+    assert variants == ["safe"] * len(names) + ["aggressive"] * len(names), variants  # one pool at a time
+    assert "safe-bf16_uniform" in params and "aggressive-cuda_graph_replays_num_worst_tokens" in params
+    assert all(re.fullmatch(r"[0-9A-Za-z_-]+", p) for p in params), params  # no quoting in a RETEST list
+    # suite marks every item of the module (and no other GPU test), aggressive exactly the aggressive variant's
+    assert collected[1] == ids[: len(names)]
+
+
+def test_each_low_latency_case_is_one_item(collected):
+    from tests.gpu import workers
+
+    names = [c.name for c in selfcheck_ll.ll_cases(2)] + [workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE]
+    ids = [i for i in collected[0] if i.startswith(LOW_LATENCY)]
+    assert len(ids) == len(names) == len(set(ids)) and len(names) >= 20, ids
+    assert sum("LogFMT" in i for i in ids) >= 4, ids
+    assert ids[-2:] == [
+        f"{LOW_LATENCY}::test_low_latency_matches_reference[cuda_graph_replays]",
+        f"{LOW_LATENCY}::test_low_latency_matches_reference[after_clean]",
+    ]
+
+
+def test_case_ids_are_safe_and_refuse_clashes():
+    from tests.gpu.conftest import case_ids
+
+    assert case_ids(["holes (-1 in topk_idx)", "async + previous_event"]) == [
+        "holes_1_in_topk_idx",
+        "async_previous_event",
+    ]
+    with pytest.raises(ValueError, match="same test id"):
+        case_ids(["top-32", "top 32"])
+
+
+# ---- the tests' functions on CPU ranks with stand-ins --------------------------------------------------------
+
+_FAILING: dict = {}  # in a rank: case name -> "fail" (a check fails on rank 1) or "raise" (rank 1 raises)
+
+
+class _StandInBuffer:
+    """In a rank: built where the workers build a Buffer; writes its life to the rank's log."""
+
+    def __init__(self, log_dir, rank, *args, **kwargs):
+        self.log, self.rank = Path(log_dir) / f"rank{rank}.log", rank
+        self.note("built")
+
+    def note(self, what):
+        with open(self.log, "a") as f:
+            f.write(what + "\n")
+
+    def destroy(self):
+        self.note("destroyed")
+
+    def clean_low_latency_buffer(self, *args):
+        self.note("clean")
+
+
+def _stand_in_case(buf, case, seed, *args):
+    name = case if isinstance(case, str) else case.name
+    buf.note(f"case {name} {seed}")
+    chk = checker.Checker(case)
+    chk.checks += 1
+    if buf.rank == 1 and _FAILING.get(name) == "fail":
+        chk.failures.append("recv_x differs in row 3")
+    if buf.rank == 1 and _FAILING.get(name) == "raise":
+        raise RuntimeError(f"stand-in {name} raised")
+    if "LogFMT" in name:
+        chk.notes.append("2 elements differ")
+    return chk
+
+
+def _install_stand_ins(rank, num_ranks, log_dir, failing):
+    """In every rank, before the cases: stand-ins for Buffer construction and selfcheck's case runners (the
+    workers' real case lookup by name stays)."""
+    from tests.gpu import workers
+
+    _FAILING.update(failing)
+    workers.Buffer = functools.partial(_StandInBuffer, log_dir, rank)
+    workers.ll_buffer = lambda num_ranks, **kwargs: _StandInBuffer(log_dir, rank)
+    selfcheck_ht.run_case = _stand_in_case
+    selfcheck_ht.run_graph_case = lambda buf, seed: _stand_in_case(buf, workers.GRAPH_CASE, seed)
+    selfcheck_ll.run_ll_case = _stand_in_case
+    selfcheck_ll.run_ll_graph = lambda buf, seed: _stand_in_case(buf, workers.LL_GRAPH_CASE, seed)
+
+
+def _log(tmp_path, rank) -> list:
+    return (tmp_path / f"rank{rank}.log").read_text().splitlines()
+
+
+def test_the_intranode_case_test_on_cpu_ranks(tmp_path, monkeypatch):
+    from tests.gpu import test_intranode_cases_gpu as mod, workers
+    from tests.gpu.conftest import case_pool
+
+    monkeypatch.setenv("EP_RT_CASE_SEED", "4242")
+    test = mod.test_dispatch_combine_match_reference_2_ranks
+    env = {"EP_RT_AGGRESSIVE_PTX": "1"}
+    with case_pool(2, workers.HT_CASES_BUFFER, env=env, device="cpu", timeout_s=120) as pool:
+        pool.run(_install_stand_ins, str(tmp_path), {"bias pair": "fail", "one token": "raise"})
+        for case in mod.CASES:
+            if case == "bias pair":
+                with pytest.raises(AssertionError, match=r"rank 1 \[aggressive\] bias pair: recv_x differs in row 3"):
+                    test(("aggressive", pool), case)
+            elif case == "one token":
+                with pytest.raises(rank_pool.RankError, match="stand-in one token raised") as info:
+                    test(("aggressive", pool), case)
+                assert list(info.value.errors) == [1]
+            else:
+                test(("aggressive", pool), case)
+        with pytest.raises(AssertionError):  # the ranks run the variant they were started with, and say so
+            test(("safe", pool), "bf16 uniform")
+        assert pool.broken is None
+    after = mod.CASES.index("one token") + 1
+    for rank in (0, 1):
+        want = (
+            ["built"]
+            + [f"case {c} 4242" for c in mod.CASES[:after]]
+            + ["destroyed", "built"]  # the case raised: every rank's Buffer dropped, the next case gets a new one
+            + [f"case {c} 4242" for c in mod.CASES[after:] + ["bf16 uniform"]]
+            + ["destroyed"]  # at the pool's end, while it still works
+        )
+        assert _log(tmp_path, rank) == want
+
+
+def test_the_low_latency_case_test_on_cpu_ranks(tmp_path, monkeypatch, capsys):
+    from tests.gpu import test_low_latency_cases_gpu as mod, workers
+    from tests.gpu.conftest import case_pool
+
+    monkeypatch.setenv("EP_RT_CASE_SEED", "77")
+    quiet = SimpleNamespace(disabled=contextlib.nullcontext)  # (the notes land in this test's capsys)
+    with case_pool(2, workers.LL_CASES_BUFFER, device="cpu", timeout_s=120) as pool:
+        pool.run(_install_stand_ins, str(tmp_path), {"hooks": "fail"})
+        for case in mod.CASES:
+            if case == "hooks":
+                with pytest.raises(AssertionError, match=r"(?s)rank 1 hooks: recv_x differs.*EP_RT_CASE_SEED=77"):
+                    mod.test_low_latency_matches_reference(pool, case, quiet)
+            else:
+                mod.test_low_latency_matches_reference(pool, case, quiet)
+    out = capsys.readouterr().out
+    assert "[rank 1] LogFMT, hidden 1152: 2 elements differ" in out, out
+    for rank in (0, 1):
+        log = _log(tmp_path, rank)
+        assert log[0] == "built" and log[-1] == "destroyed" and log.count("built") == 1, log
+        assert [line for line in log if line.startswith("case")] == [f"case {c} 77" for c in mod.CASES[:-1]] + [
+            "case after clean_low_latency_buffer 77"
+        ]
+        assert log[-3:-1] == ["clean", "case after clean_low_latency_buffer 77"]
