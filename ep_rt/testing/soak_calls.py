@@ -86,12 +86,7 @@ def ll_call_soak(rank: int, num_ranks: int, calls: int, seed: int) -> dict:
             event.current_stream_wait()
         return count, combined
 
-    want = one_round("plain")
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        graph_out = one_round("plain")
-    return _loop(buf, calls // 2, LL_MODES, one_round, graph, graph_out, want, first, 2)
+    return _loop(buf, calls // 2, LL_MODES, one_round, "plain", first, 2)
 
 
 def ht_call_soak(rank: int, num_ranks: int, calls: int, seed: int) -> dict:
@@ -118,16 +113,17 @@ def ht_call_soak(rank: int, num_ranks: int, calls: int, seed: int) -> dict:
         combined, _, _ = buf.combine(cached, handle, topk_weights=recv_w, config=config)
         return cached, combined
 
-    want = one_round("cached")
+    return _loop(buf, calls // 2, HT_MODES, one_round, "cached", first, 2)
+
+
+def _loop(buf, rounds, modes, one_round, graph_mode, first, calls_per_round) -> dict:
+    """`rounds` rounds cycling `modes` ("graph": a replay of one_round(graph_mode) captured once), each round's
+    outputs compared on the GPU with those of an eager one_round(graph_mode) before them."""
+    want = one_round(graph_mode)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        graph_out = one_round("cached")
-    return _loop(buf, calls // 2, HT_MODES, one_round, graph, graph_out, want, first, 2)
-
-
-def _loop(buf, rounds, modes, one_round, graph, graph_out, want, first, calls_per_round) -> dict:
-    """`rounds` rounds cycling `modes` ("graph": replay), each round's outputs compared with `want` on the GPU."""
+        graph_out = one_round(graph_mode)
     bad = torch.zeros((), dtype=torch.int64, device=buf.device)
     every = max(rounds // 100, 1)
     samples, done, t0 = [], 0, time.monotonic()

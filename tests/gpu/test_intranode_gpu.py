@@ -76,16 +76,7 @@ def test_megatron_get_buffer_sizes_take_8192_and_16384_tokens_per_rank():
             assert checks > 0 and rounds > 1, (name, rounds, checks, r["num_nvl_bytes"])
 
 
-SHARED_GPU_CASES = (
-    "bf16 uniform",
-    "fp8 row scales",
-    "num_worst_tokens",
-    "holes (-1 in topk_idx)",
-    "a rank receives nothing",
-    "bias pair",
-    "uneven token counts",
-    workers.GRAPH_CASE,
-)
+SHARED_GPU_CASES = (*workers.ROUND_CASES, workers.GRAPH_CASE)  # (the rounds test's cases, and the graph case)
 
 
 @pytest.mark.more_ranks
