@@ -289,38 +289,32 @@ def test_the_hook_line_imports_nothing_without_the_variable(env_with_ep_rt):
         alias.remove(site_dir)
 
 
-def _cpu_seconds(python) -> float:
-    """user + system CPU time of one `python -c pass` (the child's own rusage: a loaded machine delays a process,
-    which its wall time shows and its CPU time does not)."""
-    proc = subprocess.Popen([str(python), "-c", "pass"], env=plain_env())
-    _, status, usage = os.wait4(proc.pid, 0)
-    assert status == 0
-    return usage.ru_utime + usage.ru_stime
+def _imports_of_the_line(environ: dict) -> list[str]:
+    """Run the .pth line as site.py does (exec), with an __import__ that records and hands back stand-ins."""
+    import types
+
+    import _ep_rt_deep_ep as hook
+
+    seen = []
+
+    def record(name, *args, **kwargs):
+        seen.append(name)
+        if name == "os":
+            return types.SimpleNamespace(environ=environ)
+        module = types.SimpleNamespace(boot=lambda: seen.append("boot()"))
+        module.util = types.SimpleNamespace(find_spec=lambda _: True)
+        return module
+
+    exec(hook.PTH_LINE, {"__builtins__": {"__import__": record}})
+    return seen
 
 
-def test_the_hook_costs_under_a_millisecond_per_interpreter_start(env_with_ep_rt):
-    """`python -c pass` with and without the .pth, EP_RT_DEEP_EP_ALIAS unset, interleaved; lower quartiles of 31 each.
-    The hook before (it imported this module at every start) measured +27..31 ms CPU here."""
-    import statistics
-
-    from ep_rt.cli import alias
-
-    python, site_dir = env_with_ep_rt
-    without, with_hook = [], []
-    try:
-        for _ in range(31):
-            alias.remove(site_dir)
-            without.append(_cpu_seconds(python))
-            alias.install(site_dir)
-            with_hook.append(_cpu_seconds(python))
-    finally:
-        alias.remove(site_dir)
-    # Lower quartiles: a loaded machine (CI's 2 cores, other jobs) adds spikes to single starts, and once moved a
-    # median by more than the bound; a hook that costs on every start shifts every quantile.
-    a, b = statistics.quantiles(without, n=4)[0], statistics.quantiles(with_hook, n=4)[0]
-    assert b - a < 1e-3, (
-        f"lower-quartile CPU time per start: {a * 1e3:.2f} ms without the hook, {b * 1e3:.2f} ms with it"
-    )
+def test_the_hook_line_costs_one_environment_lookup_without_the_variable():
+    """What a start pays for the line without EP_RT_DEEP_EP_ALIAS: `import os` (already in sys.modules at site time)
+    and one dict lookup, nothing else. Counted, not timed: the hook before imported this module at every start
+    (+27..31 ms CPU here), and a CPU-time bound on `python -c pass` proved too noisy for CI's 2 cores."""
+    assert _imports_of_the_line({}) == ["os"]
+    assert _imports_of_the_line({"EP_RT_DEEP_EP_ALIAS": "1"}) == ["os", "importlib.util", "_ep_rt_deep_ep", "boot()"]
 
 
 def test_pip_uninstall_removes_the_hook(wheel, tmp_path):
