@@ -19,7 +19,7 @@
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
 #          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli,
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
-#          internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS),
+#          internode_cases (LIMIT_CASES) internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES),
 #          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
@@ -181,26 +181,38 @@ step() {  # one named step; returns 3 for a name it does not know
                tests/package/test_deep_ep_alias.py ;;
     # Internode on emulated nodes (issue 11): the GPU tests, then the whole case list through the main command
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
-    internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py ;;
+    internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py \
+             tests/gpu/test_internode_cases_gpu.py ;;
     internode_core) run internode_core "${LIMIT_CORE:-520}" python3 -m pytest -q -rs --durations=20 \
-             -m "not bench and not soak and not sixteen" tests/gpu/test_internode_gpu.py ;;  # all but internode16's
+             -m "not bench and not soak and not sixteen" tests/gpu/test_internode_gpu.py \
+             tests/gpu/test_internode_cases_gpu.py ;;  # all but internode16's
+    # The internode case lists, one test per (layout, case), each pool of ranks spawned once (LIMIT_CASES).
+    internode_cases) run internode_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs --durations=20 -m internode \
+             tests/gpu/test_internode_cases_gpu.py ;;
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
              tests/gpu/test_internode_gpu.py ;;
-    # Each internode GPU test (but the 16-process one) its own pytest, its own log and limit (LIMIT_EACH, default
-    # 240 s; the rank harness gives up 30 s before it, SPAWN_DEADLINE_S, and reports the ranks' stacks): one that
-    # hangs costs only its own limit, and every verdict and traceback is kept; cu12_internode_each: the same under
-    # the cu12 flavour with the carried cu12 host library.
+    # Each internode GPU test of test_internode_gpu.py (but the 16-process one) its own pytest, its own log and
+    # limit (LIMIT_EACH, default 240 s; the rank harness gives up 30 s before it, SPAWN_DEADLINE_S, and reports the
+    # ranks' stacks): one that hangs costs only its own limit, and every verdict and traceback is kept; then the
+    # per-case module in one pytest (its items report one by one; a pool per layout, LIMIT_CASES);
+    # cu12_internode_each: the same under the cu12 flavour with the carried cu12 host library.
     internode_each) [ "$DRY" = 1 ] && return 0
              k=0; for t in $(internode_ids); do k=$((k + 1))
                run internode_each$k "${LIMIT_EACH:-240}" env SPAWN_DEADLINE_S=$((${LIMIT_EACH:-240} - 30)) \
-                 python3 -m pytest -q -rs "$t"; done ;;
+                 python3 -m pytest -q -rs "$t"; done
+             run internode_each_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs -m internode \
+               tests/gpu/test_internode_cases_gpu.py ;;
     cu12_internode_each) [ "$DRY" = 1 ] && return 0
              run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              k=0; for t in $(internode_ids); do k=$((k + 1)); run cu12_internode_each$k "${LIMIT_EACH:-240}" env \
                SPAWN_DEADLINE_S=$((${LIMIT_EACH:-240} - 30)) \
                PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
-               python3 -m pytest -q -rs "$t"; done ;;
+               python3 -m pytest -q -rs "$t"; done
+             run cu12_internode_each_cases "${LIMIT_CASES:-540}" env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" \
+               EP_RT_CUBIN_FLAVOUR=cu12 \
+               EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
+               python3 -m pytest -q -rs -m internode tests/gpu/test_internode_cases_gpu.py ;;
     internode_main) run internode_main 300 python3 -m ep_rt --ranks 4 --internode 2 ;;
     internode_aggressive) run internode_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --ranks 4 \
              --internode 2 --no-bench ;;
@@ -214,12 +226,14 @@ step() {  # one named step; returns 3 for a name it does not know
     # The cu12 flavour's NVSHMEM-linked cubins with the cu12 NVSHMEM host library carried to the machine (the folder
     # CU12_NVSHMEM, default .cu12nvshmem: libnvshmem_host.so.3.xz, nvshmem_bootstrap_uid.so.3, the wheel's
     # .dist-info; HARDWARE_REACH.md section 6): unpacked into /tmp/ep_rt_cu12_site, then the LL and internode GPU
-    # tests (chaos counts included) with EP_RT_CUBIN_FLAVOUR=cu12 and EP_RT_NVSHMEM_HOST_LIBRARY.
+    # tests (chaos counts included; of the internode cases 2x2's and 4x1's) with EP_RT_CUBIN_FLAVOUR=cu12 and
+    # EP_RT_NVSHMEM_HOST_LIBRARY.
     cu12_net) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              run cu12_net 480 env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
-               python3 -m pytest -q -rs ${CU12_TESTS:-tests/gpu/test_low_latency_cases_gpu.py \
-               tests/gpu/test_low_latency_gpu.py "tests/gpu/test_internode_gpu.py::test_internode_matches_reference" \
+               python3 -m pytest -q -rs -m "not bench and not soak and not aggressive and not chaos and not eight_ranks" \
+               ${CU12_TESTS:-tests/gpu/test_low_latency_cases_gpu.py \
+               tests/gpu/test_low_latency_gpu.py tests/gpu/test_internode_cases_gpu.py \
                tests/gpu/test_chaos_transport_gpu.py} ;;
     # Each test id of EACH_A / EACH_B its own pytest run (its own log, failures reported even if a later one hangs);
     # cu12_each: EACH_CU12 under the cu12 flavour with the carried cu12 host library.

@@ -44,17 +44,20 @@ def case_seed() -> int:
 
 
 @contextlib.contextmanager
-def case_pool(num_ranks: int, cache_key: str, *, env=None, timeout_s: float = 300.0, **pool_kwargs):
+def case_pool(
+    num_ranks: int, cache_key: str, *, env=None, timeout_s: float = 300.0, peer_timeout_s=None, **pool_kwargs
+):
     """A RankPool for one module's cases; at the end the ranks' kept Buffer (workers.drop_cached_buffer under
     cache_key) is destroyed while the pool still works, then the ranks stop. After one rank's error the others get
-    a peer wait's timeout and more to report theirs (a peer of the failed rank fails its wait, then raises).
+    a peer wait's timeout (peer_timeout_s, default EP_RT_TIMEOUT_S: the internode ranks' network timeout is longer)
+    and more to report theirs (a peer of the failed rank fails its wait, then raises).
     pool_kwargs: RankPool's others (device="cpu": the CPU test of this wiring)."""
     from ep_rt import env as ep_env
     from ep_rt.testing.rank_pool import RankPool
 
     from . import workers
 
-    grace = ep_env.timeout_s() + 15.0
+    grace = (peer_timeout_s or ep_env.timeout_s()) + 15.0
     with RankPool(num_ranks, env=env, timeout_s=timeout_s, error_grace_s=grace, **pool_kwargs) as pool:
         try:
             yield pool
@@ -80,12 +83,13 @@ def run_case(pool, fn, cache_key: str, *args, timeout_s: float) -> list:
         raise
 
 
-def case_timeout_s() -> float:
-    """One case's deadline: well past a peer wait's own timeout (EP_RT_TIMEOUT_S), so a wait that times out is
-    reported by the library on every rank (and the pool stays usable), not by the pool's deadline."""
+def case_timeout_s(peer_timeout_s=None) -> float:
+    """One case's deadline: well past a peer wait's own timeout (peer_timeout_s, default EP_RT_TIMEOUT_S), so a wait
+    that times out is reported by the library on every rank (and the pool stays usable), not by the pool's
+    deadline."""
     from ep_rt import env
 
-    return max(120.0, env.timeout_s() + 60.0)
+    return max(120.0, (peer_timeout_s or env.timeout_s()) + 60.0)
 
 
 # Each GPU test's verdict and, for a failure, its traceback go to the log as soon as the test ends: a step that

@@ -363,17 +363,12 @@ def topk_bits(rank, num_ranks):
     return {"topk_idx_t": str(ep_rt.topk_idx_t), "cases": out}
 
 
-def internode_suite(
-    rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True, max_shape=(7168 * 2, 4096)
-):
-    """The internode suite on emulated nodes (EP_RT_RANKS_PER_NODE set by the test): every case bit-exact against
-    ep_rt.reference.internode_*, then CUDA-graph replays. Buffers sized for max_shape = (hidden bytes, tokens)."""
-    from ep_rt.testing import selfcheck_internode as sci
+def internode_buffer(rank, num_ranks, ranks_per_node, max_shape=(7168 * 2, 4096)):
+    """An internode Buffer on emulated nodes (EP_RT_RANKS_PER_NODE set by the test) sized for max_shape = (hidden
+    bytes, tokens), its topology and DeepEP runtime facts checked."""
     from ep_rt.transport import internode_layout
 
-    os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
     G = ranks_per_node
-    cases = checker.select(sci.internode_cases(num_ranks, G), case_names)
     nvl = internode_layout.nvl_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     rdma = internode_layout.rdma_size_hint(max_shape[0], num_ranks, G, max_shape[1])
     buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
@@ -381,6 +376,20 @@ def internode_suite(
     rt = buf.runtime  # DeepEP's "RDMA rank" is ep_rt's node, with Topology's node size
     assert rt.is_internode_available() and rt.get_num_rdma_ranks() == num_ranks // G
     assert (rt.get_rdma_rank(), rt.get_root_rdma_rank(True), rt.get_root_rdma_rank(False)) == (rank // G, rank % G, 0)
+    return buf
+
+
+def internode_suite(
+    rank, num_ranks, ranks_per_node, case_names=None, aggressive=False, graph=True, max_shape=(7168 * 2, 4096)
+):
+    """The internode suite on emulated nodes (EP_RT_RANKS_PER_NODE set by the test): every case bit-exact against
+    ep_rt.reference.internode_*, then CUDA-graph replays. Buffers sized for max_shape = (hidden bytes, tokens)."""
+    from ep_rt.testing import selfcheck_internode as sci
+
+    os.environ["EP_RT_AGGRESSIVE_PTX"] = "1" if aggressive else "0"
+    G = ranks_per_node
+    cases = checker.select(sci.internode_cases(num_ranks, G), case_names)
+    buf = internode_buffer(rank, num_ranks, G, max_shape)
     seed = checker.shared_seed(buf.group)
     out = []
     for i, case in enumerate(cases):
@@ -388,9 +397,35 @@ def internode_suite(
         out.append((case.name, chk.checks, chk.failures))
     if graph:
         chk = sci.run_graph_case(buf, seed + 500, G)
-        out.append(("cuda graph replays (num_worst_tokens)", chk.checks, chk.failures))
+        out.append((GRAPH_CASE, chk.checks, chk.failures))
     buf.destroy()
     return {"seed": seed, "cases": out, "nodes": num_ranks // G}
+
+
+INTERNODE_CASES_BUFFER = "internode cases"
+
+
+def internode_case(rank, num_ranks, ranks_per_node, name, seed):
+    """One case of `internode_suite` by name (GRAPH_CASE: its CUDA-graph replays) on this rank's kept internode
+    Buffer, sized as internode_suite's. Returns the checks, failures, the number of nodes and the variant the rank
+    runs under (the pool's environment)."""
+    from ep_rt import env
+    from ep_rt.testing import selfcheck_internode as sci
+
+    G = ranks_per_node
+    buf = rank_cache(INTERNODE_CASES_BUFFER, lambda: internode_buffer(rank, num_ranks, G))
+    if name == GRAPH_CASE:
+        chk = sci.run_graph_case(buf, seed, G)
+    else:
+        (case,) = checker.select(sci.internode_cases(num_ranks, G), [name])
+        chk = sci.run_case(buf, case, seed, G)
+    return {
+        "checks": chk.checks,
+        "failures": chk.failures,
+        "nodes": buf.topology.num_nodes,
+        "aggressive": env.aggressive_ptx(),
+        "chaos": env.chaos_transport(),
+    }
 
 
 def internode_missing_peer(rank, num_ranks, ranks_per_node):

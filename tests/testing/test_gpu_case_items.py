@@ -1,4 +1,5 @@
-"""The per-case GPU tests (tests/gpu/test_intranode_cases_gpu.py, tests/gpu/test_low_latency_cases_gpu.py) on the
+"""The per-case GPU tests (tests/gpu/test_intranode_cases_gpu.py, tests/gpu/test_low_latency_cases_gpu.py,
+tests/gpu/test_internode_cases_gpu.py) on the
 CPU, as far as they go without a GPU: one collected item per case and variant, in an order that runs every case of
 one variant (one pool of ranks) before the next, selectable by marker; and the tests' own functions run on a CPU
 RankPool whose ranks build stand-in Buffers and case runners, so the wiring (a case by name, one Buffer per rank
@@ -20,6 +21,7 @@ from ..repo import REPO
 
 INTRANODE = "tests/gpu/test_intranode_cases_gpu.py"
 LOW_LATENCY = "tests/gpu/test_low_latency_cases_gpu.py"
+INTERNODE = "tests/gpu/test_internode_cases_gpu.py"
 
 
 def _collect(*args) -> list:
@@ -66,6 +68,38 @@ def test_each_low_latency_case_is_one_item(collected):
         f"{LOW_LATENCY}::test_low_latency_matches_reference[cuda_graph_replays]",
         f"{LOW_LATENCY}::test_low_latency_matches_reference[after_clean]",
     ]
+
+
+def test_each_internode_layout_and_case_is_one_item_pool_by_pool():
+    from ep_rt.testing import selfcheck_internode as sci
+    from tests.gpu import test_internode_cases_gpu as mod, workers
+
+    ids = _collect(INTERNODE)
+    params = [re.search(r"\[(.*)\]$", i).group(1) for i in ids]
+    full = len(sci.internode_cases(4, 2)) + 1
+    assert len(ids) == len(set(ids)) == 2 * full + 5 + 7 + 2 * 7 == 78, ids
+    pools = [
+        next(n for n in mod.POOLS if p.startswith(n + "-") and p[len(n) + 1 :] in _ids(mod.POOLS[n])) for p in params
+    ]
+    assert [n for k, n in enumerate(pools) if k == 0 or pools[k - 1] != n] == list(mod.POOLS), pools  # contiguous
+    assert "2x2-bf16_uniform" in params and "4x1-cuda_graph_replays_num_worst_tokens" in params
+    assert "2x2-chaos-2_SMs" in params and "4x2-many_channels_64_SMs" in params
+    assert all(re.fullmatch(r"[0-9A-Za-z_-]+", p) for p in params), params
+    assert mod.POOLS["2x2"].cases[-1] == workers.GRAPH_CASE
+    by_mark = {m: _collect("-m", m, INTERNODE) for m in ("internode", "aggressive", "chaos", "eight_ranks")}
+    assert by_mark["internode"] == ids
+    assert by_mark["aggressive"] == [i for i in ids if "[2x2-aggressive-" in i] and len(by_mark["aggressive"]) == 5
+    assert by_mark["chaos"] == [i for i in ids if "[2x2-chaos-" in i] and len(by_mark["chaos"]) == 7
+    assert by_mark["eight_ranks"] == [i for i in ids if "[2x4-" in i or "[4x2-" in i]
+    old = " ".join(_collect("tests/gpu/test_internode_gpu.py"))  # no case list runs twice
+    for gone in ("matches_reference", "aggressive_variant", "chaos_transport", "eight_ranks_on_one_gpu"):
+        assert gone not in old, old
+
+
+def _ids(pool):
+    from tests.gpu.conftest import case_ids
+
+    return case_ids(pool.cases)
 
 
 def test_case_ids_are_safe_and_refuse_clashes():
@@ -191,3 +225,56 @@ def test_the_low_latency_case_test_on_cpu_ranks(tmp_path, monkeypatch, capsys):
             "case after clean_low_latency_buffer 77"
         ]
         assert log[-3:-1] == ["clean", "case after clean_low_latency_buffer 77"]
+
+
+class _StandInTopology:
+    num_nodes = 2
+
+
+def _install_internode_stand_ins(rank, num_ranks, log_dir, failing):
+    from ep_rt.testing import selfcheck_internode as sci
+    from tests.gpu import workers
+
+    _install_stand_ins(rank, num_ranks, log_dir, failing)
+
+    def buffer(rank, num_ranks, G):
+        buf = _StandInBuffer(log_dir, rank)
+        buf.topology = _StandInTopology()
+        return buf
+
+    workers.internode_buffer = buffer
+    sci.run_graph_case = lambda buf, seed, G: _stand_in_case(buf, workers.GRAPH_CASE, seed)
+
+
+def test_the_internode_case_test_on_cpu_ranks(tmp_path, monkeypatch):
+    from tests.gpu import test_internode_cases_gpu as mod, workers
+    from tests.gpu.conftest import case_pool
+
+    monkeypatch.setenv("EP_RT_CASE_SEED", "99")
+    spec = mod.POOLS["2x2-chaos"]
+    cases = list(spec.cases) + [workers.GRAPH_CASE]
+    with case_pool(4, workers.INTERNODE_CASES_BUFFER, env=spec.env(), device="cpu", timeout_s=120) as pool:
+        pools = SimpleNamespace(get=lambda name: pool)
+        pool.run(_install_internode_stand_ins, str(tmp_path), {"bias pair": "fail", "2 SMs": "raise"})
+        for case in cases:
+            if case == "bias pair":
+                with pytest.raises(AssertionError, match=r"(?s)rank 1 \[2x2-chaos\] bias pair: recv_x.*=99"):
+                    mod.test_internode_case(pools, "2x2-chaos", case)
+            elif case == "2 SMs":
+                with pytest.raises(rank_pool.RankError, match="stand-in 2 SMs raised"):
+                    mod.test_internode_case(pools, "2x2-chaos", case)
+            else:
+                mod.test_internode_case(pools, "2x2-chaos", case)
+        with pytest.raises(AssertionError):  # the ranks run the chaos transport and say so
+            mod.test_internode_case(pools, "2x2", "bf16 uniform")
+        assert pool.broken is None
+    after = cases.index("2 SMs") + 1
+    for rank in range(4):
+        want = (
+            ["built"]
+            + [f"case {c} 99" for c in cases[:after]]
+            + ["destroyed", "built"]
+            + [f"case {c} 99" for c in cases[after:] + ["bf16 uniform"]]
+            + ["destroyed"]
+        )
+        assert _log(tmp_path, rank) == want

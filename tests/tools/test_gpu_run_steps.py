@@ -105,3 +105,8 @@ def test_internode_each_runs_every_internode_test_but_the_sixteen_process_one_fa
     assert not any("sixteen" in i for i in ids), ids
     faults = [k for k, i in enumerate(ids) if "killed" in i or "missing" in i]
     assert faults == list(range(3)), ids
+    # the per-case module (its case lists) in one pytest after them, in both each-steps
+    text = re.sub(r"\\\n", " ", SCRIPT.read_text())
+    for step in ("internode_each", "cu12_internode_each"):
+        body = re.search(rf"^\s*{step}\) (.*?);;", text, flags=re.M | re.S).group(1)
+        assert "-m internode tests/gpu/test_internode_cases_gpu.py" in re.sub(r"\s+", " ", body), body
