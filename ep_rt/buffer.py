@@ -384,9 +384,15 @@ class Buffer:
         # NVSHMEM's teardown is collective without a deadline: go there only once a barrier with one has seen every
         # peer arrive (mask-aware for LL), and never in shrink mode: a rank's masks are its own view (a peer may have
         # masked us while we masked nobody), and every rank must make the same choice.
+        # A peer that timed out already (CommTimeoutError recorded) is not waited for again: its survivors tear
+        # down locally at once. The peers that are still here then fail their barrier within its deadline and do
+        # the same, so every rank makes the same choice.
         try:
             nvshmem_collective = (
-                collective and self._nvshmem_users_met(nvshmem_users, errors) and not self._plan.nvshmem_teardown_local
+                collective
+                and not (nvshmem_users and self._errors.peer_may_be_gone())
+                and self._nvshmem_users_met(nvshmem_users)
+                and not self._plan.nvshmem_teardown_local
             )
         except BaseException as e:
             note(e)
@@ -404,15 +410,23 @@ class Buffer:
         if errors:
             raise errors[0]
 
-    def _nvshmem_users_met(self, ops, errors: list) -> bool:
-        """Each NVSHMEM user's barrier with a deadline, unless it failed already; True if every one passed."""
+    def _nvshmem_users_met(self, ops) -> bool:
+        """Each NVSHMEM user's barrier with a deadline, unless it failed already; True if every one passed. A barrier
+        that times out is no failure of destroy() (the peer is gone, as the caller's last call said, or will say):
+        this rank's buffers are freed without NVSHMEM's collective teardown, and a warning says so."""
         met = True
         for op in ops:
             if op.failed is None:
                 try:
                     op.barrier(self.comm_stream)
                 except EpRtError as e:
-                    errors.append(e)
+                    warnings.warn(
+                        f"ep_rt.Buffer.destroy(): {e} This rank's buffers were freed without NVSHMEM's collective "
+                        f"teardown, which would wait for the missing peer; NVSHMEM stays initialised in this process "
+                        f"(restart every process of the group to use low-latency or internode mode again).",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
             met = met and op.failed is None
         return met
 

@@ -140,6 +140,8 @@ def _loop(buf, rounds, modes, one_round, graph_mode, first, calls_per_round) -> 
         if rnd % every == 0 or done == rounds:
             samples.append(memory.sample(rnd, counts=True))
             buf.raise_if_failed()
+            if len(samples) % 10 == 1:  # progress, so a soak cut short by its limit still shows its rate
+                print(f"[soak] {done}/{rounds} rounds after {time.monotonic() - t0:.1f} s", flush=True)
     torch.cuda.synchronize()
     seconds = time.monotonic() - t0
     buf.raise_if_failed()

@@ -83,6 +83,13 @@ class ErrorRecords:
             if err is not None:
                 raise err
 
+    def peer_may_be_gone(self) -> bool:
+        """Whether any slot holds a CommTimeoutError: a peer did not come, so a collective teardown would wait for
+        it (Buffer.destroy then frees NVSHMEM without one)."""
+        from ..errors import CommTimeoutError
+
+        return any(isinstance(self.check(s), CommTimeoutError) for s in SLOTS)
+
     def fail(self, slot: str, err: EpRtError) -> EpRtError:
         """Mark `slot` failed by the host (a host-side timeout, a released Buffer); returns the error."""
         self.failed.setdefault(slot, err)

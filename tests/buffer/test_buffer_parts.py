@@ -116,6 +116,8 @@ class Op:
         (set(), [True, True, True, True, True]),
         ({"low_latency"}, [True, True, False, False, True]),  # the LL op failed: no LL barrier, no NVSHMEM teardown
         ({"nvl"}, [True, False, True, True, True]),
+        # a peer timed out (CommTimeoutError in the nvl slot): it is not waited for again, NVSHMEM freed locally
+        ({"nvl", "peer gone"}, [True, False, False, False, True]),
     ],
 )
 def test_release_gives_each_part_the_rules_flag(monkeypatch, failed_slots, want_flags):
@@ -126,7 +128,10 @@ def test_release_gives_each_part_the_rules_flag(monkeypatch, failed_slots, want_
     buf = object.__new__(buffer_mod.Buffer)
     buf.destroyed, buf.device, buf.comm_stream = False, "dev", "comm"
     buf._plan = SimpleNamespace(ht=buffer_plan.INTRANODE, nvshmem_teardown_local=False)
-    buf._errors = SimpleNamespace(check=lambda slot: "failed" if slot in failed_slots else None)
+    buf._errors = SimpleNamespace(
+        check=lambda slot: "failed" if slot in failed_slots else None,
+        peer_may_be_gone=lambda: "peer gone" in failed_slots,
+    )
     buf._ll = Op(log, "ll", failed="x" if "low_latency" in failed_slots else None)
     buf._ht = Op(log, "ht")  # intranode: not an NVSHMEM user, no barrier of its own
     buf._layout = buf._nvl = None
@@ -134,7 +139,36 @@ def test_release_gives_each_part_the_rules_flag(monkeypatch, failed_slots, want_
     buf._parts = [Part(log, n, s) for n, s in names]
     buf._release(collective=True)
     barriers = [e for e in log if e[0].endswith("barrier")]
-    assert barriers == ([] if "low_latency" in failed_slots else [("ll barrier", "comm")])
+    waits = not failed_slots & {"low_latency", "peer gone"}
+    assert barriers == ([("ll barrier", "comm")] if waits else [])
     destroyed = [e for e in log if not e[0].endswith("barrier")]
     assert destroyed == list(reversed([(n, f) for (n, _), f in zip(names, want_flags)]))
     assert buf.destroyed and buf._parts == []
+
+
+def test_a_teardown_barrier_that_times_out_warns_and_destroy_returns(monkeypatch):
+    """Issue 25 item 5: a peer died between calls and no call saw it yet: the LL op's teardown barrier times out;
+    destroy() frees every part (NVSHMEM's without collectives) and returns, with a warning saying what was left."""
+    import torch
+
+    from ep_rt.errors import CommTimeoutError
+
+    class TimingOutOp(Op):
+        def barrier(self, stream):
+            self.log.append((self.name + " barrier", stream))
+            self.failed = CommTimeoutError("rank 0: timed out in low-latency barrier waiting for rank 1.")
+            raise self.failed
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    log = []
+    buf = object.__new__(buffer_mod.Buffer)
+    buf.destroyed, buf.device, buf.comm_stream = False, "dev", "comm"
+    buf._plan = SimpleNamespace(ht=buffer_plan.INTRANODE, nvshmem_teardown_local=False)
+    buf._errors = SimpleNamespace(check=lambda slot: None, peer_may_be_gone=lambda: False)
+    buf._ll, buf._ht, buf._layout, buf._nvl = TimingOutOp(log, "ll"), Op(log, "ht"), None, None
+    names = [("errors", None), ("nvl", "nvl"), ("session", "nvshmem"), ("sym", "low_latency")]
+    buf._parts = [Part(log, n, s) for n, s in names]
+    with pytest.warns(RuntimeWarning, match="freed without NVSHMEM's collective teardown"):
+        buf._release(collective=True)  # returns: no exception
+    assert log == [("ll barrier", "comm"), ("sym", False), ("session", False), ("nvl", True), ("errors", True)]
+    assert buf.destroyed

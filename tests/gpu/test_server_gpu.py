@@ -113,6 +113,7 @@ def test_a_rank_that_dies_and_a_replacement_in_a_new_group():
             if p.is_alive():
                 p.kill()
     survivor, replacement = got["survivor"], got["replacement"]
+    print("survivor:", survivor, "\nreplacement:", replacement, flush=True)  # whole, where an assert truncates
     assert survivor["first"] > 0 and not survivor["first_failures"], survivor
     assert survivor["call"] and "rank 1" in survivor["call"], survivor  # names the dead peer
     assert survivor["call_s"] < 3 * server_workers.RESTART_TIMEOUT_S + 10, survivor
