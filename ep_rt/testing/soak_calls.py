@@ -5,7 +5,7 @@ of cached dispatch + combine). The first round is checked against ep_rt.referenc
 the same shape); every later round's outputs are compared bit for bit with the first round's on the GPU (the count
 of differing words accumulates there, read once per sample). Host RSS, torch's and ep_rt's memory, open file
 descriptors and live CUDA events are sampled about 100 times; after the first fifth of the rounds none may grow past
-BOUNDS (memory.leaks). A call is a dispatch or a combine: a round is two calls (HT: three, with the cached dispatch).
+BOUNDS (memory.leaks). A call is a dispatch (cached or not) or a combine: a round is two calls.
 
 The soak measures no speed (ranks share the GPU); `seconds` says how long it took."""
 
