@@ -6,6 +6,7 @@ import time
 import pytest
 
 from ep_rt.errors import CommTimeoutError, EpRtError
+from ep_rt.transport import host_wait
 from ep_rt.transport.host_wait import wait_for_token
 
 
@@ -65,15 +66,17 @@ def _count_for(seconds: float, stop_waiter=None) -> int:
     return box["n"]
 
 
-def test_another_python_thread_keeps_running_while_the_host_waits():
+@pytest.mark.parametrize("wait_s,waits", [(0.3, 1), (0.03, 10)], ids=["naps", "yields"])
+def test_another_python_thread_keeps_running_while_the_host_waits(wait_s, waits):
     """The wait yields the GIL after its first microseconds: a busy Python thread beside it gets about the progress
-    it gets while the main thread sleeps. A wait that spun holding the GIL would halve it (the interpreter then
-    switches between the two threads every 5 ms)."""
+    it gets while the main thread sleeps, in the yield phase (waits of 30 ms) and in the naps after it (0.3 s). A wait
+    that spun holding the GIL would halve it (the interpreter then switches between the two threads every 5 ms)."""
 
     def wait():
-        counters = [0]
-        threading.Timer(0.3, counters.__setitem__, (0, 9)).start()
-        wait_for_token(counters, 0, 9, 5.0, _Records(), "nvl", "rank 0", "dispatch notify")
+        for _ in range(waits):
+            counters = [0]
+            threading.Timer(wait_s, counters.__setitem__, (0, 9)).start()
+            wait_for_token(counters, 0, 9, 5.0, _Records(), "nvl", "rank 0", "dispatch notify")
 
     ratios = []
     for _ in range(3):  # the best of three adjacent pairs: a loaded CI machine slows either measurement at times
@@ -82,3 +85,59 @@ def test_another_python_thread_keeps_running_while_the_host_waits():
         if ratios[-1] > 0.7:
             break
     assert max(ratios) > 0.7, ratios  # a wait that holds the GIL gives about 0.5 every time
+
+
+def _record_sleeps(monkeypatch):
+    """Every time.sleep and os.sched_yield of the wait, with this thread's timer slack at that moment."""
+    calls, sleep, yield_ = [], time.sleep, host_wait.os.sched_yield
+
+    def recording_sleep(seconds):
+        calls.append(("sleep", seconds, host_wait.timer_slack_ns()))
+        sleep(seconds)
+
+    def recording_yield():
+        calls.append(("yield", None, None))
+        yield_()
+
+    monkeypatch.setattr(host_wait.time, "sleep", recording_sleep)
+    monkeypatch.setattr(host_wait.os, "sched_yield", recording_yield)
+    return calls
+
+
+def test_the_yield_phase_sleeps_on_no_timer(monkeypatch):
+    """Up to YIELD_S the wait only yields: Linux stretched time.sleep(0) to ~60 us by the timer slack, and the GPU
+    sat idle that long after the counts came (docs/HOST_PATH.md)."""
+    calls = _record_sleeps(monkeypatch)
+    counters = [0]
+    threading.Timer(0.005, counters.__setitem__, (0, 1)).start()
+    wait_for_token(counters, 0, 1, 5.0, _Records(), "nvl", "rank 0", "dispatch notify")
+    assert calls and {c[0] for c in calls} == {"yield"}, calls[:5]
+
+
+@pytest.mark.skipif(host_wait.timer_slack_ns() is None, reason="the timer slack is Linux's (prctl)")
+def test_the_naps_use_a_fine_timer_slack_and_restore_the_threads_own(monkeypatch):
+    calls = _record_sleeps(monkeypatch)
+    own = host_wait.timer_slack_ns()
+    counters = [0]
+    threading.Timer(host_wait.YIELD_S + 0.05, counters.__setitem__, (0, 1)).start()
+    wait_for_token(counters, 0, 1, 5.0, _Records(), "nvl", "rank 0", "dispatch notify")
+    naps = [c for c in calls if c[0] == "sleep"]
+    assert naps and all(c[1] == host_wait.NAP_S for c in naps), naps[:5]
+    assert {c[2] for c in naps} == {min(own, host_wait.FINE_SLACK_NS)}, naps[:5]
+    assert host_wait.timer_slack_ns() == own  # the thread's own slack is back
+
+
+@pytest.mark.skipif(host_wait.timer_slack_ns() is None, reason="the timer slack is Linux's (prctl)")
+def test_an_interrupted_nap_restores_the_threads_timer_slack(monkeypatch):
+    own = host_wait.timer_slack_ns()
+
+    def interrupting_sleep(seconds):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(host_wait, "YIELD_S", 0.0)
+    monkeypatch.setattr(host_wait.time, "sleep", interrupting_sleep)
+    rec = _Records()
+    with pytest.raises(KeyboardInterrupt):
+        wait_for_token([0], 0, 1, 5.0, rec, "nvl", "rank 0", "dispatch notify")
+    assert "interrupted (KeyboardInterrupt)" in str(rec.failed["nvl"])
+    assert host_wait.timer_slack_ns() == own
