@@ -88,7 +88,12 @@ class ErrorRecords:
         it (Buffer.destroy then frees NVSHMEM without one)."""
         from ..errors import CommTimeoutError
 
-        return any(isinstance(self.check(s), CommTimeoutError) for s in SLOTS)
+        def recorded(slot):  # decoded without re-arming a recoverable one (a timeout never is)
+            if slot in self.failed or not self.host_ptr:
+                return self.failed.get(slot)
+            return error_from_record(self.record(slot), self._ranks_per_node.get(slot))
+
+        return any(isinstance(recorded(s), CommTimeoutError) for s in SLOTS)
 
     def fail(self, slot: str, err: EpRtError) -> EpRtError:
         """Mark `slot` failed by the host (a host-side timeout, a released Buffer); returns the error."""

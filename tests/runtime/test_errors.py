@@ -179,3 +179,26 @@ def test_the_decoder_writes_no_code_or_phase_number():
             if named and numbers:
                 problems.append(f"line {node.lineno}: compares code / phase with {[c.value for c in numbers]}")
     assert problems == [], problems
+
+
+def test_peer_may_be_gone_sees_a_recorded_or_host_timeout_and_rearms_nothing():
+    """Buffer.destroy() skips NVSHMEM's collective teardown when a peer already timed out (issue 25 item 5): a
+    kernel's timeout record or a host-side timeout counts, a recoverable error does not, and looking re-arms
+    nothing (the part's own teardown rule still sees the recoverable error)."""
+    from ep_rt.transport.error_record import ErrorRecords
+
+    records = ErrorRecords(mapped=False)
+    assert not records.peer_may_be_gone()
+    bad = records.record("nvl")
+    bad.phase, bad.rank, bad.peer, bad.detail0, bad.detail1 = 0, 0, 1, 3, 2
+    bad.code = params.EP_RT_ERR_BAD_EXPERT  # recoverable: the call completed everywhere
+    records.on_rearm("nvl", lambda: None)
+    assert not records.peer_may_be_gone()
+    assert bad.code == params.EP_RT_ERR_BAD_EXPERT  # not re-armed by looking
+    rec = records.record("low_latency")
+    rec.phase, rec.rank, rec.peer, rec.detail0, rec.detail1 = 7, 0, 1, 3, 2
+    rec.code = params.EP_RT_ERR_TIMEOUT
+    assert records.peer_may_be_gone()
+    host = ErrorRecords(mapped=False)
+    host.fail("internode", errors.CommTimeoutError("rank 0: host timed out waiting for rank 3"))
+    assert host.peer_may_be_gone()

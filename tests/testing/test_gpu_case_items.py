@@ -77,7 +77,7 @@ def test_each_internode_layout_and_case_is_one_item_pool_by_pool():
     ids = _collect(INTERNODE)
     params = [re.search(r"\[(.*)\]$", i).group(1) for i in ids]
     full = len(sci.internode_cases(4, 2)) + 1
-    assert len(ids) == len(set(ids)) == 2 * full + 5 + 7 + 2 * 7 == 78, ids
+    assert len(ids) == len(set(ids)) == 4 * full + 2 * 7 == 118, ids
     pools = [
         next(n for n in mod.POOLS if p.startswith(n + "-") and p[len(n) + 1 :] in _ids(mod.POOLS[n])) for p in params
     ]
@@ -88,8 +88,8 @@ def test_each_internode_layout_and_case_is_one_item_pool_by_pool():
     assert mod.POOLS["2x2"].cases[-1] == workers.GRAPH_CASE
     by_mark = {m: _collect("-m", m, INTERNODE) for m in ("internode", "aggressive", "chaos", "eight_ranks")}
     assert by_mark["internode"] == ids
-    assert by_mark["aggressive"] == [i for i in ids if "[2x2-aggressive-" in i] and len(by_mark["aggressive"]) == 5
-    assert by_mark["chaos"] == [i for i in ids if "[2x2-chaos-" in i] and len(by_mark["chaos"]) == 7
+    assert by_mark["aggressive"] == [i for i in ids if "[2x2-aggressive-" in i] and len(by_mark["aggressive"]) == full
+    assert by_mark["chaos"] == [i for i in ids if "[2x2-chaos-" in i] and len(by_mark["chaos"]) == full
     assert by_mark["eight_ranks"] == [i for i in ids if "[2x4-" in i or "[4x2-" in i]
     old = " ".join(_collect("tests/gpu/test_internode_gpu.py"))  # no case list runs twice
     for gone in ("matches_reference", "aggressive_variant", "chaos_transport", "eight_ranks_on_one_gpu"):

@@ -1,0 +1,194 @@
+"""Where a hot call's host time goes, on a GPU with one rank (issue 23 items 2 and 6; step `host_profile` of
+tools/gpu_run.sh).
+
+tools/host_path_stub.py times the host code with CUDA stubbed on the CPU machine (Python and ctypes only). On one
+H200 the whole calls were far above that (2026-12-02: an eager LL dispatch 118 us for a 22 us kernel, where the
+stub counted ~27 us of Python), so the CUDA-side operations cost the difference. This runs the real calls and
+reports, per call:
+
+* host us: perf_counter around the call, the GPU idle before it (a sync every call), median of --calls;
+* the functions that took the most of it, under cProfile (tottime per call, builtins such as torch.empty,
+  cuLaunchKernel and Event.record included: cProfile sees C functions called from Python);
+* the primitives alone, timed in a loop: torch.empty, an event record, a stream wait on an event, a new event,
+  torch.cuda.current_stream(), a ctypes memmove of 512 bytes (ep_rt's kernel launches are in the cProfile rows).
+
+cProfile's own cost inflates every figure under it; the shares are what to read there, not the sums.
+
+    python tools/host_profile.py [--calls N] [--top K] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import ctypes
+import io
+import json
+import os
+import pstats
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _median_us(fn, n: int) -> float:
+    xs = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        xs.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(xs)
+
+
+def _host_us(call, n: int) -> float:
+    import torch
+
+    xs = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        xs.append((time.perf_counter() - t0) * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(xs)
+
+
+def _top(call, n: int, k: int) -> list[dict]:
+    """The k functions with the most own time per call under cProfile."""
+    import torch
+
+    prof = cProfile.Profile()
+    for _ in range(n):
+        torch.cuda.synchronize()
+        prof.enable()
+        call()
+        prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof, stream=io.StringIO())
+    rows = []
+    for (file, line, name), (cc, nc, tt, ct, _) in stats.stats.items():
+        where = (
+            name if file == "~" else f"{os.path.relpath(file) if file.startswith(os.getcwd()) else file}:{line}({name})"
+        )
+        rows.append({"function": where, "calls_per_call": nc / n, "own_us_per_call": tt / n * 1e6})
+    rows.sort(key=lambda r: -r["own_us_per_call"])
+    return rows[:k]
+
+
+def _primitives(device, n: int) -> dict:
+    import torch
+
+    side = torch.cuda.Stream(device)
+    ev = torch.cuda.Event()
+    src, dst = ctypes.create_string_buffer(512), ctypes.create_string_buffer(512)
+    out = {
+        "torch.empty (128 x 7168 bf16)": _median_us(
+            lambda: torch.empty(128, 7168, dtype=torch.bfloat16, device=device), n
+        ),
+        "torch.empty (int32, 16)": _median_us(lambda: torch.empty(16, dtype=torch.int32, device=device), n),
+        "Event.record": _median_us(ev.record, n),
+        "Stream.wait_event": _median_us(lambda: side.wait_event(ev), n),
+        "torch.cuda.Event() (new)": _median_us(torch.cuda.Event, n),
+        "torch.cuda.current_stream()": _median_us(torch.cuda.current_stream, n),
+        "ctypes.memmove 512 B": _median_us(lambda: ctypes.memmove(dst, src, 512), n),
+    }
+    torch.cuda.synchronize()
+    return out
+
+
+def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    from ep_rt import Buffer, Config
+    from ep_rt.testing import bench
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    T, hidden, topk, experts = 128, 7168, 8, 288
+    ll = Buffer(
+        dist.group.WORLD,
+        0,
+        Buffer.get_low_latency_rdma_size_hint(T, hidden, num_ranks, experts),
+        low_latency_mode=True,
+        num_qps_per_rank=experts // num_ranks,
+        explicitly_destroy=True,
+    )
+    x, idx, w, y, _ = bench.ll_inputs(T, hidden, topk, experts, num_ranks, dev, 1234 + rank)
+    state = {}
+
+    def ll_dispatch():
+        state["h"] = ll.low_latency_dispatch(x, idx, T, experts)[2]
+
+    def ll_combine():
+        ll.low_latency_combine(y, idx, w, state["h"])
+
+    ll_dispatch()
+    ht = Buffer(
+        dist.group.WORLD, Config(24).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True
+    )
+    hx, _, hidx, hw = bench.ht_inputs(4096, 7168, 8, 256, dev)[0]
+    config = Config(24, 6, 256, 6, 128)
+    per_rank, _, per_expert, in_rank, _ = ht.get_dispatch_layout(hidx, 256)
+    args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, config=config)
+
+    def ht_layout():
+        ht.get_dispatch_layout(hidx, 256)
+
+    def ht_dispatch():
+        out = ht.dispatch(hx, topk_idx=hidx, topk_weights=hw, **args)
+        state["recv"], state["recv_w"], state["ht"] = out[0], out[2], out[4]
+
+    def ht_cached():
+        ht.dispatch(hx, handle=state["ht"], config=config)
+
+    def ht_combine():
+        ht.combine(state["recv"], state["ht"], topk_weights=state["recv_w"], config=config)
+
+    ht_dispatch()
+    result = {"calls": calls, "primitives": _primitives(dev, 2000), "ops": {}}
+    for name, call in (
+        ("LL dispatch FP8", ll_dispatch),
+        ("LL combine BF16", ll_combine),
+        ("HT get_dispatch_layout", ht_layout),
+        ("HT dispatch BF16", ht_dispatch),
+        ("HT cached dispatch", ht_cached),
+        ("HT combine BF16", ht_combine),
+    ):
+        for _ in range(20):
+            call()
+        result["ops"][name] = {"host_us": _host_us(call, calls), "top": _top(call, max(calls // 4, 10), top)}
+    torch.cuda.synchronize()
+    ll.destroy()
+    ht.destroy()
+    return result
+
+
+def format_result(res: dict) -> str:
+    lines = ["primitives (median us):"]
+    lines += [f"  {k:<34} {v:8.2f}" for k, v in res["primitives"].items()]
+    for name, op in res["ops"].items():
+        lines.append(f"{name}: host {op['host_us']:.1f} us (GPU idle before each call, median of {res['calls']})")
+        for r in op["top"]:
+            lines.append(f"  {r['own_us_per_call']:8.2f} us  x{r['calls_per_call']:<5.1f} {r['function']}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--calls", type=int, default=400)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    from ep_rt.testing.spawn import run_ranks
+
+    res = run_ranks(profile_rank, 1, args=(args.calls, args.top), timeout_s=500)[0]
+    print(format_result(res))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
