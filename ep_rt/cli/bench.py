@@ -37,6 +37,7 @@ def text(doc: dict) -> str:
     out = [f"ep_rt bench: {doc['num_ranks']} ranks on {doc['num_gpus']} x {doc['gpu']} (HT with {doc['num_sms']} SMs)"]
     for res in doc["ranks"]:
         if res["ht"]:
+            out.append(f"rank {res['rank']}: HT NVL buffer {res.get('nvl_bytes', 0) / 2**20:.1f} MiB")
             out.append(bench_mod.format_rows([bench_mod.BenchRow(**r) for r in res["ht"]], res["rank"]))
     for res in doc["ranks"]:
         if res["ll"]:
@@ -87,9 +88,21 @@ def main(argv=None) -> int:
     )
     parser.add_argument("--ranks", type=int, default=0, help="ranks (default: one per local GPU)")
     parser.add_argument("--num-sms", type=int, default=24, help="SMs (channels) of the HT calls (default 24)")
+    parser.add_argument(
+        "--nvl-fraction",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="HT on one node: an NVL buffer of F times the 4096-token hint, so each call goes in about 1/F rounds "
+        "(the cost of a round, issue 22 item 4; default 1: one pass)",
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="PNG", default=None, help="draw bandwidth per workload and rank")
     args = parser.parse_args(argv)
+    if not 0.0 < args.nvl_fraction <= 1.0:
+        parser.error(f"--nvl-fraction must be in (0, 1], got {args.nvl_fraction}")
+    if args.nvl_fraction != 1.0 and (args.internode or args.ll_only):
+        parser.error("--nvl-fraction is for the high-throughput benchmark on one node")
 
     import torch
 
@@ -114,7 +127,7 @@ def main(argv=None) -> int:
     results = run_ranks(
         bench_main.bench_rank,
         num_ranks,
-        args=(not args.ll_only, not args.ht_only, args.num_sms, bool(args.internode)),
+        args=(not args.ll_only, not args.ht_only, args.num_sms, bool(args.internode), args.nvl_fraction),
         timeout_s=3600,
         env=env,
     )

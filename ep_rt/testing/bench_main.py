@@ -44,9 +44,14 @@ def ll_round(buffer) -> list:
     return bench.bench_ll(buffer) + bench.bench_ll(buffer, num_experts=256)
 
 
-def bench_rank(rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: bool = False) -> dict:
+def bench_rank(
+    rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: bool = False, nvl_fraction: float = 1.0
+) -> dict:
     """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow), the LL rows, and with `internode`
-    (ranks on several nodes, real or emulated) only the internode rows."""
+    (ranks on several nodes, real or emulated) only the internode rows. nvl_fraction < 1: the HT Buffer's NVL
+    buffer is that fraction of the 4096-token hint, and each call goes in rounds (`nvl_bytes` in the result)."""
+    from ..transport import nvl_layout
+
     from .. import Buffer, Config
 
     out = {"rank": rank, "ht": [], "ll": [], "internode": []}
@@ -62,11 +67,11 @@ def bench_rank(rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: boo
         buffer.destroy()
         return out
     if ht:
-        buffer = Buffer(
-            dist.group.WORLD,
-            Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
-            explicitly_destroy=True,
+        nvl_bytes = nvl_layout.align(
+            int(Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096) * nvl_fraction)
         )
+        out["nvl_bytes"] = nvl_bytes
+        buffer = Buffer(dist.group.WORLD, nvl_bytes, explicitly_destroy=True)
         out["ht"] = [asdict(r) for r in ht_round(buffer, num_sms)]
         buffer.destroy()
     if ll:

@@ -2,6 +2,7 @@
 rows), the bandwidth series the plot draws, and the command without a GPU."""
 
 import json
+import re
 
 import pytest
 
@@ -39,6 +40,7 @@ def results():
             "rank": r,
             "ht": [ht_row("dispatch BF16", 280.0 + r, 410.0), ht_row("combine BF16", 340.0, 345.0)],
             "ll": [ll_row("LL dispatch FP8", 288, 29.0, 270.0)],
+            "nvl_bytes": 3 << 27,
         }
         for r in range(2)
     ]
@@ -59,6 +61,7 @@ def test_text_has_every_rank_and_row():
     row = next(line for line in lines if line.startswith("rank 1: dispatch BF16")).split()
     assert row[4:7] == ["24", "281.0", "410.0"]  # SMs, kernel us, GB/s
     assert sum("LL dispatch FP8" in line for line in lines) == 2
+    assert "rank 0: HT NVL buffer 384.0 MiB" in lines
 
 
 def test_bandwidth_series_for_the_plot():
@@ -91,3 +94,18 @@ def test_internode_rows_are_labelled_emulated_and_charted():
     assert "internode dispatch FP8" in out and "RDMA GB/s" in out and "emulated nodes" in out
     labels, series = bench.bandwidth_series(doc)
     assert labels[0] == "internode dispatch BF16 (RDMA metric, emulated)" and series["rank 0"] == [60.0] * 3
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--nvl-fraction", "0"], "must be in \\(0, 1\\]"),
+        (["--nvl-fraction", "1.5"], "must be in \\(0, 1\\]"),
+        (["--nvl-fraction", "0.5", "--ll-only"], "high-throughput benchmark on one node"),
+        (["--nvl-fraction", "0.5", "--internode", "2"], "high-throughput benchmark on one node"),
+    ],
+)
+def test_nvl_fraction_out_of_range_or_without_ht_is_refused(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert re.search(message, capsys.readouterr().err)
