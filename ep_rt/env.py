@@ -13,6 +13,7 @@ KNOBS = (
     "EP_RT_CUBIN_FLAVOUR",
     "EP_RT_AGGRESSIVE_PTX",
     "EP_RT_CHAOS_TRANSPORT",
+    "EP_RT_TMA",
     "EP_RT_CONFIG_FILE",
     "EP_RT_TIMEOUT_S",
     "EP_RT_NET_TIMEOUT_S",
@@ -65,6 +66,13 @@ def chaos_transport() -> bool:
     after its own data (kernels_src/include/ep_rt/net.cuh, docs/CHAOS_TRANSPORT.md). On one host it does something
     only with EP_RT_RANKS_PER_NODE (emulated nodes). Families without network traffic ignore it."""
     return _flag("EP_RT_CHAOS_TRANSPORT", False)
+
+
+def tma() -> bool:
+    """EP_RT_TMA=1: load the "tma" variant of the families that have one (intranode, sm_90): the dispatch copies
+    its received rows out through the copy engine (cp.async.bulk; kernels_src/include/ep_rt/tma.cuh). For A/B
+    measurements (issue 23 item 5); families without one ignore it."""
+    return _flag("EP_RT_TMA", False)
 
 
 def config_file() -> str | None:

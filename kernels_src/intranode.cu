@@ -1,4 +1,4 @@
-// ep_rt-build: variants=safe,aggressive
+// ep_rt-build: variants=safe,aggressive,tma
 //
 // Intranode (NVLink) high-throughput dispatch and combine.
 //
@@ -16,6 +16,9 @@
 #include "ep_rt/ptx.cuh"
 #include "ep_rt/sync.cuh"
 #include "ep_rt/topk.cuh"
+#if EP_RT_TMA
+#include "ep_rt/tma.cuh"
+#endif
 
 using namespace ep_rt;
 
@@ -408,6 +411,17 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
                     EP_RT_PHASE_DISPATCH_RECV))
         return;
     const uint64_t data = local + p.ctrl.data;
+#if EP_RT_TMA  // the hidden rows through the copy engine (thread 0); the other arrays by warps 1.. meanwhile
+    __shared__ __align__(128) uint8_t tma_stage[tma::kStages * tma::kStageBytes];
+    __shared__ __align__(8) uint64_t tma_bar[tma::kStages];
+    tma::Copier copier(tma_stage, tma_bar, 0);
+    if (threadIdx.x == 0) tma::fence_global_to_async();
+#define EP_RT_RECV_ROWS(d, s, n) tma::block_rows<Src::kPeerWritten>(copier, d, s, n)
+#define EP_RT_RECV_SMALL(d, s, n) tma::side_copy<Src::kPeerWritten>(d, s, n)
+#else
+#define EP_RT_RECV_ROWS(d, s, n) block_copy<Src::kPeerWritten>(d, s, n)
+#define EP_RT_RECV_SMALL(d, s, n) block_copy<Src::kPeerWritten>(d, s, n)
+#endif
     for (int src = 0; src < R; ++src) {
         if (src == me) continue;
         const int rows_total = rows_from(rpm, R, src, me);
@@ -418,22 +432,24 @@ __device__ void run_dispatch(const DispatchParams& p, int64_t seq) {
         if (row_end <= row_begin) continue;
         const int64_t n = row_end - row_begin;
         const int64_t out = row_begin + row_shift[src];  // its row in the whole call's output
-        block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_x) + out * hidden_bytes,
-                                      at<uint8_t>(data, p.region.x) + row_begin * hidden_bytes, n * hidden_bytes);
+        EP_RT_RECV_ROWS(reinterpret_cast<uint8_t*>(p.recv_x) + out * hidden_bytes,
+                        at<uint8_t>(data, p.region.x) + row_begin * hidden_bytes, n * hidden_bytes);
         if (p.recv_x_scales)
-            block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_x_scales) + out * S,
-                                          at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
+            EP_RT_RECV_SMALL(reinterpret_cast<int32_t*>(p.recv_x_scales) + out * S,
+                             at<int32_t>(data, p.region.scales) + int64_t(row_begin) * S, n * S * 4);
         if (p.recv_topk_idx) {
             const int64_t w = topk_idx_bytes(p.recv_topk_idx_bits);
-            block_copy<Src::kPeerWritten>(reinterpret_cast<uint8_t*>(p.recv_topk_idx) + out * K * w,
-                                          at<uint8_t>(data, p.region.topk_idx) + int64_t(row_begin) * K * w, n * K * w);
+            EP_RT_RECV_SMALL(reinterpret_cast<uint8_t*>(p.recv_topk_idx) + out * K * w,
+                             at<uint8_t>(data, p.region.topk_idx) + int64_t(row_begin) * K * w, n * K * w);
         }
         if (p.recv_topk_weights)
-            block_copy<Src::kPeerWritten>(reinterpret_cast<float*>(p.recv_topk_weights) + out * K,
-                                          at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
-        block_copy<Src::kPeerWritten>(reinterpret_cast<int32_t*>(p.recv_src_idx) + out,
-                                      at<int32_t>(data, p.region.src_idx) + row_begin, n * 4);
+            EP_RT_RECV_SMALL(reinterpret_cast<float*>(p.recv_topk_weights) + out * K,
+                             at<float>(data, p.region.topk_weights) + int64_t(row_begin) * K, n * K * 4);
+        EP_RT_RECV_SMALL(reinterpret_cast<int32_t*>(p.recv_src_idx) + out,
+                         at<int32_t>(data, p.region.src_idx) + row_begin, n * 4);
     }
+#undef EP_RT_RECV_ROWS
+#undef EP_RT_RECV_SMALL
 
     // num_worst_tokens: rows past the real count carry no expert.
     if (p.fill_unused_rows && p.recv_topk_idx) {

@@ -24,7 +24,7 @@ from pip "sites" (folders made with pip install --target), at pinned versions; n
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
     // ep_rt-build: variants=safe,aggressive      (default: one variant named "default"; known: default, safe,
-                                                  aggressive, chaos)
+                                                  aggressive, chaos, tma)
     // ep_rt-build: nvshmem                       (device-links libnvshmem_device)
     // ep_rt-build: min_arch=sm_90                (not built for older archs: ARCHS below)
 
@@ -32,7 +32,8 @@ Archs: every family for sm_80 (A100), sm_90 (Hopper) and sm_100 (Blackwell; plai
 runs, unlike sm_100a) from its min_arch on. The aggressive variant only for sm_90, the one arch on which its
 non-coherent loads were validated (as DeepEP, which forces them off elsewhere). The chaos variant (the test
 transport of include/ep_rt/net.cuh, EP_RT_CHAOS_TRANSPORT=1; NVSHMEM families only) only for sm_90 too: it is for
-emulated nodes on the H200 test machines, and each NVSHMEM-linked cubin costs the wheel ~0.17 MB.
+emulated nodes on the H200 test machines, and each NVSHMEM-linked cubin costs the wheel ~0.17 MB. The tma variant
+(bulk copies through the copy engine, EP_RT_TMA=1, for A/B measurements) for sm_90 only.
 
 Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources, the toolkit and
 the sites, so every path on their command lines is relative and the bytes are the same from every checkout folder
@@ -63,7 +64,7 @@ REPO = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90", "sm_100")
 AGGRESSIVE_ARCHS = ("sm_90",)
 # Variants built for some archs only (every other variant: every arch of the family).
-VARIANT_ARCHS = {"aggressive": AGGRESSIVE_ARCHS, "chaos": ("sm_90",)}
+VARIANT_ARCHS = {"aggressive": AGGRESSIVE_ARCHS, "chaos": ("sm_90",), "tma": ("sm_90",)}
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"

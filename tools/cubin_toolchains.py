@@ -66,6 +66,8 @@ VARIANT_DEFINES = {
     "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"],
     # the test transport of include/ep_rt/net.cuh (puts delivered late, split and reordered); safe loads
     "chaos": ["-DEP_RT_CHAOS_TRANSPORT=1"],
+    # the copy engine's bulk copies where a family has them (include/ep_rt/tma.cuh); safe loads elsewhere
+    "tma": ["-DEP_RT_AGGRESSIVE_PTX=0", "-DEP_RT_TMA=1"],
 }
 NVCC_COMMON = ["-O3", "-std=c++17"]
 NVCC_EXTRA = ["--expt-relaxed-constexpr"]  # NVRTC rejects it (and -O3); the sources need neither there

@@ -17,7 +17,7 @@
 #   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
 #          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
-#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, host_profile,
+#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, tma_ab, host_profile,
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES),
 #          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
@@ -176,6 +176,13 @@ step() {  # one named step; returns 3 for a name it does not know
     # Issue 22 item 4: the cost of a round: the HT bench with an NVL buffer of 1/2 and 1/4 of the 4096-token hint.
     bench_rounds) run bench_rounds2 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.5 --json "$LOGS/bench_rounds2.json"
              run bench_rounds4 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.25 --json "$LOGS/bench_rounds4.json" ;;
+    # Issue 23 item 5: the tma variant against the plain one, HT bench at 4, 8, 16 and 24 SMs, one rank per GPU
+    # (nvidia-h200-x2: with one rank no row takes the receive path the bulk copies serve).
+    tma_ab) for sms in 4 8 16 24; do
+              run tma_ab_plain$sms 300 env EP_RT_TMA=0 python3 -m ep_rt bench --ht-only --num-sms $sms \
+                --json "$LOGS/tma_ab_plain$sms.json"
+              run tma_ab_tma$sms 300 env EP_RT_TMA=1 python3 -m ep_rt bench --ht-only --num-sms $sms \
+                --json "$LOGS/tma_ab_tma$sms.json"; done ;;
     # Issue 23: where each hot call's host time goes on the GPU (one rank; cProfile and the CUDA primitives alone).
     host_profile) run host_profile 300 python3 tools/host_profile.py --json "$LOGS/host_profile.json" ;;
     # megatron-core from carried wheels into a folder of its own (no network there), then its client test.

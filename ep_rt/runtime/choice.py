@@ -6,7 +6,8 @@ run, cu13 is taken: it is the flavour that has run on hardware. A family linked 
 flavour of the NVSHMEM host library in the process. Arch: a cubin for sm_XY runs on compute capability X.Z with
 Z >= Y (an `a` target, sm_XYa, only on X.Y itself); the closest minor wins. Variant: "default", else "safe" (or
 "aggressive" when asked); for an NVSHMEM-linked family with the chaos transport asked for (EP_RT_CHAOS_TRANSPORT),
-"chaos" or an error, never a silent fallback to the real transport.
+"chaos" or an error, never a silent fallback to the real transport; for a family that has a "tma" variant anywhere,
+with EP_RT_TMA asked for, "tma" or an error.
 """
 
 from __future__ import annotations
@@ -114,8 +115,21 @@ def _inventory(entries: list[dict]) -> str:
     return "; ".join(f"{fl}: {', '.join(sorted(archs, key=parse_arch))}" for fl, archs in sorted(by_flavour.items()))
 
 
-def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False) -> dict:
+def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False, tma: bool = False) -> dict:
     by_variant = {e["variant"]: e for e in on_arch}
+    if tma:
+        where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
+        if aggressive:
+            raise CubinNotFoundError(
+                f"EP_RT_TMA=1 and EP_RT_AGGRESSIVE_PTX=1: {family!r}'s tma variant is built with the safe loads only; "
+                f"unset one of them"
+            )
+        if "tma" in by_variant:
+            return by_variant["tma"]
+        raise CubinNotFoundError(
+            f"EP_RT_TMA=1, but {family!r} has no tma variant for {where} (it has {sorted(by_variant)}; the bulk "
+            f"copies need sm_90 or newer, and are built for sm_90 only): unset EP_RT_TMA"
+        )
     if chaos:
         if "chaos" in by_variant:
             return by_variant["chaos"]
@@ -146,10 +160,11 @@ def choose_entry(
     forced: str | None = None,
     nvshmem_flavour: str | None = None,
     chaos: bool = False,
+    tma: bool = False,
 ) -> dict:
     """The manifest entry to load for `family` on a GPU of compute capability `cc` (see the module doc). `chaos`
     (EP_RT_CHAOS_TRANSPORT) asks NVSHMEM-linked families for their chaos variant; the others have no network traffic
-    and ignore it."""
+    and ignore it. `tma` (EP_RT_TMA) asks the families that have a tma variant for it; the others ignore it."""
     entries = [e for e in manifest["cubins"] if e["family"] == family]
     if not entries:
         known = sorted({e["family"] for e in manifest["cubins"]})
@@ -167,7 +182,8 @@ def choose_entry(
         fits = [(d, e) for d, e in fits if d is not None]
         if fits:
             best = min(d for d, _ in fits)
-            return _variant([e for d, e in fits if d == best], family, aggressive, chaos and networked)
+            has_tma = any(e["variant"] == "tma" for e in entries)
+            return _variant([e for d, e in fits if d == best], family, aggressive, chaos and networked, tma and has_tma)
     raise CubinNotFoundError(
         f"ep_rt ships no {family!r} cubin for this GPU (compute capability {cc[0]}.{cc[1]}, {arch_name(cc)}) in the "
         f"flavour(s) this process can use ({', '.join(flavours)}, driver {describe_driver(driver_version)}); it has "

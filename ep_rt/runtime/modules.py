@@ -69,12 +69,16 @@ def choose_entry(
     aggressive: bool,
     nvshmem_flavour: str | None = None,
     chaos: bool | None = None,
+    tma: bool | None = None,
 ) -> dict:
     """The manifest entry of `family` for this device, this driver and EP_RT_CUBIN_FLAVOUR (runtime/choice.py);
     `nvshmem_flavour` (cu12 / cu13) is the NVSHMEM host library's, for NVSHMEM-linked families, which get their
-    chaos variant when `chaos` (default: EP_RT_CHAOS_TRANSPORT) says so."""
+    chaos variant when `chaos` (default: EP_RT_CHAOS_TRANSPORT) says so; a family with a tma variant gets it when `tma`
+    (default: EP_RT_TMA) says so."""
     if chaos is None:
         chaos = env.chaos_transport()
+    if tma is None:
+        tma = env.tma()
     return choice.choose_entry(
         manifest,
         family,
@@ -84,6 +88,7 @@ def choose_entry(
         env.cubin_flavour(),
         nvshmem_flavour,
         chaos,
+        tma,
     )
 
 

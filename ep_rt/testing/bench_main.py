@@ -50,7 +50,6 @@ def bench_rank(
     """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow), the LL rows, and with `internode`
     (ranks on several nodes, real or emulated) only the internode rows. nvl_fraction < 1: the HT Buffer's NVL
     buffer is that fraction of the 4096-token hint, and each call goes in rounds (`nvl_bytes` in the result)."""
-    from ..transport import nvl_layout
 
     from .. import Buffer, Config
 
@@ -67,9 +66,8 @@ def bench_rank(
         buffer.destroy()
         return out
     if ht:
-        nvl_bytes = nvl_layout.align(
-            int(Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096) * nvl_fraction)
-        )
+        hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
+        nvl_bytes = -(-int(hint * nvl_fraction) // 128) * 128  # DeepEP's 128-byte alignment of num_nvl_bytes
         out["nvl_bytes"] = nvl_bytes
         buffer = Buffer(dist.group.WORLD, nvl_bytes, explicitly_destroy=True)
         out["ht"] = [asdict(r) for r in ht_round(buffer, num_sms)]

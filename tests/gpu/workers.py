@@ -102,7 +102,22 @@ def ht_case(rank, num_ranks, name, seed):
     else:
         (case,) = checker.select(selfcheck.standard_cases(num_ranks), [name])
         chk = selfcheck.run_case(buf, case, seed)
-    return {"checks": chk.checks, "failures": chk.failures, "aggressive": env.aggressive_ptx()}
+    return {
+        "checks": chk.checks,
+        "failures": chk.failures,
+        "aggressive": env.aggressive_ptx(),
+        "variant": _intranode_variant(),
+    }
+
+
+def _intranode_variant() -> str:
+    """The intranode cubin variant this rank's Buffer loaded (the choice Buffer makes: runtime/modules.py)."""
+    from ep_rt import env
+    from ep_rt.runtime import modules
+
+    return modules.choose_entry(modules.manifest(), "intranode", torch.cuda.current_device(), env.aggressive_ptx())[
+        "variant"
+    ]
 
 
 LL_GRAPH_CASE = "cuda graph replays"

@@ -32,6 +32,7 @@ def fake_manifest(archs=("sm_80", "sm_90", "sm_100")):
             if arch != "sm_80":
                 cubins.append(entry("low_latency", fl, arch, nvshmem=True))
         cubins.append(entry("intranode", fl, "sm_90", "aggressive"))
+        cubins.append(entry("intranode", fl, "sm_90", "tma"))
     return {"cubins": cubins}
 
 
@@ -101,6 +102,29 @@ def test_aggressive_variant_only_where_built():
     assert pick("layout", (10, 0), R580, aggressive=True) == ("cu13", "sm_100", "default")  # one variant only
     with pytest.raises(CubinNotFoundError, match="no aggressive variant for cu13/sm_100.*unset EP_RT_AGGRESSIVE_PTX"):
         pick("intranode", (10, 0), R580, aggressive=True)
+
+
+def test_tma_variant_only_when_asked_and_where_built():
+    """EP_RT_TMA (issue 23 item 5's A/B): the tma variant is never a preference nor a fallback."""
+
+    def tma_pick(family, cc, aggressive=False):
+        e = choice.choose_entry(M, family, cc, aggressive, R580, None, None, False, True)
+        return e["flavour"], e["arch"], e["variant"]
+
+    assert pick("intranode", (9, 0), R580) == ("cu13", "sm_90", "safe")
+    assert tma_pick("intranode", (9, 0)) == ("cu13", "sm_90", "tma")
+    assert tma_pick("layout", (9, 0)) == ("cu13", "sm_90", "default")  # no tma variant anywhere: ignored
+    with pytest.raises(CubinNotFoundError, match="no tma variant for cu13/sm_100.*unset EP_RT_TMA"):
+        tma_pick("intranode", (10, 0))
+    with pytest.raises(CubinNotFoundError, match="EP_RT_TMA=1 and EP_RT_AGGRESSIVE_PTX=1"):
+        tma_pick("intranode", (9, 0), aggressive=True)
+
+
+def test_tma_knob(monkeypatch):
+    monkeypatch.delenv("EP_RT_TMA", raising=False)
+    assert env.tma() is False
+    monkeypatch.setenv("EP_RT_TMA", "1")
+    assert env.tma() is True
 
 
 def test_forced_flavour():

@@ -39,7 +39,7 @@ def _collect(*args) -> list:
 @pytest.fixture(scope="module")
 def collected():
     """The node ids of both per-case modules, and of tests/gpu under -m "suite and not aggressive"."""
-    return _collect(INTRANODE, LOW_LATENCY), _collect("-m", "suite and not aggressive", "tests/gpu")
+    return _collect(INTRANODE, LOW_LATENCY), _collect("-m", "suite and not aggressive and not tma", "tests/gpu")
 
 
 def test_each_case_and_variant_is_one_item_every_safe_case_before_any_aggressive_one(collected):
@@ -48,10 +48,11 @@ def test_each_case_and_variant_is_one_item_every_safe_case_before_any_aggressive
     names = [c.name for c in selfcheck_ht.standard_cases(2)] + [workers.GRAPH_CASE]
     ids = [i for i in collected[0] if i.startswith(INTRANODE)]
     params = [re.search(r"\[(.*)\]$", i).group(1) for i in ids]
-    assert len(ids) == 2 * len(names) == len(set(ids)), ids
+    assert len(ids) == 3 * len(names) == len(set(ids)), ids
     variants = [p.split("-", 1)[0] for p in params]
-    assert variants == ["safe"] * len(names) + ["aggressive"] * len(names), variants  # one pool at a time
+    assert variants == ["safe"] * len(names) + ["aggressive"] * len(names) + ["tma"] * len(names), variants  # in turn
     assert "safe-bf16_uniform" in params and "aggressive-cuda_graph_replays_num_worst_tokens" in params
+    assert "tma-bf16_uniform" in params
     assert all(re.fullmatch(r"[0-9A-Za-z_-]+", p) for p in params), params  # no quoting in a RETEST list
     # suite marks every item of the module (and no other GPU test), aggressive exactly the aggressive variant's
     assert collected[1] == ids[: len(names)]
@@ -162,6 +163,17 @@ def _install_stand_ins(rank, num_ranks, log_dir, failing):
     selfcheck_ht.run_graph_case = lambda buf, seed: _stand_in_case(buf, workers.GRAPH_CASE, seed)
     selfcheck_ll.run_ll_case = _stand_in_case
     selfcheck_ll.run_ll_graph = lambda buf, seed: _stand_in_case(buf, workers.LL_GRAPH_CASE, seed)
+    workers._intranode_variant = _stand_in_variant
+
+
+def _stand_in_variant() -> str:
+    """The variant the shipped manifest gives an H200 on r580 under this rank's environment (no GPU to ask)."""
+    from ep_rt import env
+    from ep_rt.runtime import choice, modules
+
+    return choice.choose_entry(
+        modules.manifest(), "intranode", (9, 0), env.aggressive_ptx(), 13000, None, None, False, env.tma()
+    )["variant"]
 
 
 def _log(tmp_path, rank) -> list:

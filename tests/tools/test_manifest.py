@@ -853,6 +853,7 @@ def test_repo_cubin_set():
             if arch != "sm_80":
                 want.add(("low_latency", fl, arch, "default"))
         want.add(("intranode", fl, "sm_90", "aggressive"))
+        want.add(("intranode", fl, "sm_90", "tma"))
         want.add(("low_latency", fl, "sm_90", "chaos"))
         want |= {
             ("internode", fl, "sm_90", "safe"),
