@@ -100,22 +100,14 @@ def _primitives(device, n: int) -> dict:
 
 def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     import torch
-    import torch.distributed as dist
 
-    from ep_rt import Buffer, Config
-    from ep_rt.testing import bench
+    from ep_rt import Config
+    from ep_rt.testing import bench, bench_main
 
     dev = torch.device("cuda", torch.cuda.current_device())
-    T, hidden, topk, experts = 128, 7168, 8, 288
-    ll = Buffer(
-        dist.group.WORLD,
-        0,
-        Buffer.get_low_latency_rdma_size_hint(T, hidden, num_ranks, experts),
-        low_latency_mode=True,
-        num_qps_per_rank=experts // num_ranks,
-        explicitly_destroy=True,
-    )
-    x, idx, w, y, _ = bench.ll_inputs(T, hidden, topk, experts, num_ranks, dev, 1234 + rank)
+    T, hidden, experts = bench_main.LL_SHAPE
+    ll = bench_main.ll_buffer(num_ranks)  # the bench's Buffers and inputs: the same workloads as its tables
+    x, idx, w, y, _ = bench.ll_inputs(T, hidden, 8, experts, num_ranks, dev, 1234 + rank)
     state = {}
 
     def ll_dispatch():
@@ -125,9 +117,7 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
         ll.low_latency_combine(y, idx, w, state["h"])
 
     ll_dispatch()
-    ht = Buffer(
-        dist.group.WORLD, Config(24).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096), explicitly_destroy=True
-    )
+    ht = bench_main.ht_buffer(num_ranks, 24)
     hx, _, hidx, hw = bench.ht_inputs(4096, 7168, 8, 256, dev)[0]
     config = Config(24, 6, 256, 6, 128)
     per_rank, _, per_expert, in_rank, _ = ht.get_dispatch_layout(hidx, 256)

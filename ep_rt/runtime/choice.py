@@ -117,8 +117,8 @@ def _inventory(entries: list[dict]) -> str:
 
 def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False, tma: bool = False) -> dict:
     by_variant = {e["variant"]: e for e in on_arch}
+    where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
     if tma:
-        where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
         if aggressive:
             raise CubinNotFoundError(
                 f"EP_RT_TMA=1 and EP_RT_AGGRESSIVE_PTX=1: {family!r}'s tma variant is built with the safe loads only; "
@@ -133,7 +133,6 @@ def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = F
     if chaos:
         if "chaos" in by_variant:
             return by_variant["chaos"]
-        where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
         raise CubinNotFoundError(
             f"EP_RT_CHAOS_TRANSPORT=1, but {family!r} has no chaos variant for {where} (it has {sorted(by_variant)}; "
             f"the chaos transport is a test build, made for sm_90 only): unset EP_RT_CHAOS_TRANSPORT, or add chaos to "
@@ -142,7 +141,6 @@ def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = F
     for variant in ("default", "aggressive" if aggressive else "safe"):
         if variant in by_variant:
             return by_variant[variant]
-    where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
     if aggressive and "safe" in by_variant:
         raise CubinNotFoundError(
             f"EP_RT_AGGRESSIVE_PTX=1, but {family!r} has no aggressive variant for {where} (its "

@@ -44,6 +44,31 @@ def ll_round(buffer) -> list:
     return bench.bench_ll(buffer) + bench.bench_ll(buffer, num_experts=256)
 
 
+def ht_buffer(num_ranks: int, num_sms: int, nvl_fraction: float = 1.0):
+    """The HT benchmark's Buffer: an NVL buffer of nvl_fraction times the 4096-token hint at hidden 7168 (below 1,
+    each call goes in rounds)."""
+    from .. import Buffer, Config
+
+    hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
+    nvl_bytes = -(-int(hint * nvl_fraction) // 128) * 128  # DeepEP's 128-byte alignment of num_nvl_bytes
+    return Buffer(dist.group.WORLD, nvl_bytes, explicitly_destroy=True)
+
+
+def ll_buffer(num_ranks: int):
+    """The LL benchmark's Buffer, sized for LL_SHAPE, with DeepEP's num_qps_per_rank (experts per rank)."""
+    from .. import Buffer
+
+    T, H, E = LL_SHAPE
+    return Buffer(
+        dist.group.WORLD,
+        0,
+        Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E),
+        low_latency_mode=True,
+        num_qps_per_rank=E // num_ranks,
+        explicitly_destroy=True,
+    )
+
+
 def bench_rank(
     rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: bool = False, nvl_fraction: float = 1.0
 ) -> dict:
@@ -66,22 +91,12 @@ def bench_rank(
         buffer.destroy()
         return out
     if ht:
-        hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
-        nvl_bytes = -(-int(hint * nvl_fraction) // 128) * 128  # DeepEP's 128-byte alignment of num_nvl_bytes
-        out["nvl_bytes"] = nvl_bytes
-        buffer = Buffer(dist.group.WORLD, nvl_bytes, explicitly_destroy=True)
+        buffer = ht_buffer(num_ranks, num_sms, nvl_fraction)
+        out["nvl_bytes"] = buffer.num_nvl_bytes
         out["ht"] = [asdict(r) for r in ht_round(buffer, num_sms)]
         buffer.destroy()
     if ll:
-        T, H, E = LL_SHAPE
-        buffer = Buffer(
-            dist.group.WORLD,
-            0,
-            Buffer.get_low_latency_rdma_size_hint(T, H, num_ranks, E),
-            low_latency_mode=True,
-            num_qps_per_rank=E // num_ranks,
-            explicitly_destroy=True,
-        )
+        buffer = ll_buffer(num_ranks)
         out["ll"] = ll_round(buffer)
         buffer.destroy()
     return out

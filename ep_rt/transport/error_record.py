@@ -65,7 +65,7 @@ class ErrorRecords:
         once and the slot re-armed."""
         if slot not in self.failed and self.host_ptr:
             rec = self.record(slot)
-            err = error_from_record(rec, self._ranks_per_node.get(slot))
+            err = self._decoded(slot)
             if err is not None and rec.code in RECOVERABLE and slot in self._rearm:
                 import torch
 
@@ -91,9 +91,13 @@ class ErrorRecords:
         def recorded(slot):  # decoded without re-arming a recoverable one (a timeout never is)
             if slot in self.failed or not self.host_ptr:
                 return self.failed.get(slot)
-            return error_from_record(self.record(slot), self._ranks_per_node.get(slot))
+            return self._decoded(slot)
 
         return any(isinstance(recorded(s), CommTimeoutError) for s in SLOTS)
+
+    def _decoded(self, slot: str) -> EpRtError | None:
+        """The error the kernel's record of `slot` says (None while its code is unset); no side effect."""
+        return error_from_record(self.record(slot), self._ranks_per_node.get(slot))
 
     def fail(self, slot: str, err: EpRtError) -> EpRtError:
         """Mark `slot` failed by the host (a host-side timeout, a released Buffer); returns the error."""
