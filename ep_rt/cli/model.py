@@ -100,6 +100,11 @@ def parser() -> argparse.ArgumentParser:
     )
     what.add_argument("--queue-pairs", action="store_true", help="only the RC queue pairs per GPU (EP16/64/256)")
     ap.add_argument(
+        "--per-call",
+        action="store_true",
+        help="with --ops: one row per (EP, call), the README's summary, instead of the per-kernel tables",
+    )
+    ap.add_argument(
         "--markdown",
         action="store_true",
         help="the predictions as docs/INTERNODE_DESIGN.md carries them (--ops and --queue-pairs always print markdown)",
@@ -306,9 +311,13 @@ def ops_text(a) -> str:
 def main(argv=None) -> int:
     ap = parser()
     a = ap.parse_args(argv)
+    if a.per_call and not a.ops:
+        ap.error("--per-call summarises --ops: give both")
     _check_shape(ap, a)
     if a.queue_pairs:
         print(ops.qp_table_markdown(ranks_per_node=a.ranks_per_node, qps=(ops.CONFIG_CHANNELS, a.qps)))
+    elif a.ops and a.per_call:
+        print(ops.per_call_markdown([N * a.ranks_per_node for N in a.nodes], a.qps, a.ranks_per_node))
     elif a.ops:
         print(ops_text(a))
     elif a.markdown:

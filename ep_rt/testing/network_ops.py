@@ -275,6 +275,28 @@ def ops_table_markdown(s: Shape, num_qps: int = DEFAULT_QPS) -> str:
     return "\n".join(lines)
 
 
+def per_call_markdown(eps=(16, 64), num_qps: int = DEFAULT_QPS, ranks_per_node: int = 8) -> str:
+    """The README's summary: one row per (EP, call) with its network operations and both flavours' quiets and
+    fences (the per-kernel split is in docs/INTERNODE_DESIGN.md)."""
+    lines = [
+        "| EP | call | puts (with signal) | signals | quiets + fences, cu13 | quiets + fences, cu12 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for ep in eps:
+        s = Shape(ep, ranks_per_node)
+        ll_shape = Shape(ep, ranks_per_node, s.channels, s.ll_tokens, s.topk, s.experts, s.ll_tokens)
+        ops = ht_ops(s, "rail") + ll_ops(ll_shape)
+        for call in calls(ops):
+            mine = [o for o in ops if o.call == call]
+            tot = lambda f: _n(sum(f(o) for o in mine))  # noqa: E731
+            lines.append(
+                f"| EP{ep} | {call} | {tot(lambda o: o.puts)} | {tot(lambda o: o.signals)} | "
+                f"{tot(lambda o: o.quiets('cu13') + o.fences('cu13'))} | "
+                f"{tot(lambda o: o.quiets('cu12') + o.fences('cu12'))} |"
+            )
+    return "\n".join(lines)
+
+
 def design_tables_markdown(eps=(16, 64), num_qps: int = DEFAULT_QPS) -> str:
     """What docs/INTERNODE_DESIGN.md carries between its generated-table markers."""
     return "\n\n".join(ops_table_markdown(Shape(ep), num_qps) for ep in eps)

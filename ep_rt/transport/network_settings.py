@@ -25,8 +25,9 @@ rewritten freely.
 Adaptive routing: ep_rt's kernels never infer a chunk's arrival from a counter that reordered writes could break.
 Internode high-throughput calls give every chunk its own signal word, raised by the put-with-signal that carries the
 chunk (NVSHMEM_SIGNAL_ADD), and a reader waits until the word reaches the exact count it expects before it reads
-the chunk (NVSHMEM orders a put's data before its own signal on every transport). Low-latency calls store a signal
-(the call's tag) only after nvshmem_quiet delivered every put it announces. Nothing depends on the order between two
+the chunk (NVSHMEM orders a put's data before its own signal on every transport). A low-latency message to another
+node is a put-with-signal that adds to its cell's arrival word, and the receiver waits for as many arrivals as the
+cell's count signal announces (no quiet anywhere in the data path). Nothing depends on the order between two
 messages, so adaptive routing, several queue pairs per peer, proxy transports and EFA's unordered delivery need no
 setting.
 

@@ -53,6 +53,32 @@ def test_design_doc_predictions_match_the_model(capsys):
         assert pub in doc
 
 
+def test_readme_per_call_counts_match_the_design_tables(capsys):
+    doc = generated(ROOT / "README.md", "python -m ep_rt model --ops --per-call --nodes 2 8")
+    assert doc == run(capsys, "--ops", "--per-call", "--nodes", "2", "8").rstrip("\n") == ops.per_call_markdown()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")[3:-1] for line in doc.splitlines()[2:]}
+    # by hand, EP16 (2 x 8): notify 1 slot + 20 channels x 1 other node x 8 chunks; LL 128 x 8 x 8/16 messages
+    assert [c.strip() for c in rows[("EP16", "dispatch")]] == ["161", "161", "0", "0"]
+    assert [c.strip() for c in rows[("EP16", "LL dispatch")]][0] == "512"
+    # EP64 (8 x 8): 7 slots + 20 x 7 x 8 chunks; every row of both flavours without a quiet or fence
+    assert [c.strip() for c in rows[("EP64", "dispatch")]][:2] == ["1127", "1127"]
+    assert all(cells[-2].strip() == cells[-1].strip() == "0" for cells in rows.values())
+    # the per-call rows are the sums of the per-kernel design tables
+    design = generated(ROOT / "docs/INTERNODE_DESIGN.md", "python -m ep_rt model --ops --nodes 2 8")
+    assert design.count("**per call**") == len(rows)
+
+
+def test_readme_predictions_are_the_design_docs(capsys):
+    readme = generated(ROOT / "README.md", "python -m ep_rt model --markdown --nodes 2 4 8")
+    assert readme == generated(ROOT / "docs/INTERNODE_DESIGN.md", "python -m ep_rt model --markdown --nodes 2 4 8")
+
+
+def test_per_call_needs_ops(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--per-call"])
+    assert "--per-call summarises --ops" in capsys.readouterr().err
+
+
 def test_readme_queue_pair_table_matches_the_formula(capsys):
     doc = generated(ROOT / "README.md", "python -m ep_rt model --queue-pairs")
     assert doc == run(capsys, "--queue-pairs").rstrip("\n") == ops.qp_table_markdown()
