@@ -957,7 +957,7 @@ class Buffer:
             use_ue8m0,
         )
         outputs, event, hook = self._ll_run(
-            lambda stream: ll.dispatch(*args, stream),
+            lambda stream, split: ll.dispatch(*args, stream, split),
             async_finish,
             return_recv_hook,
             lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out],
@@ -1032,7 +1032,7 @@ class Buffer:
             use_logfmt,
         )
         return self._ll_run(
-            lambda stream: ll.combine(*args, stream),
+            lambda stream, split: ll.combine(*args, stream, split),
             async_finish,
             return_recv_hook,
             lambda combined: [
@@ -1052,20 +1052,22 @@ class Buffer:
 
     def _ll_run(self, start, async_finish: bool, return_recv_hook: bool, touched):
         """DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and the hook
-        launches the receive kernel on the then-current stream; otherwise both run on the comm stream.
-        `start(stream)` launches the send kernel and returns (result, launch_recv); `touched(result)` lists the
-        tensors the comm stream used."""
+        launches the receive kernel on the then-current stream; otherwise the call runs on the comm stream.
+        `start(stream, split)` launches the call (with `split`, its send kernel only) and returns (result,
+        launch_recv), launch_recv None when the call is already whole; `touched(result)` lists the tensors the comm
+        stream used."""
         if return_recv_hook:
             # The last LL kernels ran on the comm stream, maybe not waited for (async_finish). Not during a graph
             # capture: the capturing stream must not wait on work outside the capture (captures start from a sync).
             if self._ll_on_comm_stream and not torch.cuda.is_current_stream_capturing():
                 torch.cuda.current_stream().wait_stream(self.comm_stream)
                 self._ll_on_comm_stream = False
-            result, launch_recv = start(torch.cuda.current_stream())
+            result, launch_recv = start(torch.cuda.current_stream(), True)
             return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
         scope = StreamScope(self.comm_stream, None, async_finish, False)
-        result, launch_recv = start(self.comm_stream)
-        launch_recv(self.comm_stream, early=True)
+        result, launch_recv = start(self.comm_stream, False)
+        if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send
+            launch_recv(self.comm_stream, early=True)
         self._ll_on_comm_stream = True
         return result, scope.finish(touched(result)), None
 

@@ -14,6 +14,7 @@ KNOBS = (
     "EP_RT_AGGRESSIVE_PTX",
     "EP_RT_CHAOS_TRANSPORT",
     "EP_RT_TMA",
+    "EP_RT_LL_TWO_KERNELS",
     "EP_RT_CONFIG_FILE",
     "EP_RT_TIMEOUT_S",
     "EP_RT_NET_TIMEOUT_S",
@@ -53,6 +54,13 @@ def cubin_flavour() -> str | None:
     if value not in CUBIN_FLAVOURS:
         raise ValueError(f"EP_RT_CUBIN_FLAVOUR must be one of {', '.join(CUBIN_FLAVOURS)} (or unset), got {value!r}")
     return value
+
+
+def ll_two_kernels() -> bool:
+    """EP_RT_LL_TWO_KERNELS=1: eager low-latency calls launch their send and receive halves as two kernels (the
+    receive a programmatic dependent launch), as a call with a receive hook does, instead of one kernel (an A/B
+    knob; read when a low-latency Buffer is made)."""
+    return _flag("EP_RT_LL_TWO_KERNELS", False)
 
 
 def aggressive_ptx() -> bool:

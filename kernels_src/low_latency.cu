@@ -9,8 +9,9 @@
 // then for that many arrivals, and clears the arrival words before it hands the buffer back (buffer credits, also
 // signal ops). No quiet and no fence anywhere: a staging area is rewritten only after every peer's credit says it
 // received the last call on that buffer. The chaos variant (EP_RT_CHAOS_TRANSPORT=1) delivers those puts late,
-// split and reordered. Each call is two kernels (send, then receive), which is exactly the split the receive hook
-// needs. Signals carry a tag derived from a per-buffer epoch kept in
+// split and reordered. A call is one kernel (ep_rt_ll_dispatch, ep_rt_ll_combine: every block sends, then
+// receives, as DeepEP's), or with a receive hook two (the _send and _recv kernels, the split the hook needs); both
+// run the same send and receive halves below. Signals carry a tag derived from a per-buffer epoch kept in
 // device memory, so nothing is cleaned between calls and CUDA-graph replays stay correct. Every wait is
 // time-limited: it reports into the error record, or in shrink mode masks the silent rank instead.
 #include <cuda_bf16.h>
@@ -352,10 +353,10 @@ __device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t*
 // then warps_per_k warps per top-k entry k copy it to expert topk[t][k] at a slot fixed by token-major order, so
 // the receive layout is deterministic (the reference's). Copying from shared memory instead of re-reading a
 // staged row from L2 keeps the copy bound by NVLink stores; only NVSHMEM puts need the staged (symmetric) copy.
-extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const LowLatencyParams p) {
-    __shared__ int4 message[(16 + 2 * EP_RT_LL_MAX_HIDDEN) / 16];
-    allow_receive_kernel_to_start();
-    const LL ll(p);
+constexpr int kDispatchMessageInt4 = (16 + 2 * EP_RT_LL_MAX_HIDDEN) / 16;  // one message in shared memory
+
+__device__ void dispatch_send(const LL& ll, int4* message) {
+    const LowLatencyParams& p = ll.p;
     const int32_t credit = credit_prefetch(ll);
     bool free_checked = false;  // block-uniform
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
@@ -434,6 +435,12 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
     }
 }
 
+extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const LowLatencyParams p) {
+    __shared__ int4 message[kDispatchMessageInt4];
+    allow_receive_kernel_to_start();
+    dispatch_send(LL(p), message);
+}
+
 // Dispatch receive, one batch of this block's messages (cell = (local expert l, source s), message i of the
 // cell goes to row group_offset + i of expert l). Three outputs per message: the payload (int4 copies), the
 // source token (word 0 of the header) and the FP8 scales (transposed to column-major, UE8M0 exponents packed
@@ -510,19 +517,28 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
 
 // Every block of the grid has arrived here (all must be resident at once, as with a cooperative launch: the host
 // sizes the grid by the kernel's occupancy). What any block observed before arriving is visible to every block
-// after. The counter only grows (64 bits never wrap): this barrier's target is the next multiple of the grid size.
+// after. The last block to arrive resets the count and completes the barrier by raising its generation, so the
+// next barrier starts from zero whatever its grid (the one-kernel call and the hook's receive kernel differ).
+// A block reads the generation before it arrives: it cannot move before every block, this one too, has.
 __device__ void all_blocks_arrive(const LL& ll, int phase) {
     __syncthreads();
     if (threadIdx.x == 0) {
         unsigned long long* arrived = reinterpret_cast<unsigned long long*>(ll.ws + EP_RT_LL_WS_ARRIVED);
-        const unsigned long long target = (atomic_add_release_gpu(arrived, 1ull) / gridDim.x + 1) * gridDim.x;
-        const uint64_t start = globaltimer_ns();
-        // Twice the signal timeout: a block that waits for a silent rank arrives only after its own timeout.
-        while (ld_acquire_gpu(arrived) < target) {
-            if (int64_t(globaltimer_ns() - start) > 2 * ll.p.timeout_ns) {
-                report_error(ll.sink(), EP_RT_ERR_TIMEOUT, phase, -1, -1, int64_t(ld_acquire_gpu(arrived)),
-                             int64_t(target));
-                break;
+        unsigned long long* generation = reinterpret_cast<unsigned long long*>(ll.ws + EP_RT_LL_WS_ARRIVED_GEN);
+        const unsigned long long mine = ld_acquire_gpu(generation);
+        if (atomic_add_release_gpu(arrived, 1ull) == gridDim.x - 1) {
+            __threadfence();  // after the add that saw every other block's (release) add: their writes are ours
+            atomicExch(arrived, 0ull);
+            atomic_add_release_gpu(generation, 1ull);
+        } else {
+            const uint64_t start = globaltimer_ns();
+            // Twice the signal timeout: a block that waits for a silent rank arrives only after its own timeout.
+            while (ld_acquire_gpu(generation) == mine) {
+                if (int64_t(globaltimer_ns() - start) > 2 * ll.p.timeout_ns) {
+                    report_error(ll.sink(), EP_RT_ERR_TIMEOUT, phase, -1, -1, int64_t(ld_acquire_gpu(arrived)),
+                                 int64_t(gridDim.x));
+                    break;
+                }
             }
         }
     }
@@ -533,8 +549,8 @@ __device__ void all_blocks_arrive(const LL& ll, int phase) {
 // Dispatch, receive half. Cells are (local expert l, source s), c = l * R + s; messages are placed expert by
 // expert, sources ascending, so the layout is deterministic. Each block first waits for the count signals of
 // its own cells (b, b + G, ...), then, once every block has, takes an even share of all messages.
-extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
-    const LL ll(p);
+__device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
+    const LowLatencyParams& p = ll.p;
     const int R = p.num_ranks, E = p.num_experts;
     const int32_t tag = ll.tag;
     const int64_t* signals = reinterpret_cast<const int64_t*>(ll.local(p.signal_off));
@@ -558,7 +574,6 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
         if (tag_of_signal(v) != tag) return -1;
         return digest_of_signal(v) == (p.shape_digest & 0xFFFF) ? count_of_signal(v) : 0;
     };
-    __shared__ int32_t early[kShareTileCells];
     const bool prefetched = E <= kShareTileCells;
     for (int c = threadIdx.x; prefetched && c < E; c += blockDim.x) early[c] = arrived_count(c);
     all_blocks_arrive(ll, EP_RT_PHASE_LL_DISPATCH_RECV);
@@ -582,7 +597,6 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
             if (p.cumulative_stats && num) atomicAdd(reinterpret_cast<int32_t*>(p.cumulative_stats) + l, num);
         }
     };
-    __shared__ ShareSmem share;
     for_each_share_batch(share, E, R, count, cell_outputs,
                          [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
@@ -590,14 +604,39 @@ extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const L
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
 }
 
+extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
+    __shared__ int32_t early[kShareTileCells];
+    __shared__ ShareSmem share;
+    dispatch_recv(LL(p), early, share);
+}
+
+// One kernel per dispatch (no receive hook): every block sends its tokens, then takes its share of the receive.
+// The two halves use shared memory one after the other, so it is one union (the message would not fit beside the
+// receive's tiles). Launched cooperatively: a block that waits in the receive half never keeps a block that has
+// yet to send from running.
+union DispatchSmem {
+    int4 message[kDispatchMessageInt4];
+    struct {
+        int32_t early[kShareTileCells];
+        ShareSmem share;
+    } recv;
+};
+
+extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch(const LowLatencyParams p) {
+    __shared__ DispatchSmem smem;
+    const LL ll(p);
+    dispatch_send(ll, smem.message);
+    __syncthreads();  // every thread is done with the message before the receive's tiles overwrite it
+    dispatch_recv(ll, smem.recv.early, smem.recv.share);
+}
+
 // ------------------------------------------------------------------------------------------------
 // Combine, send half: every row of the dispatch layout goes back to its source rank s, into s's receive slot
 // [global expert][source token], as bf16 or (use_logfmt) LogFMT-encoded on the way. Blocks take even shares of
 // the rows (cell (l, s) holds layout_range's count; the handle's begin is the count prefix over s, which is
 // the share walk's group offset). NVLink peers get stores from the whole block; remote ranks a warp per row.
-extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const LowLatencyParams p) {
-    allow_receive_kernel_to_start();
-    const LL ll(p);
+__device__ void combine_send(const LL& ll, ShareSmem& share) {
+    const LowLatencyParams& p = ll.p;
     wait_buffer_free(ll, credit_prefetch(ll));
     const int R = p.num_ranks, me = p.rank;
     const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
@@ -648,7 +687,6 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
                                 ll.arrival(cell), 1, remote_rank[q]);
         }
     };
-    __shared__ ShareSmem share;
     for_each_share_batch(
         share, ll.L * R, R, [&](int c) { return int(ranges[c] & 0xFFFFFFFF); }, [](int, int, const int*) {},
         send_batch);
@@ -668,6 +706,12 @@ extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const
         net_flush();
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineSend] = 0;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 3) ep_rt_ll_combine_send(const LowLatencyParams p) {
+    __shared__ ShareSmem share;
+    allow_receive_kernel_to_start();
+    combine_send(LL(p), share);
 }
 
 // acc[j] += w * y[j] for the 8 bf16 of v: an f32 multiply then an f32 add (no FMA), as the reference.
@@ -736,8 +780,8 @@ __device__ __forceinline__ void accumulate_logfmt_rows(const LL& ll, const int64
 // block one item (so a block waits on a token's signals once and then streams its chunk), and at most
 // blockDim.x int4 each, so a small batch still fills every SM. out[t] = sum over k ascending of w[t,k] * y_k, an f32 multiply then an f32 add (no FMA,
 // as the reference), skipping -1 and masked ranks. All K rows are loaded before the sum so the loads overlap.
-extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const LowLatencyParams p) {
-    const LL ll(p);
+__device__ void combine_recv(const LL& ll) {
+    const LowLatencyParams& p = ll.p;
     const int K = p.num_topk;
     const int hidden_int4 = p.hidden / 8;
     const int chunks =
@@ -798,6 +842,19 @@ extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const
         ll.ws[EP_RT_LL_WS_TICKETS + kTicketCombineRecv] = 0;
         ll.ws[EP_RT_LL_WS_EPOCH + p.buffer_idx] += 1;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine_recv(const LowLatencyParams p) {
+    combine_recv(LL(p));
+}
+
+// One kernel per combine (no receive hook): every block sends its share of the rows, then sums its tokens.
+// Launched cooperatively, as the dispatch.
+extern "C" __global__ void __launch_bounds__(256, 2) ep_rt_ll_combine(const LowLatencyParams p) {
+    __shared__ ShareSmem share;
+    const LL ll(p);
+    combine_send(ll, share);
+    combine_recv(ll);
 }
 
 // ------------------------------------------------------------------------------------------------

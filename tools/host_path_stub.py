@@ -230,9 +230,9 @@ class _FakeModule:
 MOD = _FakeModule()
 
 
-def launcher(name, params):
+def launcher(name, params, cooperative=False):
     S.params_types[name] = params
-    return launch.Launcher(MOD, name, params)
+    return launch.Launcher(MOD, name, params, cooperative=cooperative)
 
 
 # ---- fake Buffers --------------------------------------------------------------------------------------
@@ -381,10 +381,13 @@ def ll_buffer(ranks=R, nvlink_peers=None, shrink=False):
         n: launcher(f"ep_rt_ll_{n}", abi.LowLatencyParams)
         for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
     }
+    op.fused = {n: launcher(f"ep_rt_ll_{n}", abi.LowLatencyParams, cooperative=True) for n in ("dispatch", "combine")}
     op._barrier = launcher("ep_rt_ll_barrier", abi.LowLatencyParams)
     op.barrier_seq = 0
     op.dispatch_recv_grid = 264
     op.combine_send_grid = 264
+    op.dispatch_grid = 132  # the one-kernel calls: one block of 512 threads per SM
+    op.combine_grid = 264
     op.serial = next_serial()
     return _buffer(errors, ranks, ll=op)
 

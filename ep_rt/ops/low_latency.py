@@ -1,9 +1,10 @@
 """Low-latency (decode) dispatch and combine (kernels_src/low_latency.cu) over an NVSHMEM symmetric buffer.
 
 Two alternating buffers as in DeepEP: every LL dispatch and combine uses buffer `idx`, then flips it.
-Each call is a send kernel and a receive kernel; with `return_recv_hook` the send kernel runs now on the
-current stream and the hook launches the receive kernel. Nothing here synchronises with the host, so
-the calls can be captured in CUDA graphs.
+A call is one kernel (send, then receive, in every block; launched cooperatively), as DeepEP's; with
+`return_recv_hook` it is a send kernel that runs now on the current stream and a receive kernel that the hook
+launches (EP_RT_LL_TWO_KERNELS=1 splits eager calls the same way, the receive started early). Nothing here
+synchronises with the host, so the calls can be captured in CUDA graphs.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import ctypes
 
 import torch
 
-from .. import validate
+from .. import env, validate
 from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
@@ -83,6 +84,7 @@ class LowLatencyOp:
     _fit = None  # (T, hidden, num_experts) shapes check_shape accepted
     call_plans = None  # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
     _unfrozen = None  # kind -> the _ReceiveLaunch still reading its receive launcher's struct
+    two_kernels = False  # EP_RT_LL_TWO_KERNELS, read by __init__
 
     @staticmethod
     def require_arch(cc: tuple[int, int]) -> None:
@@ -154,6 +156,13 @@ class LowLatencyOp:
             name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams)
             for name in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
         }
+        # One kernel per eager call: its blocks wait in the receive half for what other blocks still send, so
+        # they must all be resident at once (a cooperative launch, as DeepEP's).
+        self.fused = {
+            name: Launcher(module, f"ep_rt_ll_{name}", abi.LowLatencyParams, cooperative=True)
+            for name in ("dispatch", "combine")
+        }
+        self.two_kernels = env.ll_two_kernels()  # eager calls split as hooked ones (an A/B knob)
         self._barrier = Launcher(module, "ep_rt_ll_barrier", abi.LowLatencyParams)
         self.barrier_seq = 0
         self.timeout_s = timeout_s
@@ -161,11 +170,15 @@ class LowLatencyOp:
         errors.on_rearm(SLOT, lambda: self.workspace[abi.EP_RT_LL_WS_CLAIM].zero_())
         # Grids that fill the GPU in one wave. The dispatch receive blocks meet once (every count known) before
         # taking even shares of the messages, so that grid must be resident at once; two blocks per SM are plenty.
-        per_sm = {name: driver.max_active_blocks(k.function, k.block, 0) for name, k in self.kernels.items()}
+        launchers = {**self.kernels, **self.fused}
+        per_sm = {name: driver.max_active_blocks(k.function, k.block, 0) for name, k in launchers.items()}
         if min(per_sm.values()) < 1:
             raise EpRtError(f"an LL kernel cannot run on this GPU (blocks per SM: {per_sm})")
         self.dispatch_recv_grid = self.num_sms * min(2, per_sm["dispatch_recv"])
         self.combine_send_grid = self.num_sms * per_sm["combine_send"]
+        # The one-kernel calls: every block co-resident (the cooperative launch refuses more).
+        self.dispatch_grid = self.num_sms * min(2, per_sm["dispatch"])
+        self.combine_grid = self.num_sms * per_sm["combine"]
         torch.cuda.synchronize(self.device)
 
     # ---- state ----------------------------------------------------------------------------------
@@ -327,9 +340,11 @@ class LowLatencyOp:
         use_fp8,
         round_scale,
         use_ue8m0,
-        stream_for_send,
+        stream,
+        split=False,
     ):
-        """Launch the send kernel on `stream_for_send`; returns outputs and a launcher for the receive kernel."""
+        """Launch the call on `stream`: one kernel, or with `split` (a receive hook) its send kernel only. Returns
+        the outputs and, with `split` (or EP_RT_LL_TWO_KERNELS), a launcher of the receive kernel; else None."""
         self.raise_if_failed()
         R = self.num_ranks
         N, H = self._check(x, topk_idx, T, num_experts)
@@ -353,7 +368,8 @@ class LowLatencyOp:
             )
         plan = self._plan("dispatch", T, H, num_experts, int(use_fp8), self.idx)
         b = self._take_buffer()
-        send = self.kernels["dispatch_send"]
+        split = split or self.two_kernels
+        send = self.kernels["dispatch_send"] if split else self.fused["dispatch"]
         p = send.params
         ctypes.memmove(ctypes.addressof(p), plan.address, plan.size)
         RT, S = R * T, H // 128
@@ -381,8 +397,12 @@ class LowLatencyOp:
         p.wait_stats = wait_stats.data_ptr() if wait_stats is not None else 0
         p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
         p.round_scale, p.use_ue8m0 = int(round_scale), int(use_ue8m0)
-        send(max(1, min(N, self.num_sms)), stream_for_send)
-        return (recv_x, scales, count, src_info, layout_range), self._receive_launcher(
+        outputs = (recv_x, scales, count, src_info, layout_range)
+        if not split:
+            send(self.dispatch_grid, stream)
+            return outputs, None
+        send(max(1, min(N, self.num_sms)), stream)
+        return outputs, self._receive_launcher(
             "dispatch", send, self.kernels["dispatch_recv"], self.dispatch_recv_grid, b
         )
 
@@ -401,10 +421,12 @@ class LowLatencyOp:
         wait_stats,
         zero_copy,
         use_logfmt,
-        stream_for_send,
+        stream,
+        split=False,
     ):
-        """Launch the send kernel on `stream_for_send`; returns `out` and a launcher for the receive kernel. With
-        `use_logfmt` rows travel LogFMT-10 encoded (kernels_src/include/ep_rt/logfmt.cuh), in the same slots."""
+        """Launch the call on `stream`, as dispatch (one kernel, or with `split` the send kernel and a launcher of
+        the receive kernel); returns `out` and that launcher or None. With `use_logfmt` rows travel LogFMT-10
+        encoded (kernels_src/include/ep_rt/logfmt.cuh), in the same slots."""
         self.raise_if_failed()
         R = self.num_ranks
         L = num_experts // R
@@ -434,7 +456,8 @@ class LowLatencyOp:
             )
         plan = self._plan("combine", T, hidden, num_experts, 2 + int(use_logfmt), self.idx)
         b = self._take_buffer()
-        send = self.kernels["combine_send"]
+        split = split or self.two_kernels
+        send = self.kernels["combine_send"] if split else self.fused["combine"]
         p = send.params
         ctypes.memmove(ctypes.addressof(p), plan.address, plan.size)
         p.x, p.topk_idx, p.topk_weights, p.recv_x = (
@@ -447,7 +470,10 @@ class LowLatencyOp:
         p.wait_stats = wait_stats.data_ptr() if wait_stats is not None else 0
         p.num_tokens, p.num_topk, p.topk_idx_bits = N, topk_idx.size(1), topk_idx.element_size() * 8
         p.zero_copy = int(zero_copy)
-        send(self.combine_send_grid, stream_for_send)  # even shares of the rows
+        if not split:
+            send(self.combine_grid, stream)
+            return out, None
+        send(self.combine_send_grid, stream)  # even shares of the rows
         # Receive work items are (token, chunk of one block's threads' int4 of the row): two blocks per SM at most.
         items = N * -(-hidden // (8 * self.kernels["combine_recv"].block))
         return out, self._receive_launcher(

@@ -193,7 +193,11 @@ def ll_inputs(num_tokens, hidden, num_topk, num_experts, num_ranks, device, seed
 LL_OPS = (("dispatch", "LL dispatch FP8"), ("combine", "LL combine BF16"), ("logfmt", "LL combine LogFMT"))
 # LL kernels of one bench round in stream order: (send, recv) pairs of the hook halves (3 ops), the line-up
 # dispatch + combine, the whole calls timed as kernels (3 ops), the whole calls timed as calls (3 ops).
-_ROUND_KERNELS = ["send", "recv"] * (3 + 2 + 3 + 3)
+# What one round launches, as calls: 3 hook calls (send kernel, receive kernel), then 2 line-up calls, 3 timed
+# whole calls and 3 calls timed as the caller sees them; each whole call is one kernel (ep_rt_ll_dispatch /
+# ep_rt_ll_combine), or a send and a receive kernel under EP_RT_LL_TWO_KERNELS.
+_ROUND_HOOK_CALLS, _ROUND_CALLS = 3, 3 + 2 + 3 + 3
+_ROUND_KERNEL_CALLS = range(5, 8)  # the whole calls timed as "kernel"
 
 
 def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50, profiled_iters=20):
@@ -202,8 +206,9 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     * the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP runs a GEMM) so
       the peers' data has landed, then the receive kernel (the hook);
     * an untimed dispatch + combine that lines the ranks' GPUs up (its receives wait for every peer's send);
-    * whole non-hook calls (send and receive kernels on the comm stream, including the wait for the peers),
-      a sleep kernel covering the host's enqueueing: "kernel" time, what DeepEP's one-kernel time compares to;
+    * whole non-hook calls (one kernel on the comm stream, or two with EP_RT_LL_TWO_KERNELS, including the wait for
+      the peers), a sleep kernel covering the host's enqueueing: "kernel" time, what DeepEP's one-kernel time
+      compares to;
     * whole calls without a covering sleep: "call" time, what a caller waits for (Python included).
     Times come from CUDA events and, in extra rounds under the torch profiler, from the kernels' own start and
     end (as DeepEP's kineto numbers: no event or launch gaps; a whole call spans send start to receive end).
@@ -296,27 +301,47 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     return rows
 
 
+def _ll_calls(kernels) -> list | None:
+    """The profiler's LL kernels (in start order) grouped into calls: a one-kernel call alone, a send kernel with the
+    receive kernel after it; None if they do not pair up."""
+    calls, i = [], 0
+    while i < len(kernels):
+        name = kernels[i].name()
+        if name.endswith("_send"):
+            if i + 1 >= len(kernels) or kernels[i + 1].name() != name[: -len("_send")] + "_recv":
+                return None
+            calls.append((kernels[i], kernels[i + 1]))
+            i += 2
+        elif name in ("ep_rt_ll_dispatch", "ep_rt_ll_combine"):
+            calls.append((kernels[i],))
+            i += 1
+        else:
+            return None
+    return calls
+
+
 def _profiled_ll(prof, rounds) -> dict:
-    """Medians of the LL kernels' own durations per op: send, recv (hook halves) and kernel (whole call, send
-    start to receive end). Empty if the profiler did not see exactly the kernels the rounds launched."""
+    """Medians of the LL kernels' own durations per op: send, recv (hook halves) and kernel (a whole call, from its
+    kernel's start to its end, or send start to receive end when it is two kernels). Empty if the profiler did not
+    see exactly the calls the rounds made."""
     kernels = sorted(
         (e for e in prof.profiler.kineto_results.events() if e.name().startswith("ep_rt_ll_")),
         key=lambda e: e.start_ns(),
     )
-    if len(kernels) != rounds * len(_ROUND_KERNELS) or any(
-        not k.name().endswith(f"_{half}") for k, half in zip(kernels, _ROUND_KERNELS * rounds)
-    ):
+    calls = _ll_calls(kernels)
+    if calls is None or len(calls) != rounds * _ROUND_CALLS:
         return {}
-    per_round = len(_ROUND_KERNELS)
     out = {op: {"send": [], "recv": [], "kernel": []} for op, _ in LL_OPS}
     for r in range(rounds):
-        ks = kernels[r * per_round : (r + 1) * per_round]
+        cs = calls[r * _ROUND_CALLS : (r + 1) * _ROUND_CALLS]
+        if any(len(c) != 2 for c in cs[:_ROUND_HOOK_CALLS]):
+            return {}  # the hook calls are always split
         for i, (op, _) in enumerate(LL_OPS):
-            send, recv = ks[2 * i], ks[2 * i + 1]
+            send, recv = cs[i]
             out[op]["send"].append(send.duration_ns() / 1e3)
             out[op]["recv"].append(recv.duration_ns() / 1e3)
-            send, recv = ks[10 + 2 * i], ks[10 + 2 * i + 1]  # after 3 hook pairs and the line-up pair
-            out[op]["kernel"].append((recv.end_ns() - send.start_ns()) / 1e3)
+            whole = cs[_ROUND_KERNEL_CALLS[i]]
+            out[op]["kernel"].append((whole[-1].end_ns() - whole[0].start_ns()) / 1e3)
     return {op: {k: statistics.median(v) for k, v in d.items()} for op, d in out.items()}
 
 

@@ -168,7 +168,7 @@ def test_an_interrupt_in_a_low_latency_call_fails_only_the_low_latency_slot(monk
     with host_trace.driven("intranode + low latency") as (trace, make):
         buf = make()
         x, idx, w, common = host_trace.ht_inputs(buf)
-        _raise_at(monkeypatch, "ep_rt_ll_dispatch_recv", SystemExit)
+        _raise_at(monkeypatch, "ep_rt_ll_dispatch", SystemExit)
         with pytest.raises(SystemExit):
             buf.low_latency_dispatch(x, idx, 8, host_trace.E)
         with pytest.raises(EpRtError, match="interrupted \\(SystemExit\\) during Buffer.low_latency_dispatch"):

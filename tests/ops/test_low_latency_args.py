@@ -78,7 +78,7 @@ def test_combine_argument_errors():
         wait_stats=None,
         zero_copy=False,
         use_logfmt=False,
-        stream_for_send=None,
+        stream=None,
     )
     for change, error, match in (
         (dict(x=torch.zeros(L, R * T, H + 128, dtype=torch.bfloat16)), ValueError, "must be"),

@@ -123,21 +123,28 @@ def ll_op(R=2, E=8):
         n: FakeLLLauncher(abi.LowLatencyParams)
         for n in ("dispatch_send", "dispatch_recv", "combine_send", "combine_recv")
     }
+    op.fused = {n: FakeLLLauncher(abi.LowLatencyParams) for n in ("dispatch", "combine")}
+    op.dispatch_grid, op.combine_grid = 4, 8
     return op
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["one_kernel", "hook"])
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_low_latency_kernels_get_the_width(dtype):
+def test_low_latency_kernels_get_the_width(dtype, split):
     R, T, H, E, N, K = 2, 8, 256, 8, 4, 2
     op = ll_op(R, E)
     idx = torch.zeros(N, K, dtype=dtype)
     (recv_x, scales, count, src_info, layout_range), recv = op.dispatch(
-        torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None
+        torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None, split
     )
-    for name in ("dispatch_send", "dispatch_recv"):  # the receive kernel gets the send kernel's parameters
-        p = op.kernels[name].params
-        assert p.topk_idx == idx.data_ptr() and p.topk_idx_bits == dtype.itemsize * 8, name
-    recv(None)
+    assert (recv is None) == (not split)
+    # one kernel, or the send kernel and the receive kernel with the send kernel's parameters
+    launched = [op.kernels["dispatch_send"], op.kernels["dispatch_recv"]] if split else [op.fused["dispatch"]]
+    for k in launched:
+        p = k.params
+        assert p.topk_idx == idx.data_ptr() and p.topk_idx_bits == dtype.itemsize * 8
+    if split:
+        recv(None)
     op.combine(
         torch.zeros(E // R, R * T, H, dtype=torch.bfloat16),
         idx,
@@ -152,8 +159,9 @@ def test_low_latency_kernels_get_the_width(dtype):
         False,
         False,
         None,
+        split,
     )
-    p = op.kernels["combine_send"].params
+    p = (op.kernels["combine_send"] if split else op.fused["combine"]).params
     assert p.topk_idx == idx.data_ptr() and p.topk_idx_bits == dtype.itemsize * 8
 
 

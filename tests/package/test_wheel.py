@@ -50,8 +50,10 @@ def test_wheel_is_pure_python_and_carries_every_cubin(wheel):
 # flavours: 345,279 B of it); 4,495,489 B at commit 47fd4f9, 4,500,465 B once call_guard.py and README's "Running
 # inside a server" (the README is the wheel's METADATA) came. The bound catches a stray folder or an uncompressed
 # blow-up, not a few kB of code and docs.
-# 4,683,917 B with the two tma cubins of issue 23 item 5 (2026-12-02).
-MAX_WHEEL_BYTES = 4_800_000  # 30 cubins; the NVSHMEM-linked ones (LL, internode) are ~1 MB each before zip
+# 4,683,917 B with the two tma cubins of issue 23 item 5 (2026-12-02); 5,103,597 B once the LL family got its
+# one-kernel dispatch and combine beside the hook's send and receive kernels (issue 23 item 3: each LL cubin
+# ~0.3 MB larger before zip).
+MAX_WHEEL_BYTES = 5_300_000  # 30 cubins; the NVSHMEM-linked ones (LL, internode) are ~1-2 MB each before zip
 
 
 def test_wheel_carries_both_flavours_and_stays_small(wheel):

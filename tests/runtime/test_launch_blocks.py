@@ -131,7 +131,7 @@ def test_the_ll_combine_receive_grid_follows_the_kernel_block():
         op.kernels["combine_recv"].block = block
         idx = torch.zeros(N, K, dtype=torch.int64)
         (_, _, _, src_info, layout_range), recv = op.dispatch(
-            torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None
+            torch.zeros(N, H, dtype=torch.bfloat16), idx, T, E, None, None, False, False, False, None, True
         )
         recv(None)
         _, launch_recv = op.combine(
@@ -148,6 +148,7 @@ def test_the_ll_combine_receive_grid_follows_the_kernel_block():
             False,
             False,
             None,
+            True,  # the receive kernel, as a hook launches it
         )
         grids[block] = launch_recv.grid
     assert grids == {256: 3, 8: 12}  # 3 tokens x ceil(256 / 2048) chunks; 3 x ceil(256 / 64)

@@ -830,13 +830,9 @@ REPO_MARKED = {
     "cu13/sm_90/aggressive/intranode.cubin",
     "cu13/sm_90/safe/intranode.cubin",
     "cu13/sm_90/tma/intranode.cubin",
-    "cu12/sm_90/chaos/low_latency.cubin",
-    "cu12/sm_90/default/low_latency.cubin",
     "cu13/sm_90/aggressive/internode.cubin",
     "cu13/sm_90/chaos/internode.cubin",
     "cu13/sm_90/default/layout.cubin",
-    "cu13/sm_90/chaos/low_latency.cubin",
-    "cu13/sm_90/default/low_latency.cubin",
     "cu13/sm_90/safe/internode.cubin",
 }
 

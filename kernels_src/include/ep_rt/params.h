@@ -264,7 +264,8 @@ struct CombineParams {
 #define EP_RT_LL_WS_TICKETS 0        // [4]: last-block tickets (dispatch send, dispatch recv, combine send, recv)
 #define EP_RT_LL_WS_EPOCH 4          // [2]: per-buffer use counters
 #define EP_RT_LL_WS_CLAIM 6          // error claim word
-#define EP_RT_LL_WS_ARRIVED 8        // uint64 (words 8-9): dispatch receive blocks past their own waits, ever
+#define EP_RT_LL_WS_ARRIVED 8        // uint64 (words 8-9): dispatch receive blocks at the current barrier
+#define EP_RT_LL_WS_ARRIVED_GEN 10   // uint64 (words 10-11): dispatch receive barriers completed
 #define EP_RT_LL_WS_COUNTERS 16      // [num_experts]: per-expert send slots
 
 struct LowLatencyParams {
