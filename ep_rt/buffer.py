@@ -501,6 +501,27 @@ class Buffer:
             raise EpRtError("set_kernel_timer: this Buffer has no high-throughput mode")
         self._ht.timer = timer
 
+    def network_operation_counts(self, reset: bool = False) -> Optional[dict]:
+        """Benchmark hook (ep_rt.testing.bench), not DeepEP API: the network operations this Buffer's NVSHMEM-linked
+        kernels issued since the counters were last zeroed, as the chaos transport's cost mode counts them
+        (EP_RT_CHAOS_TRANSPORT=1; docs/CHAOS_TRANSPORT.md): {"internode": counts, "low_latency": counts} for the
+        ops this Buffer has, each a dict of put_signals, signals, quiets, fences, bytes and charged_ns (the sweep
+        time charged to the quiets and fences). None with the normal cubins (they count nothing), for a Buffer
+        without network kernels, and once destroyed. Reading synchronises the device: never inside a timed region.
+
+        Arguments:
+            reset: zero the counters once read (a benchmark zeroes them before the calls it counts)."""
+        ops = {"internode": self._ht, "low_latency": self._ll}
+        stats = {name: getattr(op, "net_stats", None) for name, op in ops.items()}
+        stats = {name: s for name, s in stats.items() if s is not None}
+        if not stats:
+            return None
+        counts = {name: s.read() for name, s in stats.items()}
+        if reset:
+            for s in stats.values():
+                s.reset()
+        return counts
+
     @call_guard.one_at_a_time(call_guard.NVL)
     def nvl_barrier(self, stream: torch.cuda.Stream, synchronize: bool = True) -> None:
         """Benchmark hook, not DeepEP API: the device barrier of this node's ranks over the NVL buffer, with the

@@ -7,6 +7,9 @@ internode metrics ("RDMA" and "NVL" GB/s); on one host the nodes are emulated an
 so those rows say nothing about a network (they are labelled). Each row has the kernel time (what
 DeepEP's figures are), the whole-call time (what a caller waits for) and the bandwidth; --json writes every
 number with the formulas used. `python -m ep_rt` (check) runs the same benchmark code after its checks.
+With the chaos cubins (EP_RT_CHAOS_TRANSPORT=1) each LL and internode row also has its network operations per
+call (put-with-signals, signals, quiets, fences, bytes, charged sweep time) on a line under it and as "network" in
+--json; those times are then not network timings (the chaos delays and charged sweeps are in them).
 """
 
 from __future__ import annotations

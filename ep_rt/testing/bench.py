@@ -4,13 +4,20 @@ Kernel time: CUDA events on the comm stream around each kernel (notify excluded 
 DeepEP reports it), median over iterations after warm-up, L2 flushed (256 MB write) before each
 iteration, inputs rotated. Whole-call time: events on the caller's stream around the Python call,
 what a user waits for (includes the notify kernel and the host reading the receive count).
+
+Network operation counts (the chaos cubins only, EP_RT_CHAOS_TRANSPORT=1): the LL and internode rows also carry what
+the chaos transport counted per call (Buffer.network_operation_counts), from untimed calls made after the timing: a
+count is read by syncing the device, and the timed loops mix in calls (line-ups, barriers, the other LL workloads)
+whose operations the module's counters would add to the row's.
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Optional
 
 import torch
 
@@ -49,6 +56,40 @@ class KernelTimer:
             out.setdefault(name, []).append(start.elapsed_time(end) * 1000.0)
         self.pending = []
         return out
+
+
+# ---- network operation counts (the chaos transport's cost mode) ------------------------------------------------------
+CHAOS_NOTE = (
+    "chaos transport (EP_RT_CHAOS_TRANSPORT=1): these times are not network timings, they include its delays and "
+    "charged sweeps; the network counts are per call, from untimed calls after the timing"
+)
+
+
+def network_ops_per_call(buffer, op: str, call, calls: int) -> Optional[dict]:
+    """What the chaos transport counts per call of `call` for the Buffer's `op` ("internode" or "low_latency"):
+    the counters zeroed, `calls` untimed calls made, the counters read, the totals divided by `calls`. Zeroing and
+    reading sync the device, so the benchmarks count after their timed loops, never inside one. None with the
+    normal cubins (they count nothing), and then no call is made."""
+    if buffer.network_operation_counts(reset=True) is None:
+        return None
+    for _ in range(calls):
+        call()
+    totals = buffer.network_operation_counts()[op]
+    return {name: value / calls for name, value in totals.items()}
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value:.1f}"
+
+
+def format_network(counts: dict, rank) -> str:
+    """The line under a row with network counts: the operations of one call, its bytes and its charged sweeps."""
+    c = counts
+    return (
+        f"rank {rank}:   network per call: {_count(c['put_signals'])} put-with-signal, {_count(c['signals'])} signal, "
+        f"{_count(c['quiets'])} quiet, {_count(c['fences'])} fence, {c['bytes'] / 1e6:.2f} MB, "
+        f"{c['charged_ns'] / 1e3:.1f} us charged"
+    )
 
 
 def ht_inputs(num_tokens, hidden, num_topk, num_experts, device, copies=2, seed=0):
@@ -213,7 +254,8 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     Times come from CUDA events and, in extra rounds under the torch profiler, from the kernels' own start and
     end (as DeepEP's kineto numbers: no event or launch gaps; a whole call spans send start to receive end).
     Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for both combines, as DeepEP
-    reports LogFMT) divided by the kernel time (the profiler's when available)."""
+    reports LogFMT) divided by the kernel time (the profiler's when available). With the chaos cubins each row also
+    has "network": the operations per call (network_ops_per_call, over `iters` untimed calls after the rounds)."""
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile
 
@@ -281,6 +323,9 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         for _ in range(profiled_iters):
             one_round([])
     profiled = _profiled_ll(prof, profiled_iters)
+    # Counted apart from the rounds, which interleave the three workloads in the module's counters (dispatch
+    # first: the combines reuse its handle).
+    network = {op: network_ops_per_call(buffer, "low_latency", functools.partial(run, op), iters) for op, _ in LL_OPS}
 
     med = {k: statistics.median(v) for k, v in samples.items()}
     fp8_bytes = selections * (hidden + hidden // 128 * 4 + 16)
@@ -297,6 +342,8 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         }
         kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
         row["gbps"] = nbytes / kernel / 1e3
+        if network[op] is not None:
+            row["network"] = network[op]
         rows.append(row)
     return rows
 
@@ -359,6 +406,10 @@ def format_ll_rows(rows, rank) -> str:
             f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
             f"{r['call']:>8.1f}"
         )
+        if "network" in r:
+            lines.append(format_network(r["network"], rank))
+    if any("network" in r for r in rows):
+        lines.append(f"rank {rank}: ({CHAOS_NOTE})")
     return "\n".join(lines)
 
 
@@ -382,6 +433,15 @@ class InternodeBenchRow:
     num_recv: int
     rdma_tokens: int
     emulated: bool  # nodes emulated on one host: the "RDMA" traffic went over NVLink, not a network
+    network: Optional[dict] = None  # the chaos transport's counts per call (network_ops_per_call); else None
+
+
+def internode_record(row: InternodeBenchRow) -> dict:
+    """A row as --json writes it: "network" only where the chaos transport counted."""
+    record = asdict(row)
+    if record["network"] is None:
+        del record["network"]
+    return record
 
 
 def bench_internode(
@@ -396,7 +456,9 @@ def bench_internode(
     workloads=IN_WORKLOADS,
 ):
     """DeepEP's internode test workloads (dispatch BF16 / FP8, combine BF16) with DeepEP's metrics. Kernel times are
-    CUDA events around each kernel, L2 flushed before each call, the ranks met at a barrier first."""
+    CUDA events around each kernel, L2 flushed before each call, the ranks met at a barrier first. With the chaos
+    cubins each row also has `network`: the operations per call (network_ops_per_call, over `iters` untimed calls
+    after the timed ones)."""
     unknown = [w for w in workloads if w not in IN_WORKLOADS]
     if unknown:
         raise ValueError(f"unknown internode workloads {unknown}; known: {list(IN_WORKLOADS)}")
@@ -421,6 +483,15 @@ def bench_internode(
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
     timer = KernelTimer()
     rows = []
+
+    def call(name):
+        if name == "internode dispatch BF16":
+            buffer.dispatch(x, **args)
+        elif name == "internode dispatch FP8":
+            buffer.dispatch(x_fp8, **args)
+        else:
+            buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
+
     for name in workloads:
         kernels = IN_KERNELS["combine" if "combine" in name else "dispatch"]
         sums, notifies, calls = [], [], []
@@ -430,12 +501,7 @@ def bench_internode(
             buffer.set_kernel_timer(timer)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            if name == "internode dispatch BF16":
-                buffer.dispatch(x, **args)
-            elif name == "internode dispatch FP8":
-                buffer.dispatch(x_fp8, **args)
-            else:
-                buffer.combine(recv_x, handle, topk_weights=recv_w, config=config)
+            call(name)
             end.record()
             torch.cuda.synchronize()
             buffer.set_kernel_timer(None)
@@ -444,6 +510,8 @@ def bench_internode(
                 sums.append(sum(got[k][0] for k in kernels))
                 notifies.append(got["notify"][0] if "notify" in got else 0.0)
                 calls.append(start.elapsed_time(end) * 1000.0)
+        # Counted apart from the timed calls: each of those follows a barrier, itself network operations.
+        network = network_ops_per_call(buffer, "internode", functools.partial(call, name), iters)
         kernel_us = statistics.median(sums)
         row_bytes = hidden * 2 if "FP8" not in name else hidden * (1 + 4 / 128)
         rows.append(
@@ -458,6 +526,7 @@ def bench_internode(
                 recv_x.size(0),
                 rdma_tokens,
                 buffer.topology.emulated,
+                network,
             )
         )
     return rows
@@ -473,6 +542,10 @@ def format_internode_rows(rows, rank) -> str:
             f"rank {rank}: {r.name:<24} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.rdma_gbps:>10.1f} "
             f"{r.nvl_gbps:>9.1f} {r.notify_us:>10.1f} {r.call_us:>9.1f} {r.num_recv:>6}"
         )
+        if r.network is not None:
+            lines.append(format_network(r.network, rank))
+    if any(r.network is not None for r in rows):
+        lines.append(f"rank {rank}: ({CHAOS_NOTE})")
     if rows and rows[0].emulated:
         lines.append(
             f'rank {rank}: (emulated nodes: the "RDMA" traffic crossed NVLink inside one host, not a '

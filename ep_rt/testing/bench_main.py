@@ -31,6 +31,10 @@ FORMULAS = {
     "internode nvl_gbps": "DeepEP's 'NVL' metric: received rows x bytes per token / kernel time",
     "internode emulated": "true: nodes emulated on one host (EP_RT_RANKS_PER_NODE), the 'RDMA' traffic crossed "
     "NVLink, not a network",
+    "network": "LL and internode rows, only with the chaos cubins (EP_RT_CHAOS_TRANSPORT=1): per call, the "
+    "put_signals, signals, quiets, fences, bytes and charged_ns (sweep time charged to the quiets and fences) the "
+    "chaos transport counted over untimed calls after the timing; those rows' times are then not network timings "
+    "(the chaos delays and charged sweeps included)",
 }
 LL_SHAPE = (128, 7168, 288)  # DeepEP's LL reference workload: tokens per rank, hidden, experts (top-8)
 
@@ -87,7 +91,7 @@ def bench_rank(
             cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096),
             explicitly_destroy=True,
         )
-        out["internode"] = [asdict(r) for r in bench.bench_internode(buffer, num_sms=num_sms)]
+        out["internode"] = [bench.internode_record(r) for r in bench.bench_internode(buffer, num_sms=num_sms)]
         buffer.destroy()
         return out
     if ht:

@@ -96,6 +96,43 @@ def test_internode_rows_are_labelled_emulated_and_charted():
     assert labels[0] == "internode dispatch BF16 (RDMA metric, emulated)" and series["rank 0"] == [60.0] * 3
 
 
+NETWORK = {"put_signals": 1904.0, "signals": 64.0, "quiets": 1.0, "fences": 0.0, "bytes": 14.2e6, "charged_ns": 5600.0}
+
+
+def test_chaos_rows_have_their_network_counts_under_them_and_in_json():
+    from ep_rt.testing.bench import InternodeBenchRow, internode_record
+
+    res = results()
+    res[0]["ll"][0]["network"] = dict(NETWORK)
+    inter = InternodeBenchRow("internode combine BF16", 24, 500.0, 40.0, 900.0, 60.0, 120.0, 8000, 7900, True, NETWORK)
+    res[1]["internode"] = [internode_record(inter)]
+    doc = json.loads(json.dumps(bench.document(res, 24, "NVIDIA H200", 2)))
+    assert doc["ranks"][0]["ll"][0]["network"] == NETWORK and doc["ranks"][1]["internode"][0]["network"] == NETWORK
+    assert "EP_RT_CHAOS_TRANSPORT=1" in doc["formulas"]["network"]
+    lines = bench.text(doc).splitlines()
+    under = "network per call: 1904 put-with-signal, 64 signal, 1 quiet, 0 fence, 14.20 MB, 5.6 us charged"
+    for rank, row in ((0, "LL dispatch FP8"), (1, "internode combine BF16")):
+        i = next(i for i, line in enumerate(lines) if line.startswith(f"rank {rank}: {row}"))
+        assert lines[i + 1] == f"rank {rank}:   {under}"
+        assert f"rank {rank}: (chaos transport (EP_RT_CHAOS_TRANSPORT=1): these times are not network timings" in (
+            "\n".join(lines[i + 2 :])
+        )
+    assert sum("network per call" in line for line in lines) == 2  # rank 1's LL row was not counted
+
+
+def test_rows_without_counts_print_and_record_nothing_new():
+    res = results()
+    inter = bench.bench_mod.InternodeBenchRow(
+        "internode dispatch BF16", 24, 500.0, 40.0, 900.0, 60.0, 120.0, 8, 7, True
+    )
+    res[0]["internode"] = [bench.bench_mod.internode_record(inter)]
+    doc = json.loads(json.dumps(bench.document(res, 24, "NVIDIA H200", 2)))
+    rows = [row for r in doc["ranks"] for part in ("ht", "ll", "internode") for row in r.get(part, [])]
+    assert rows and not any("network" in row for row in rows)
+    out = bench.text(doc)
+    assert "network per call" not in out and "chaos" not in out
+
+
 @pytest.mark.parametrize(
     "argv,message",
     [
