@@ -418,17 +418,29 @@ def internode_suite(
 
 
 INTERNODE_CASES_BUFFER = "internode cases"
+# The cases of 2 nodes x 8 ranks (16 processes on one GPU), with buffers sized for INTERNODE_SIXTEEN_SHAPE, not the
+# 4096 x 7168 shape, so that 16 of them fit.
+INTERNODE_SIXTEEN_CASES = (
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "every token spans every node",
+    "a node receives nothing",
+    "bias pair",
+)
+INTERNODE_SIXTEEN_SHAPE = (4096, 2048)
 
 
-def internode_case(rank, num_ranks, ranks_per_node, name, seed):
+def internode_case(rank, num_ranks, ranks_per_node, name, seed, max_shape=None):
     """One case of `internode_suite` by name (GRAPH_CASE: its CUDA-graph replays) on this rank's kept internode
-    Buffer, sized as internode_suite's. Returns the checks, failures, the number of nodes and the variant the rank
-    runs under (the pool's environment)."""
+    Buffer, sized as internode_suite's for max_shape (None: its default). Returns the checks, failures, the
+    number of nodes and the variant the rank runs under (the pool's environment)."""
     from ep_rt import env
     from ep_rt.testing import selfcheck_internode as sci
 
     G = ranks_per_node
-    buf = rank_cache(INTERNODE_CASES_BUFFER, lambda: internode_buffer(rank, num_ranks, G))
+    shape = () if max_shape is None else (max_shape,)
+    buf = rank_cache(INTERNODE_CASES_BUFFER, lambda: internode_buffer(rank, num_ranks, G, *shape))
     if name == GRAPH_CASE:
         chk = sci.run_graph_case(buf, seed, G)
     else:

@@ -8,8 +8,6 @@ kept between cases and dropped after a case that raised, the seed, the verdicts)
 import contextlib
 import functools
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,29 +15,17 @@ import pytest
 
 from ep_rt.testing import checker, rank_pool, selfcheck_ht, selfcheck_ll
 
-from ..repo import REPO
+from ..repo import collect_ids
 
 INTRANODE = "tests/gpu/test_intranode_cases_gpu.py"
 LOW_LATENCY = "tests/gpu/test_low_latency_cases_gpu.py"
 INTERNODE = "tests/gpu/test_internode_cases_gpu.py"
 
 
-def _collect(*args) -> list:
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "--collect-only", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return [line for line in done.stdout.splitlines() if "::" in line]
-
-
 @pytest.fixture(scope="module")
 def collected():
     """The node ids of both per-case modules, and of tests/gpu under -m "suite and not aggressive"."""
-    return _collect(INTRANODE, LOW_LATENCY), _collect("-m", "suite and not aggressive and not tma", "tests/gpu")
+    return collect_ids(INTRANODE, LOW_LATENCY), collect_ids("-m", "suite and not aggressive and not tma", "tests/gpu")
 
 
 def test_each_case_and_variant_is_one_item_every_safe_case_before_any_aggressive_one(collected):
@@ -71,36 +57,61 @@ def test_each_low_latency_case_is_one_item(collected):
     ]
 
 
-def test_each_internode_layout_and_case_is_one_item_pool_by_pool():
+def test_each_internode_layout_variant_and_case_is_one_item_pool_by_pool():
     from ep_rt.testing import selfcheck_internode as sci
     from tests.gpu import test_internode_cases_gpu as mod, workers
 
-    ids = _collect(INTERNODE)
-    params = [re.search(r"\[(.*)\]$", i).group(1) for i in ids]
-    full = len(sci.internode_cases(4, 2)) + 1
-    assert len(ids) == len(set(ids)) == 4 * full + 2 * 7 == 118, ids
-    pools = [
-        next(n for n in mod.POOLS if p.startswith(n + "-") and p[len(n) + 1 :] in _ids(mod.POOLS[n])) for p in params
-    ]
-    assert [n for k, n in enumerate(pools) if k == 0 or pools[k - 1] != n] == list(mod.POOLS), pools  # contiguous
+    ids = collect_ids(INTERNODE)
+    params = _params(ids)
+    full, eight = len(sci.internode_cases(4, 2)) + 1, len(mod.EIGHT)
+    sixteen = len(workers.INTERNODE_SIXTEEN_CASES) + 1
+    assert len(ids) == len(set(ids)) == 6 * full + 6 * eight + 2 * sixteen == 212, ids
+    _check_pools(mod.POOLS, params)
     assert "2x2-bf16_uniform" in params and "4x1-cuda_graph_replays_num_worst_tokens" in params
-    assert "2x2-chaos-2_SMs" in params and "4x2-many_channels_64_SMs" in params
-    assert all(re.fullmatch(r"[0-9A-Za-z_-]+", p) for p in params), params
+    assert "2x2-chaos-2_SMs" in params and "4x2-many_channels_64_SMs" in params and "4x1-aggressive-2_SMs" in params
     assert mod.POOLS["2x2"].cases[-1] == workers.GRAPH_CASE
-    by_mark = {m: _collect("-m", m, INTERNODE) for m in ("internode", "aggressive", "chaos", "eight_ranks")}
+    # Issue 21: every layout's list under the aggressive variant and the chaos transport (2x8: its own list)
+    for layout in ("2x2", "4x1", "2x4", "4x2", "2x8"):
+        base = mod.POOLS[layout].cases if layout != "2x8" else mod.SIXTEEN
+        assert mod.POOLS[f"{layout}-aggressive"].cases == mod.POOLS[f"{layout}-chaos"].cases == base, layout
+    assert mod.POOLS["2x8-chaos"].max_shape == workers.INTERNODE_SIXTEEN_SHAPE and mod.POOLS["4x1"].max_shape is None
+    by_mark = {
+        m: collect_ids("-m", m, INTERNODE) for m in ("internode", "aggressive", "chaos", "eight_ranks", "sixteen")
+    }
     assert by_mark["internode"] == ids
-    assert by_mark["aggressive"] == [i for i in ids if "[2x2-aggressive-" in i] and len(by_mark["aggressive"]) == full
-    assert by_mark["chaos"] == [i for i in ids if "[2x2-chaos-" in i] and len(by_mark["chaos"]) == full
-    assert by_mark["eight_ranks"] == [i for i in ids if "[2x4-" in i or "[4x2-" in i]
-    old = " ".join(_collect("tests/gpu/test_internode_gpu.py"))  # no case list runs twice
+    for variant in ("aggressive", "chaos"):
+        assert by_mark[variant] == [i for i in ids if f"-{variant}-" in i], variant
+        assert len(by_mark[variant]) == 2 * full + 2 * eight + sixteen, variant
+    assert (
+        by_mark["eight_ranks"] == [i for i in ids if "[2x4-" in i or "[4x2-" in i] and len(by_mark["eight_ranks"]) == 42
+    )
+    assert by_mark["sixteen"] == [i for i in ids if "[2x8-" in i] and len(by_mark["sixteen"]) == 2 * sixteen
+    old = " ".join(collect_ids("tests/gpu/test_internode_gpu.py"))  # no case list runs twice
     for gone in ("matches_reference", "aggressive_variant", "chaos_transport", "eight_ranks_on_one_gpu"):
         assert gone not in old, old
 
 
-def _ids(pool):
+def _params(ids) -> list:
+    params = [re.search(r"\[(.*)\]$", i).group(1) for i in ids]
+    assert all(re.fullmatch(r"[0-9A-Za-z_-]+", p) for p in params), params  # no quoting in a RETEST list
+    return params
+
+
+def _check_pools(pools: dict, params):
+    """The items come pool by pool in the dict's order, each pool's name says its layout (<nodes>x<ranks per
+    node>) and transport or variant, as its ranks' environment does."""
     from tests.gpu.conftest import case_ids
 
-    return case_ids(pool.cases)
+    of = [
+        next(n for n in pools if p.startswith(n + "-") and p[len(n) + 1 :] in case_ids(pools[n].cases)) for p in params
+    ]
+    assert [n for k, n in enumerate(of) if k == 0 or of[k - 1] != n] == list(pools), of  # contiguous, in order
+    for name, pool in pools.items():
+        nodes, G = map(int, re.match(r"(\d+)x(\d+)", name).groups())
+        assert (nodes * G, G) == (pool.num_ranks, pool.ranks_per_node), name
+        assert (pool.aggressive, pool.chaos) == ("-aggressive" in name, "-chaos" in name), name
+        env = pool.env()
+        assert env["EP_RT_RANKS_PER_NODE"] == str(G) and env["EP_RT_CHAOS_TRANSPORT"] == str(int(pool.chaos)), name
 
 
 def test_case_ids_are_safe_and_refuse_clashes():
