@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_variants internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
-#          internode_chaos, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes ll_nodes8 ll16 ll16_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -141,6 +141,20 @@ step() {  # one named step; returns 3 for a name it does not know
     # shrink mode and the put path, stopping at the first failure.
     ll)    run ll_cases 300 python3 -m pytest -q -rs tests/gpu/test_low_latency_cases_gpu.py
            run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
+    # Issue 21: the LL suite on emulated nodes, one test per (layout, transport, case), each pool of ranks spawned
+    # once. ll_nodes: 4x1 over P2P puts and through the chaos transport (23 cases each, ~95 and ~100 s: the whole
+    # suite in one test took 97 s on 2x2 and 98 s under chaos, 20261202 logs): ~200 s. ll_nodes8: 2x4, 4x2, each
+    # over P2P and chaos (8 cases each, ~90 s a pool: the 2-rank times of those cases, about 6 s, x 14 for 8 ranks,
+    # as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16, ll16_chaos: 2x8 (16
+    # processes, 4 cases), ~240 s each (from internode16's 247 s for 7 cases; no LL case has run on 8 or 16 ranks).
+    ll_nodes) run ll_nodes 540 python3 -m pytest -q -rs --durations=20 \
+             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll_nodes8) run ll_nodes8 560 python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
+             tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll16)  run ll16 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
+             tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll16_chaos) run ll16_chaos 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
+             tests/gpu/test_low_latency_nodes_gpu.py ;;
     tests) run tests 540 python3 -m pytest -q -rs -m "not bench and not soak and not pypi" tests ;;  # no PyPI there
     ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
     ep8_main) run ep8_main 540 python3 -m ep_rt ;;                           # one rank per GPU: EP8 tables
@@ -196,9 +210,10 @@ step() {  # one named step; returns 3 for a name it does not know
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
     internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py \
              tests/gpu/test_internode_cases_gpu.py ;;
+    # internode_core: all of those but 2x8's (internode16*) and internode_variants' tests.
     internode_core) run internode_core "${LIMIT_CORE:-520}" python3 -m pytest -q -rs --durations=20 \
              -m "not bench and not soak and not sixteen and not aggressive and not chaos" \
-             tests/gpu/test_internode_gpu.py tests/gpu/test_internode_cases_gpu.py ;;  # all but internode16's and internode_variants'
+             tests/gpu/test_internode_gpu.py tests/gpu/test_internode_cases_gpu.py ;;
     # The internode case lists, one test per (layout, variant, case), each pool of ranks spawned once (LIMIT_CASES).
     # internode_cases: the default variant on 2x2, 4x1 (26 cases each), 2x4, 4x2 (7 each): ~160 s (each pool
     # 39 s in internode_cases.log of 20261202T220450Z). internode_variants (issue 21): the aggressive variant and

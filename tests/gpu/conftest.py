@@ -101,7 +101,17 @@ def check_case_results(results, what: str, seed: int) -> None:
     assert all(r["checks"] > 0 for r in results), [r["checks"] for r in results]
 
 
-# ---- per-case pools on emulated nodes (test_internode_cases_gpu.py) -------------------------------------------
+def log_case_notes(capsys, results, what: str) -> None:
+    """Every rank's measurements of one case (how many LogFMT outputs differ, ...) into the run's log, pass or
+    fail."""
+    with capsys.disabled():
+        for rank, r in enumerate(results):
+            for note in r["notes"]:
+                print(f"\n[rank {rank}] {what}: {note}", end="")
+        print()
+
+
+# ---- per-case pools on emulated nodes (test_internode_cases_gpu.py, test_low_latency_nodes_gpu.py) ----------
 
 
 @dataclass(frozen=True)
