@@ -138,17 +138,22 @@ step() {  # one named step; returns 3 for a name it does not know
     rest)  run rest 420 python3 -m pytest -q -rs -m "not bench and not soak and not smoke and not suite and not pypi" \
              tests ;;  # all that smoke and suite leave
     # The LL suite one test per case (no -x: a case that breaks the ranks fails the cases after it at once), then
-    # shrink mode and the put path, stopping at the first failure.
+    # shrink mode and the put path, stopping at the first failure (shrink mode on emulated nodes: ll_nodes).
     ll)    run ll_cases 300 python3 -m pytest -q -rs tests/gpu/test_low_latency_cases_gpu.py
-           run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
+           run ll 300 python3 -m pytest -q -rs -x -m "not bench and not soak and not ll_nodes" \
+             tests/gpu/test_low_latency_gpu.py ;;
     # Issue 21: the LL suite on emulated nodes, one test per (layout, transport, case), each pool of ranks spawned
-    # once. ll_nodes: 4x1 over P2P puts and through the chaos transport (23 cases each, ~95 and ~100 s: the whole
-    # suite in one test took 97 s on 2x2 and 98 s under chaos, 20261202 logs): ~200 s. ll_nodes8: 2x4, 4x2, each
-    # over P2P and chaos (8 cases each, ~90 s a pool: the 2-rank times of those cases, about 6 s, x 14 for 8 ranks,
-    # as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16, ll16_chaos: 2x8 (16
-    # processes, 4 cases), ~240 s each (from internode16's 247 s for 7 cases; no LL case has run on 8 or 16 ranks).
+    # once; shrink mode and the killed peer with the silent or dead rank on another node, over P2P puts and through
+    # the chaos transport. ll_nodes: 4x1 over P2P puts and through the chaos transport (23 items each, ~95 and
+    # ~100 s: the whole suite in one test took 97 s on 2x2 and 98 s under chaos, 20261202 logs), then the 9 fault
+    # tests on 2x1, 2x1 chaos and 2x2 chaos (~145 s: the one-node ones take 8 to 17 s each): ~350 s. ll_nodes8:
+    # 2x4, 4x2, each over P2P and chaos (8 cases each, ~90 s a pool: the 2-rank times of those cases, about 6 s,
+    # x 14 for 8 ranks, as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16,
+    # ll16_chaos: 2x8 (16 processes, 4 cases), ~240 s each (from internode16's 247 s for 7 cases; no LL case has
+    # run on 8 or 16 ranks).
     ll_nodes) run ll_nodes 540 python3 -m pytest -q -rs --durations=20 \
-             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py ;;
+             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
+             tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
     ll_nodes8) run ll_nodes8 560 python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     ll16)  run ll16 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
@@ -172,7 +177,8 @@ step() {  # one named step; returns 3 for a name it does not know
              --rounds "${SOAK_ROUNDS_CHAOS:-500}" --timeout 240 ;;
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
     # The GPU tests in order of what a regression would hurt most, under one limit (LIMIT, default 480 s).
-    gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 tests/gpu/test_cubins_gpu.py \
+    gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 \
+             -m "not bench and not soak and not ll_nodes" tests/gpu/test_cubins_gpu.py \
              tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_cases_gpu.py tests/gpu/test_low_latency_gpu.py \
              tests/gpu/test_intranode_cases_gpu.py tests/gpu/test_intranode_gpu.py tests/gpu/test_reliability_gpu.py \
              tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py tests/gpu/test_no_sync_gpu.py ;;
@@ -272,7 +278,8 @@ step() {  # one named step; returns 3 for a name it does not know
     cu12_net) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              run cu12_net 480 env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
-               python3 -m pytest -q -rs -m "not bench and not soak and not aggressive and not chaos and not eight_ranks" \
+               python3 -m pytest -q -rs \
+               -m "not bench and not soak and not aggressive and not chaos and not eight_ranks and not ll_nodes" \
                ${CU12_TESTS:-tests/gpu/test_low_latency_cases_gpu.py \
                tests/gpu/test_low_latency_gpu.py tests/gpu/test_internode_cases_gpu.py \
                tests/gpu/test_chaos_transport_gpu.py} ;;

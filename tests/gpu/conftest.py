@@ -188,6 +188,49 @@ class OnePoolAtATime:
         self.close()
 
 
+# ---- fault tests on emulated nodes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultLayout:
+    """Where a fault test's ranks run: one node (ranks_per_node None) or emulated nodes, over P2P puts or through
+    the chaos transport."""
+
+    num_ranks: int
+    ranks_per_node: int | None = None
+    chaos: bool = False
+
+    def env(self) -> dict:
+        env = {"EP_RT_CHAOS_TRANSPORT": "1" if self.chaos else "0"}
+        return env | ({"EP_RT_RANKS_PER_NODE": str(self.ranks_per_node)} if self.ranks_per_node else {})
+
+    @property
+    def remote_peers(self) -> int:
+        """Peers of each rank on other nodes (the put path)."""
+        return self.num_ranks - (self.ranks_per_node or self.num_ranks)
+
+    @property
+    def variant(self) -> str:
+        """The LL cubin variant the ranks must load."""
+        return "chaos" if self.chaos else "default"
+
+
+ONE_NODE = FaultLayout(2)
+# Issue 21: the LL faults with the silent or dead rank on another node (the put path), over P2P puts and through
+# the chaos transport; 2 x 2 also has a peer of the same node (NVLink) among the survivors.
+NODE_FAULT_LAYOUTS = {
+    "2x1": FaultLayout(2, 1),
+    "2x1-chaos": FaultLayout(2, 1, True),
+    "2x2-chaos": FaultLayout(4, 2, True),
+}
+
+
+def node_fault_marks(layout: FaultLayout) -> list:
+    """ll_nodes (step ll_nodes; the steps that run the one-node fault tests leave these out), and chaos where the
+    chaos transport runs."""
+    return [pytest.mark.ll_nodes] + ([pytest.mark.chaos] if layout.chaos else [])
+
+
 # Each GPU test's verdict and, for a failure, its traceback go to the log as soon as the test ends: a step that
 # runs into its time limit is killed before pytest's end-of-run summary, and the failures before it would be lost
 # (attempt 20261202T012159Z kept only ".F.").

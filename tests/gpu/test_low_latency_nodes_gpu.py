@@ -6,14 +6,15 @@ round after clean_low_latency_buffer on 4x1 (nodes x ranks: every peer remote), 
 (EIGHT), 16 ranks as 2x8 on a smaller one (SIXTEEN, marked sixteen: the default steps leave them out); each over
 P2P puts and through the chaos transport (EP_RT_CHAOS_TRANSPORT=1: puts late, split and reordered, every operation
 counted). Nothing here has run on a real network. (2x1 and 2x2, the whole suite in one test each:
-test_low_latency_gpu.py and test_chaos_transport_gpu.py.)
+test_low_latency_gpu.py and test_chaos_transport_gpu.py; shrink mode and killed peers on emulated nodes:
+test_low_latency_gpu.py and test_reliability_gpu.py.)
 
 Pools as test_internode_cases_gpu.py's: the ranks of one pool (layout and transport) are spawned once, at the
 pool's first case, and each keeps its Buffer, sized for the pool's cases, between cases (workers.ll_case); a case
 that raises makes every rank drop its Buffer. Node ids: test_low_latency_on_nodes[<pool>-<case id>], e.g. [4x1-fp8]
 or [2x4-chaos-cuda_graph_replays]. Marks: ll_nodes (every item); chaos, eight_ranks, sixteen (those pools' items;
-tools/gpu_run.sh's steps ll_nodes and ll16 select by them). EP_RT_CASE_SEED=<seed> re-runs a case with the seed its
-failure printed."""
+tools/gpu_run.sh's steps ll_nodes, ll_nodes8, ll16 and ll16_chaos select by them). EP_RT_CASE_SEED=<seed> re-runs a
+case with the seed its failure printed."""
 
 from dataclasses import dataclass
 

@@ -318,8 +318,8 @@ def ll_suite(rank, num_ranks):
 
 
 def ll_shrink(rank, num_ranks):
-    """Rank 1 stops answering; rank 0 masks it after the timeout and its results match the reference with
-    rank 1 masked."""
+    """Every rank but rank 0 stops answering; rank 0 masks them after the timeout and its results match the
+    reference with them masked. Rank 0 also says how its Buffer reaches them (on emulated nodes: the put path)."""
     from ep_rt import reference_ll
     from ep_rt.testing.selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
 
@@ -329,6 +329,7 @@ def ll_shrink(rank, num_ranks):
     T, H, E, L = case.max_tokens, case.hidden, case.num_experts, case.num_experts // num_ranks
     result = {}
     if rank == 0:
+        result.update(ll_transport(buf))
         xs, idxs, ws = ll_inputs(case, seed, num_ranks, buf.device)
         t0 = time.monotonic()
         recv, count, handle, _, _ = buf.low_latency_dispatch(xs[0], idxs[0], T, E)

@@ -145,3 +145,21 @@ def test_the_internode_case_steps_run_every_item_once_and_2x8_only_in_its_own_st
     assert all("[2x8-chaos-" in i for i in picked["internode16_chaos"]), picked
     core = [i for i in collect_step(text, "internode_core") if i.startswith(INTERNODE_CASES)]
     assert core == picked["internode_cases"]
+
+
+def test_the_ll_node_steps_run_every_ll_nodes_test_once_and_the_one_node_steps_none():
+    """ll_nodes (4x1 and the fault tests on emulated nodes), ll_nodes8 (2x4, 4x2), ll16 and ll16_chaos (2x8):
+    together every test marked ll_nodes, each once; ll, gpu_core and cu12_net keep their one-node tests and
+    take none of them."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    marked = collect_ids("-m", "ll_nodes", "tests/gpu")
+    picked = {step: collect_step(text, step) for step in ("ll_nodes", "ll_nodes8", "ll16", "ll16_chaos")}
+    assert sorted(sum(picked.values(), [])) == sorted(marked), {k: len(v) for k, v in picked.items()}
+    assert any("test_killed_peer[ll-True-2x2-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
+    assert any("shrink_mode_masks_a_silent_rank[2x1-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
+    assert all("[2x8-" in i for i in picked["ll16"] + picked["ll16_chaos"]), picked
+    one_node = {"ll": "shrink_mode_masks_a_silent_rank[one_node]", "gpu_core": "test_killed_peer[ll-True]"}
+    for step in ("ll", "gpu_core", "cu12_net"):
+        ids = collect_step(text, step)
+        assert ids and not set(ids) & set(marked), (step, sorted(set(ids) & set(marked)))
+        assert step not in one_node or any(i.endswith(one_node[step]) for i in ids), (step, ids)
