@@ -19,8 +19,9 @@
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
 #          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, tma_ab, host_profile,
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
-#          internode_cases (LIMIT_CASES) internode_each cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES),
-#          internode_main internode_aggressive internode_chaos, bench). An unknown step refuses the whole run.
+#          internode_cases (LIMIT_CASES) internode_variants internode16_aggressive internode16_chaos internode_each
+#          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
+#          internode_chaos, ll_nodes ll_nodes8 ll16 ll16_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -137,9 +138,28 @@ step() {  # one named step; returns 3 for a name it does not know
     rest)  run rest 420 python3 -m pytest -q -rs -m "not bench and not soak and not smoke and not suite and not pypi" \
              tests ;;  # all that smoke and suite leave
     # The LL suite one test per case (no -x: a case that breaks the ranks fails the cases after it at once), then
-    # shrink mode and the put path, stopping at the first failure.
+    # shrink mode and the put path, stopping at the first failure (shrink mode on emulated nodes: ll_nodes).
     ll)    run ll_cases 300 python3 -m pytest -q -rs tests/gpu/test_low_latency_cases_gpu.py
-           run ll 300 python3 -m pytest -q -rs -x tests/gpu/test_low_latency_gpu.py ;;
+           run ll 300 python3 -m pytest -q -rs -x -m "not bench and not soak and not ll_nodes" \
+             tests/gpu/test_low_latency_gpu.py ;;
+    # Issue 21: the LL suite on emulated nodes, one test per (layout, transport, case), each pool of ranks spawned
+    # once; shrink mode and the killed peer with the silent or dead rank on another node, over P2P puts and through
+    # the chaos transport. ll_nodes: 4x1 over P2P puts and through the chaos transport (23 items each, ~95 and
+    # ~100 s: the whole suite in one test took 97 s on 2x2 and 98 s under chaos, 20261202 logs), then the 9 fault
+    # tests on 2x1, 2x1 chaos and 2x2 chaos (~145 s: the one-node ones take 8 to 17 s each): ~350 s. ll_nodes8:
+    # 2x4, 4x2, each over P2P and chaos (8 cases each, ~90 s a pool: the 2-rank times of those cases, about 6 s,
+    # x 14 for 8 ranks, as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16,
+    # ll16_chaos: 2x8 (16 processes, 4 cases), ~240 s each (from internode16's 247 s for 7 cases; no LL case has
+    # run on 8 or 16 ranks).
+    ll_nodes) run ll_nodes 540 python3 -m pytest -q -rs --durations=20 \
+             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
+             tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
+    ll_nodes8) run ll_nodes8 560 python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
+             tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll16)  run ll16 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
+             tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll16_chaos) run ll16_chaos 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
+             tests/gpu/test_low_latency_nodes_gpu.py ;;
     tests) run tests 540 python3 -m pytest -q -rs -m "not bench and not soak and not pypi" tests ;;  # no PyPI there
     ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
     ep8_main) run ep8_main 540 python3 -m ep_rt ;;                           # one rank per GPU: EP8 tables
@@ -157,7 +177,8 @@ step() {  # one named step; returns 3 for a name it does not know
              --rounds "${SOAK_ROUNDS_CHAOS:-500}" --timeout 240 ;;
     gpu)   run gpu 540 python3 -m pytest -q -rs tests/gpu ;;
     # The GPU tests in order of what a regression would hurt most, under one limit (LIMIT, default 480 s).
-    gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 tests/gpu/test_cubins_gpu.py \
+    gpu_core) run gpu_core "${LIMIT:-480}" python3 -m pytest -q -rs --durations=40 \
+             -m "not bench and not soak and not ll_nodes" tests/gpu/test_cubins_gpu.py \
              tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_cases_gpu.py tests/gpu/test_low_latency_gpu.py \
              tests/gpu/test_intranode_cases_gpu.py tests/gpu/test_intranode_gpu.py tests/gpu/test_reliability_gpu.py \
              tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py tests/gpu/test_no_sync_gpu.py ;;
@@ -195,25 +216,38 @@ step() {  # one named step; returns 3 for a name it does not know
     # under the aggressive variant and under the chaos transport (4 ranks as 2 nodes x 2 on one GPU).
     internode) run internode 600 python3 -m pytest -q -rs --durations=20 tests/gpu/test_internode_gpu.py \
              tests/gpu/test_internode_cases_gpu.py ;;
+    # internode_core: all of those but 2x8's (internode16*) and internode_variants' tests.
     internode_core) run internode_core "${LIMIT_CORE:-520}" python3 -m pytest -q -rs --durations=20 \
-             -m "not bench and not soak and not sixteen" tests/gpu/test_internode_gpu.py \
-             tests/gpu/test_internode_cases_gpu.py ;;  # all but internode16's
-    # The internode case lists, one test per (layout, case), each pool of ranks spawned once (LIMIT_CASES).
-    internode_cases) run internode_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs --durations=20 -m internode \
-             tests/gpu/test_internode_cases_gpu.py ;;
+             -m "not bench and not soak and not sixteen and not aggressive and not chaos" \
+             tests/gpu/test_internode_gpu.py tests/gpu/test_internode_cases_gpu.py ;;
+    # The internode case lists, one test per (layout, variant, case), each pool of ranks spawned once (LIMIT_CASES).
+    # internode_cases: the default variant on 2x2, 4x1 (26 cases each), 2x4, 4x2 (7 each): ~160 s (each pool
+    # 39 s in internode_cases.log of 20261202T220450Z). internode_variants (issue 21): the aggressive variant and
+    # the chaos transport on each of those layouts: ~325 s (2x2's took 41 and 40 s there; 8 pools of about 40 s).
+    internode_cases) run internode_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs --durations=20 \
+             -m "internode and not aggressive and not chaos and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
+    internode_variants) run internode_variants 540 python3 -m pytest -q -rs --durations=20 \
+             -m "internode and (aggressive or chaos) and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
              tests/gpu/test_internode_gpu.py ;;
+    # 2x8 (16 processes) under the aggressive variant and the chaos transport, 6 cases and the graph replays each:
+    # ~250 s and ~270 s (internode16, the same cases in the default variant, took 247 s).
+    internode16_aggressive) run internode16_aggressive 480 python3 -m pytest -q -rs --durations=10 \
+             -m "sixteen and aggressive" tests/gpu/test_internode_cases_gpu.py ;;
+    internode16_chaos) run internode16_chaos 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
+             tests/gpu/test_internode_cases_gpu.py ;;
     # Each internode GPU test of test_internode_gpu.py (but the 16-process one) its own pytest, its own log and
     # limit (LIMIT_EACH, default 240 s; the rank harness gives up 30 s before it, SPAWN_DEADLINE_S, and reports the
     # ranks' stacks): one that hangs costs only its own limit, and every verdict and traceback is kept; then the
-    # per-case module in one pytest (its items report one by one; a pool per layout, LIMIT_CASES);
+    # per-case module's default variant in one pytest, as internode_cases (its items report one by one; a pool per
+    # layout, LIMIT_CASES);
     # cu12_internode_each: the same under the cu12 flavour with the carried cu12 host library.
     internode_each) [ "$DRY" = 1 ] && return 0
              k=0; for t in $(internode_ids); do k=$((k + 1))
                run internode_each$k "${LIMIT_EACH:-240}" env SPAWN_DEADLINE_S=$((${LIMIT_EACH:-240} - 30)) \
                  python3 -m pytest -q -rs "$t"; done
-             run internode_each_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs -m internode \
-               tests/gpu/test_internode_cases_gpu.py ;;
+             run internode_each_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs \
+               -m "internode and not aggressive and not chaos and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
     cu12_internode_each) [ "$DRY" = 1 ] && return 0
              run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              k=0; for t in $(internode_ids); do k=$((k + 1)); run cu12_internode_each$k "${LIMIT_EACH:-240}" env \
@@ -224,7 +258,8 @@ step() {  # one named step; returns 3 for a name it does not know
              run cu12_internode_each_cases "${LIMIT_CASES:-540}" env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" \
                EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
-               python3 -m pytest -q -rs -m internode tests/gpu/test_internode_cases_gpu.py ;;
+               python3 -m pytest -q -rs -m "internode and not aggressive and not chaos and not sixteen" \
+               tests/gpu/test_internode_cases_gpu.py ;;
     internode_main) run internode_main 300 python3 -m ep_rt --ranks 4 --internode 2 ;;
     internode_aggressive) run internode_aggressive 300 env EP_RT_AGGRESSIVE_PTX=1 python3 -m ep_rt --ranks 4 \
              --internode 2 --no-bench ;;
@@ -243,7 +278,8 @@ step() {  # one named step; returns 3 for a name it does not know
     cu12_net) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              run cu12_net 480 env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
-               python3 -m pytest -q -rs -m "not bench and not soak and not aggressive and not chaos and not eight_ranks" \
+               python3 -m pytest -q -rs \
+               -m "not bench and not soak and not aggressive and not chaos and not eight_ranks and not ll_nodes" \
                ${CU12_TESTS:-tests/gpu/test_low_latency_cases_gpu.py \
                tests/gpu/test_low_latency_gpu.py tests/gpu/test_internode_cases_gpu.py \
                tests/gpu/test_chaos_transport_gpu.py} ;;

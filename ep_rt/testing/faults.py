@@ -132,10 +132,12 @@ def late_or_skipping_peer(rank: int, num_ranks: int, kind: str, fault: str, time
 def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: float, seed: int):
     """The last rank's process dies between two calls. The survivors' next call raises within the timeout or, in
     shrink mode (LL), masks the dead rank and returns the reference's result without it; their teardown completes.
-    No fresh Buffer: the process group itself lost a rank."""
+    No fresh Buffer: the process group itself lost a rank. Each survivor also says where it ran: how many peers
+    are on other nodes (on emulated nodes, EP_RT_RANKS_PER_NODE, the dead rank's puts) and whether under the chaos
+    transport."""
     import torch.distributed as dist
 
-    from .. import reference_ll
+    from .. import env, reference_ll
     from .selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
 
     buf = _buffer(kind, num_ranks, timeout_s, shrink=shrink)
@@ -144,7 +146,7 @@ def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: f
     if rank == num_ranks - 1:
         os._exit(0)  # as a crash would: no teardown, no goodbye
     time.sleep(2.0)  # the peer is gone before the next call starts
-    out = {}
+    out = {"remote_peers": num_ranks - buf.topology.node_size, "chaos": env.chaos_transport()}
     if shrink:
         R, s = num_ranks, LL_SHAPE
         T, H, E, L = s["T"], s["hidden"], s["experts"], s["experts"] // num_ranks

@@ -1,6 +1,7 @@
 import contextlib
 import os
 import re
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -90,6 +91,144 @@ def case_timeout_s(peer_timeout_s=None) -> float:
     from ep_rt import env
 
     return max(120.0, (peer_timeout_s or env.timeout_s()) + 60.0)
+
+
+def check_case_results(results, what: str, seed: int) -> None:
+    """Every rank's failures of one case (what: how the messages name it, e.g. "[2x2] bf16 uniform") in one
+    assertion with the seed to re-run it; and every rank checked something."""
+    problems = [f"rank {rank} {what}: {f}" for rank, r in enumerate(results) for f in r["failures"]]
+    assert not problems, "\n".join(problems[:40]) + f"\n(EP_RT_CASE_SEED={seed})"
+    assert all(r["checks"] > 0 for r in results), [r["checks"] for r in results]
+
+
+def log_case_notes(capsys, results, what: str) -> None:
+    """Every rank's measurements of one case (how many LogFMT outputs differ, ...) into the run's log, pass or
+    fail."""
+    with capsys.disabled():
+        for rank, r in enumerate(results):
+            for note in r["notes"]:
+                print(f"\n[rank {rank}] {what}: {note}", end="")
+        print()
+
+
+# ---- per-case pools on emulated nodes (test_internode_cases_gpu.py, test_low_latency_nodes_gpu.py) ----------
+
+
+@dataclass(frozen=True)
+class NodesPool:
+    """One pool of ranks sharing the GPU as nodes of ranks_per_node (EP_RT_RANKS_PER_NODE: peers on other nodes
+    take the NVSHMEM put path), the cases it runs and the environment its ranks start with."""
+
+    num_ranks: int
+    ranks_per_node: int
+    cases: tuple
+    timeout_s: int = 20  # EP_RT_TIMEOUT_S in the ranks
+    net_timeout_s: int = 40  # EP_RT_NET_TIMEOUT_S (the internode kernels' waits)
+    aggressive: bool = False
+    chaos: bool = False
+
+    @property
+    def peer_timeout_s(self) -> int:
+        """The longest a rank's wait for a peer may take before the library reports it."""
+        return max(self.timeout_s, self.net_timeout_s)
+
+    def env(self) -> dict:
+        return {
+            "EP_RT_RANKS_PER_NODE": str(self.ranks_per_node),
+            "EP_RT_TIMEOUT_S": str(self.timeout_s),
+            "EP_RT_NET_TIMEOUT_S": str(self.net_timeout_s),
+            "EP_RT_AGGRESSIVE_PTX": "1" if self.aggressive else "0",
+            "EP_RT_CHAOS_TRANSPORT": "1" if self.chaos else "0",
+        }
+
+    def marks(self) -> list:
+        """The markers the steps of tools/gpu_run.sh select this pool's items by."""
+        marks = [pytest.mark.aggressive] if self.aggressive else []
+        marks += [pytest.mark.chaos] if self.chaos else []
+        marks += [pytest.mark.eight_ranks] if self.num_ranks == 8 else []
+        return marks + ([pytest.mark.sixteen] if self.num_ranks == 16 else [])
+
+
+def pool_items(pools: dict) -> list:
+    """One pytest param per (pool, case), pool by pool in the dict's order (one pool's ranks hold the GPU at a
+    time), with node ids <pool>-<case id> and the pool's marks."""
+    return [
+        pytest.param(name, case, id=f"{name}-{cid}", marks=pool.marks())
+        for name, pool in pools.items()
+        for case, cid in zip(pool.cases, case_ids(pool.cases))
+    ]
+
+
+class OnePoolAtATime:
+    """The RankPool of the current item's pool (specs: name -> NodesPool), started at its first item; the one
+    before is closed first (the items come pool by pool), so one pool's ranks hold the GPU at a time. cache_key:
+    the Buffer the ranks keep between cases."""
+
+    def __init__(self, specs: dict, cache_key: str):
+        self.specs, self.cache_key = specs, cache_key
+        self.name, self.pool, self._cm = None, None, None
+
+    def get(self, name):
+        if name != self.name:
+            self.close()
+            spec = self.specs[name]
+            self._cm = case_pool(spec.num_ranks, self.cache_key, env=spec.env(), peer_timeout_s=spec.peer_timeout_s)
+            self.pool, self.name = self._cm.__enter__(), name
+        return self.pool
+
+    def close(self):
+        cm, self._cm, self.name, self.pool = self._cm, None, None, None
+        if cm is not None:
+            cm.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---- fault tests on emulated nodes ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultLayout:
+    """Where a fault test's ranks run: one node (ranks_per_node None) or emulated nodes, over P2P puts or through
+    the chaos transport."""
+
+    num_ranks: int
+    ranks_per_node: int | None = None
+    chaos: bool = False
+
+    def env(self) -> dict:
+        env = {"EP_RT_CHAOS_TRANSPORT": "1" if self.chaos else "0"}
+        return env | ({"EP_RT_RANKS_PER_NODE": str(self.ranks_per_node)} if self.ranks_per_node else {})
+
+    @property
+    def remote_peers(self) -> int:
+        """Peers of each rank on other nodes (the put path)."""
+        return self.num_ranks - (self.ranks_per_node or self.num_ranks)
+
+    @property
+    def variant(self) -> str:
+        """The LL cubin variant the ranks must load."""
+        return "chaos" if self.chaos else "default"
+
+
+ONE_NODE = FaultLayout(2)
+# Issue 21: the LL faults with the silent or dead rank on another node (the put path), over P2P puts and through
+# the chaos transport; 2 x 2 also has a peer of the same node (NVLink) among the survivors.
+NODE_FAULT_LAYOUTS = {
+    "2x1": FaultLayout(2, 1),
+    "2x1-chaos": FaultLayout(2, 1, True),
+    "2x2-chaos": FaultLayout(4, 2, True),
+}
+
+
+def node_fault_marks(layout: FaultLayout) -> list:
+    """ll_nodes (step ll_nodes; the steps that run the one-node fault tests leave these out), and chaos where the
+    chaos transport runs."""
+    return [pytest.mark.ll_nodes] + ([pytest.mark.chaos] if layout.chaos else [])
 
 
 # Each GPU test's verdict and, for a failure, its traceback go to the log as soon as the test ends: a step that

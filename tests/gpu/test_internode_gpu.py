@@ -117,25 +117,14 @@ def test_internode_and_low_latency_in_one_buffer():
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"
 
 
-SIXTEEN = [
-    "bf16 uniform",
-    "fp8 row scales",
-    "num_worst_tokens",
-    "every token spans every node",
-    "a node receives nothing",
-    "bias pair",
-]
-
-
 @pytest.mark.sixteen
 @gpus(1)
 def test_internode_nodes_of_eight_ranks_sixteen_on_one_gpu():
     """DeepEP's node size: 2 nodes of 8 ranks, 16 processes sharing the GPU (6 cases and the graph replays; buffers
     sized for these cases, not the 4096 x 7168 shape, so that 16 of them fit)."""
     env = {"EP_RT_RANKS_PER_NODE": "8", "EP_RT_TIMEOUT_S": "120", "EP_RT_NET_TIMEOUT_S": "240"}
-    results = run_ranks(
-        workers.internode_suite, 16, args=(8, SIXTEEN, False, True, (4096, 2048)), env=env, timeout_s=900
-    )
+    args = (8, workers.INTERNODE_SIXTEEN_CASES, False, True, workers.INTERNODE_SIXTEEN_SHAPE)
+    results = run_ranks(workers.internode_suite, 16, args=args, env=env, timeout_s=900)
     assert results[0]["nodes"] == 2
     problems = _problems(results)
     assert not problems, "\n".join(problems[:40]) + f"\n(seed {results[0]['seed']})"

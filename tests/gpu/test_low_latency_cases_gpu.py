@@ -6,14 +6,14 @@ The ranks are spawned once (a module-scoped RankPool) and each builds its low-la
 keeps it; a case that raises makes every rank drop its Buffer, so the next case starts on a fresh one. Node ids:
 test_low_latency_matches_reference[<case id>], e.g. [fp8] or [LogFMT_hidden_1152] (conftest's case_ids).
 EP_RT_CASE_SEED=<seed> re-runs a case with the seed its failure printed. (Shrink mode and the put path on emulated
-nodes: test_low_latency_gpu.py.)"""
+nodes: test_low_latency_gpu.py, test_low_latency_nodes_gpu.py.)"""
 
 import pytest
 
 from ep_rt.testing import selfcheck_ll
 
 from . import workers
-from .conftest import case_ids, case_pool, case_seed, case_timeout_s, gpus, run_case
+from .conftest import case_ids, case_pool, case_seed, case_timeout_s, check_case_results, gpus, log_case_notes, run_case
 
 NUM_RANKS = 2
 CASES = [c.name for c in selfcheck_ll.ll_cases(NUM_RANKS)] + [workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE]
@@ -31,12 +31,5 @@ def ll_pool():
 def test_low_latency_matches_reference(ll_pool, case, capsys):
     seed = case_seed()
     results = run_case(ll_pool, workers.ll_case, workers.LL_CASES_BUFFER, case, seed, timeout_s=case_timeout_s())
-    # Every rank's measurements (how many LogFMT outputs differ, ...) into the run's log, pass or fail.
-    with capsys.disabled():
-        for rank, r in enumerate(results):
-            for note in r["notes"]:
-                print(f"\n[rank {rank}] {case}: {note}", end="")
-        print()
-    problems = [f"rank {rank} {case}: {f}" for rank, r in enumerate(results) for f in r["failures"]]
-    assert not problems, "\n".join(problems[:40]) + f"\n(EP_RT_CASE_SEED={seed})"
-    assert all(r["checks"] > 0 for r in results), [r["checks"] for r in results]
+    log_case_notes(capsys, results, case)
+    check_case_results(results, case, seed)

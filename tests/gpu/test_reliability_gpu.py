@@ -1,6 +1,7 @@
 """Reliability suite (issue 15) on GPUs, ranks sharing one GPU where there is only one: the bad-input catalogue,
-fault tests (late, skipping and killed peers, with and without shrink mode) and, marked `soak`, 3,000 HT and
-3,000 LL rounds (test_ll_soak_gpu.py) with memory sampled."""
+fault tests (late, skipping and killed peers, with and without shrink mode; the LL killed peer also on emulated
+nodes, over P2P puts and through the chaos transport) and, marked `soak`, 3,000 HT and 3,000 LL rounds
+(test_ll_soak_gpu.py) with memory sampled."""
 
 import os
 
@@ -9,7 +10,7 @@ import pytest
 from ep_rt.testing import bad_inputs, faults, soak_ht
 from ep_rt.testing.spawn import run_ranks
 
-from .conftest import gpus
+from .conftest import NODE_FAULT_LAYOUTS, ONE_NODE, gpus, node_fault_marks
 
 TIMEOUT = 4.0  # seconds a kernel waits for a peer in the fault tests
 
@@ -44,19 +45,32 @@ def test_late_or_skipping_peer(kind, fault):
         assert res["fresh"]["checks"] > 0 and not res["fresh"]["failures"], res
 
 
+# On one node: HT, LL, LL in shrink mode. Issue 21 (marked ll_nodes: step ll_nodes): LL and LL in shrink mode with
+# the dead rank on another node, over P2P puts and through the chaos transport.
+ONE_NODE_KILLED = (("ht", False), ("ll", False), ("ll", True))
+KILLED = [pytest.param(kind, shrink, ONE_NODE, id=f"{kind}-{shrink}") for kind, shrink in ONE_NODE_KILLED] + [
+    pytest.param("ll", shrink, layout, id=f"ll-{shrink}-{name}", marks=node_fault_marks(layout))
+    for name, layout in NODE_FAULT_LAYOUTS.items()
+    for shrink in (False, True)
+]
+
+
 @gpus(1)
-@pytest.mark.parametrize("kind,shrink", [("ht", False), ("ll", False), ("ll", True)])
-def test_killed_peer(kind, shrink):
-    results = run_ranks(faults.killed_peer, 2, args=(kind, shrink, TIMEOUT, _seed()), timeout_s=600, may_exit=(1,))
-    res = results[0]
-    assert results[1] is None
-    if shrink:
-        assert res["mask"] == [0, 1] and res["count_ok"] and res["combine_ok"], res
-        assert res["seconds"] < 3 * TIMEOUT + 10, res
-    else:
-        assert res["call"]["error"] and res["call"]["timeout"], res
-        assert res["call"]["seconds"] < 3 * TIMEOUT + 10, res
-    assert res["destroy"]["seconds"] < 3 * TIMEOUT + 10, res
+@pytest.mark.parametrize("kind,shrink,layout", KILLED)
+def test_killed_peer(kind, shrink, layout):
+    R = layout.num_ranks
+    args = (kind, shrink, TIMEOUT, _seed())
+    results = run_ranks(faults.killed_peer, R, args=args, env=layout.env(), timeout_s=600, may_exit=(R - 1,))
+    assert results[-1] is None
+    for rank, res in enumerate(results[:-1]):  # the survivors
+        assert res["remote_peers"] == layout.remote_peers and res["chaos"] == layout.chaos, (rank, res)
+        if shrink:
+            assert res["mask"] == [0] * (R - 1) + [1] and res["count_ok"] and res["combine_ok"], (rank, res)
+            assert res["seconds"] < 3 * TIMEOUT + 10, (rank, res)
+        else:
+            assert res["call"]["error"] and res["call"]["timeout"], (rank, res)
+            assert res["call"]["seconds"] < 3 * TIMEOUT + 10, (rank, res)
+        assert res["destroy"]["seconds"] < 3 * TIMEOUT + 10, (rank, res)
 
 
 @pytest.mark.soak

@@ -124,12 +124,14 @@ LL_GRAPH_CASE = "cuda graph replays"
 LL_AFTER_CLEAN_CASE = "after clean"
 
 
-def ll_case(rank, num_ranks, name, seed):
+def ll_case(rank, num_ranks, name, seed, sized_for=None):
     """One case of `ll_suite` by name (LL_GRAPH_CASE, LL_AFTER_CLEAN_CASE: its graph replays, its round after
-    clean_low_latency_buffer) on this rank's kept low-latency Buffer: checks, failures and notes."""
+    clean_low_latency_buffer) on this rank's kept low-latency Buffer, sized for the cases named in sized_for (the
+    pool's; None: every case): checks, failures and notes, and the transport the Buffer runs (the pool's
+    environment: its cubin variant and how many of its peers are on other nodes)."""
     from ep_rt.testing import selfcheck_ll
 
-    buf = rank_cache(LL_CASES_BUFFER, lambda: ll_buffer(num_ranks))
+    buf = rank_cache(LL_CASES_BUFFER, lambda: ll_buffer(num_ranks, case_names=sized_for))
     if name == LL_GRAPH_CASE:
         chk = selfcheck_ll.run_ll_graph(buf, seed)
     elif name == LL_AFTER_CLEAN_CASE:
@@ -138,7 +140,14 @@ def ll_case(rank, num_ranks, name, seed):
     else:
         (case,) = checker.select(selfcheck_ll.ll_cases(num_ranks), [name])
         chk = selfcheck_ll.run_ll_case(buf, case, seed)
-    return {"checks": chk.checks, "failures": chk.failures, "notes": list(chk.notes)}
+    return {"checks": chk.checks, "failures": chk.failures, "notes": list(chk.notes), **ll_transport(buf)}
+
+
+def ll_transport(buf) -> dict:
+    """How a low-latency Buffer reaches its peers: the LL cubin variant it loaded ("default"; "chaos" under
+    EP_RT_CHAOS_TRANSPORT=1) and how many peers are on other nodes (NVSHMEM puts: emulated nodes, or a network).
+    What a test on emulated nodes checks its environment took effect by."""
+    return {"variant": buf._ll.module.entry["variant"], "remote_peers": buf.group_size - buf._ll.nvlink_peers}
 
 
 def drop_cached_buffer(rank, num_ranks, key):
@@ -271,13 +280,17 @@ def too_small(rank, num_ranks):
     return message, recv.size(0)
 
 
-def ll_buffer(num_ranks, **kwargs):
+def ll_buffer(num_ranks, case_names=None, **kwargs):
+    """A low-latency Buffer sized for the cases of ll_cases named in case_names (None: every one; fewer: a smaller
+    buffer, for many ranks on one GPU) and for LLCase()'s shape (the round after clean_low_latency_buffer; the
+    graph replays' shape is smaller)."""
     from ep_rt import Buffer
-    from ep_rt.testing.selfcheck_ll import ll_cases
+    from ep_rt.testing.selfcheck_ll import LLCase, ll_cases
 
+    cases = checker.select(ll_cases(num_ranks), case_names, also=(LL_GRAPH_CASE, LL_AFTER_CLEAN_CASE))
     need = max(
         Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
-        for c in ll_cases(num_ranks)
+        for c in cases + [LLCase("default shape")]
     )
     return Buffer(
         dist.group.WORLD, 0, need, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True, **kwargs
@@ -305,8 +318,8 @@ def ll_suite(rank, num_ranks):
 
 
 def ll_shrink(rank, num_ranks):
-    """Rank 1 stops answering; rank 0 masks it after the timeout and its results match the reference with
-    rank 1 masked."""
+    """Every rank but rank 0 stops answering; rank 0 masks them after the timeout and its results match the
+    reference with them masked. Rank 0 also says how its Buffer reaches them (on emulated nodes: the put path)."""
     from ep_rt import reference_ll
     from ep_rt.testing.selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
 
@@ -316,6 +329,7 @@ def ll_shrink(rank, num_ranks):
     T, H, E, L = case.max_tokens, case.hidden, case.num_experts, case.num_experts // num_ranks
     result = {}
     if rank == 0:
+        result.update(ll_transport(buf))
         xs, idxs, ws = ll_inputs(case, seed, num_ranks, buf.device)
         t0 = time.monotonic()
         recv, count, handle, _, _ = buf.low_latency_dispatch(xs[0], idxs[0], T, E)
@@ -418,17 +432,29 @@ def internode_suite(
 
 
 INTERNODE_CASES_BUFFER = "internode cases"
+# The cases of 2 nodes x 8 ranks (16 processes on one GPU), with buffers sized for INTERNODE_SIXTEEN_SHAPE, not the
+# 4096 x 7168 shape, so that 16 of them fit.
+INTERNODE_SIXTEEN_CASES = (
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "every token spans every node",
+    "a node receives nothing",
+    "bias pair",
+)
+INTERNODE_SIXTEEN_SHAPE = (4096, 2048)
 
 
-def internode_case(rank, num_ranks, ranks_per_node, name, seed):
+def internode_case(rank, num_ranks, ranks_per_node, name, seed, max_shape=None):
     """One case of `internode_suite` by name (GRAPH_CASE: its CUDA-graph replays) on this rank's kept internode
-    Buffer, sized as internode_suite's. Returns the checks, failures, the number of nodes and the variant the rank
-    runs under (the pool's environment)."""
+    Buffer, sized as internode_suite's for max_shape (None: its default). Returns the checks, failures, the
+    number of nodes and the variant the rank runs under (the pool's environment)."""
     from ep_rt import env
     from ep_rt.testing import selfcheck_internode as sci
 
     G = ranks_per_node
-    buf = rank_cache(INTERNODE_CASES_BUFFER, lambda: internode_buffer(rank, num_ranks, G))
+    shape = () if max_shape is None else (max_shape,)
+    buf = rank_cache(INTERNODE_CASES_BUFFER, lambda: internode_buffer(rank, num_ranks, G, *shape))
     if name == GRAPH_CASE:
         chk = sci.run_graph_case(buf, seed, G)
     else:

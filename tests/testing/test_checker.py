@@ -76,7 +76,7 @@ def test_every_fixed_case_filter_names_existing_cases():
     """The case lists that GPU runs filter by name (the main command's --quick, the GPU tests' subsets) name cases
     that exist: a renamed case fails here on the CPU instead of raising in a GPU run."""
     from ep_rt.testing import main_check
-    from tests.gpu import test_internode_cases_gpu, test_internode_gpu, test_intranode_gpu, workers
+    from tests.gpu import test_internode_cases_gpu, test_intranode_gpu, test_low_latency_nodes_gpu, workers
 
     for R in (2, 4, 8):
         ht, ll = selfcheck_ht.standard_cases(R), selfcheck_ll.ll_cases(R)
@@ -88,7 +88,7 @@ def test_every_fixed_case_filter_names_existing_cases():
     internode = {
         "QUICK_INTERNODE": (main_check.QUICK_INTERNODE, ((4, 2), (8, 4), (16, 8))),
         "LL compat": (workers.INTERNODE_LL_COMPAT_CASES, ((4, 2),)),
-        "sixteen": (test_internode_gpu.SIXTEEN, ((16, 8),)),
+        "sixteen": (workers.INTERNODE_SIXTEEN_CASES, ((16, 8),)),
     }
     for name, pool in test_internode_cases_gpu.POOLS.items():  # each pool's cases, on its own layout
         cases = tuple(c for c in pool.cases if c != workers.GRAPH_CASE)
@@ -96,3 +96,6 @@ def test_every_fixed_case_filter_names_existing_cases():
     for what, (names, layouts) in internode.items():
         for R, G in layouts:
             assert select(selfcheck_internode.internode_cases(R, G), names), what
+    ll_extra = (workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE)
+    for name, pool in test_low_latency_nodes_gpu.POOLS.items():
+        assert len(select(selfcheck_ll.ll_cases(pool.num_ranks), pool.cases, also=ll_extra)) >= 3, name

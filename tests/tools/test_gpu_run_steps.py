@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from ..repo import REPO
+from ..repo import REPO, collect_ids
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -105,8 +105,61 @@ def test_internode_each_runs_every_internode_test_but_the_sixteen_process_one_fa
     assert not any("sixteen" in i for i in ids), ids
     faults = [k for k, i in enumerate(ids) if "killed" in i or "missing" in i]
     assert faults == list(range(3)), ids
-    # the per-case module (its case lists) in one pytest after them, in both each-steps
-    text = re.sub(r"\\\n", " ", SCRIPT.read_text())
-    for step in ("internode_each", "cu12_internode_each"):
-        body = re.search(rf"^\s*{step}\) (.*?);;", text, flags=re.M | re.S).group(1)
-        assert "-m internode tests/gpu/test_internode_cases_gpu.py" in re.sub(r"\s+", " ", body), body
+    # the per-case module's default variant (as internode_cases) in one pytest after them, in both each-steps
+    text = SCRIPT.read_text()
+    for step in ("internode_each_cases", "cu12_internode_each_cases"):
+        assert step_selection(text, step) == step_selection(text, "internode_cases"), step
+
+
+def step_selection(text: str, step: str) -> tuple:
+    """(the -m expression, the test files) of the pytest command that `run <step> ...` runs in the script."""
+    joined = re.sub(r"\\\n", " ", text)
+    found = re.search(rf"(?<![\w$])run {re.escape(step)} [^;]*?pytest (.*?)(;;|$)", joined, flags=re.M)
+    assert found, f"no step {step} that runs pytest"
+    command = found.group(1)
+    marker = re.search(r'(?<!\S)-m\s+"([^"]*)"', command)
+    return (marker.group(1) if marker else None), tuple(re.findall(r"tests/gpu/\S+?\.py", command))
+
+
+def collect_step(text: str, step: str) -> list:
+    """The test ids the step's pytest command would run (its -m, or pyproject's default, on its files)."""
+    marker, files = step_selection(text, step)
+    return collect_ids(*(("-m", marker) if marker else ()), *files)
+
+
+INTERNODE_CASES = "tests/gpu/test_internode_cases_gpu.py"
+
+
+def test_the_internode_case_steps_run_every_item_once_and_2x8_only_in_its_own_steps():
+    """Issue 21's pools: internode_cases runs the default variant (and so do internode_core and the each-steps),
+    internode_variants the aggressive and chaos pools of 2x2, 4x1, 2x4 and 4x2, internode16_aggressive and
+    internode16_chaos the 2x8 ones: together every item of the per-case module, each once."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    ids = collect_ids(INTERNODE_CASES)
+    steps = ("internode_cases", "internode_variants", "internode16_aggressive", "internode16_chaos")
+    picked = {step: collect_step(text, step) for step in steps}
+    assert sorted(sum(picked.values(), [])) == sorted(ids), {k: len(v) for k, v in picked.items()}
+    assert not any("-aggressive-" in i or "-chaos-" in i for i in picked["internode_cases"]), picked
+    assert all("-aggressive-" in i or "-chaos-" in i for i in picked["internode_variants"]), picked
+    assert all("[2x8-aggressive-" in i for i in picked["internode16_aggressive"]), picked
+    assert all("[2x8-chaos-" in i for i in picked["internode16_chaos"]), picked
+    core = [i for i in collect_step(text, "internode_core") if i.startswith(INTERNODE_CASES)]
+    assert core == picked["internode_cases"]
+
+
+def test_the_ll_node_steps_run_every_ll_nodes_test_once_and_the_one_node_steps_none():
+    """ll_nodes (4x1 and the fault tests on emulated nodes), ll_nodes8 (2x4, 4x2), ll16 and ll16_chaos (2x8):
+    together every test marked ll_nodes, each once; ll, gpu_core and cu12_net keep their one-node tests and
+    take none of them."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    marked = collect_ids("-m", "ll_nodes", "tests/gpu")
+    picked = {step: collect_step(text, step) for step in ("ll_nodes", "ll_nodes8", "ll16", "ll16_chaos")}
+    assert sorted(sum(picked.values(), [])) == sorted(marked), {k: len(v) for k, v in picked.items()}
+    assert any("test_killed_peer[ll-True-2x2-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
+    assert any("shrink_mode_masks_a_silent_rank[2x1-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
+    assert all("[2x8-" in i for i in picked["ll16"] + picked["ll16_chaos"]), picked
+    one_node = {"ll": "shrink_mode_masks_a_silent_rank[one_node]", "gpu_core": "test_killed_peer[ll-True]"}
+    for step in ("ll", "gpu_core", "cu12_net"):
+        ids = collect_step(text, step)
+        assert ids and not set(ids) & set(marked), (step, sorted(set(ids) & set(marked)))
+        assert step not in one_node or any(i.endswith(one_node[step]) for i in ids), (step, ids)

@@ -1,0 +1,100 @@
+"""The low-latency suite on emulated nodes (issue 21; EP_RT_RANKS_PER_NODE splits the ranks sharing one GPU into
+nodes, and a peer on another node gets NVSHMEM puts: staging, put-with-signals, count signals, credits), each
+(layout, transport, case) its own test, against ep_rt.reference_ll as test_low_latency_cases_gpu.py (bit-exact;
+LogFMT within its tolerance): every case of ep_rt.testing.selfcheck_ll.ll_cases with the CUDA-graph replays and a
+round after clean_low_latency_buffer on 4x1 (nodes x ranks: every peer remote), 8 ranks as 2x4 and 4x2 on a subset
+(EIGHT), 16 ranks as 2x8 on a smaller one (SIXTEEN, marked sixteen: the default steps leave them out); each over
+P2P puts and through the chaos transport (EP_RT_CHAOS_TRANSPORT=1: puts late, split and reordered, every operation
+counted). Nothing here has run on a real network. (2x1 and 2x2, the whole suite in one test each:
+test_low_latency_gpu.py and test_chaos_transport_gpu.py; shrink mode and killed peers on emulated nodes:
+test_low_latency_gpu.py and test_reliability_gpu.py.)
+
+Pools as test_internode_cases_gpu.py's: the ranks of one pool (layout and transport) are spawned once, at the
+pool's first case, and each keeps its Buffer, sized for the pool's cases, between cases (workers.ll_case); a case
+that raises makes every rank drop its Buffer. Node ids: test_low_latency_on_nodes[<pool>-<case id>], e.g. [4x1-fp8]
+or [2x4-chaos-cuda_graph_replays]. Marks: ll_nodes (every item); chaos, eight_ranks, sixteen (those pools' items;
+tools/gpu_run.sh's steps ll_nodes, ll_nodes8, ll16 and ll16_chaos select by them). EP_RT_CASE_SEED=<seed> re-runs a
+case with the seed its failure printed."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from ep_rt.testing import selfcheck_ll
+
+from . import workers
+from .conftest import (
+    NodesPool,
+    OnePoolAtATime,
+    case_seed,
+    case_timeout_s,
+    check_case_results,
+    gpus,
+    log_case_notes,
+    pool_items,
+    run_case,
+)
+
+
+@dataclass(frozen=True)
+class Pool(NodesPool):
+    @property
+    def peer_timeout_s(self) -> int:
+        return self.timeout_s  # the LL kernels' waits, remote peers' too
+
+    def env(self) -> dict:
+        # DeepEP's rule for queue pairs once peers are remote, >= (T + 1) * 2: T=1024 in the list
+        return {**super().env(), "NVSHMEM_QP_DEPTH": "4096"}
+
+
+ALL = tuple(c.name for c in selfcheck_ll.ll_cases(4)) + (workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE)
+# The reference costs each rank about R times as much as on 2 ranks and R ranks share the GPU: with 8 and 16, the
+# cases that reach the put path's parts (both buffers, hooks, zero-copy, a rank that sends nothing, LogFMT, graph
+# replays, clean), not the large shapes.
+EIGHT = (
+    "bf16",
+    "fp8",
+    "int32 topk_idx, hooks, bf16",
+    "zero_copy + out",
+    "a rank with zero tokens",
+    "LogFMT, hidden 1152",
+    workers.LL_GRAPH_CASE,
+    workers.LL_AFTER_CLEAN_CASE,
+)
+SIXTEEN = ("bf16", "fp8", "int32 topk_idx, hooks, bf16", workers.LL_GRAPH_CASE)
+
+# In the order they run, one pool's ranks at a time (EP_RT_TIMEOUT_S grows with the ranks sharing the GPU and under
+# the chaos transport, which waits longer for each put).
+POOLS = {
+    "4x1": Pool(4, 1, ALL, timeout_s=30),
+    "4x1-chaos": Pool(4, 1, ALL, timeout_s=60, chaos=True),
+    "2x4": Pool(8, 4, EIGHT, timeout_s=60),
+    "2x4-chaos": Pool(8, 4, EIGHT, timeout_s=90, chaos=True),
+    "4x2": Pool(8, 2, EIGHT, timeout_s=60),
+    "4x2-chaos": Pool(8, 2, EIGHT, timeout_s=90, chaos=True),
+    "2x8": Pool(16, 8, SIXTEEN, timeout_s=120),
+    "2x8-chaos": Pool(16, 8, SIXTEEN, timeout_s=180, chaos=True),
+}
+ITEMS = pool_items(POOLS)
+
+pytestmark = [pytest.mark.ll_nodes, gpus(1)]
+
+
+@pytest.fixture(scope="module")
+def ll_node_pools():
+    with OnePoolAtATime(POOLS, workers.LL_CASES_BUFFER) as pools:
+        yield pools
+
+
+@pytest.mark.parametrize("pool_name,case", ITEMS)
+def test_low_latency_on_nodes(ll_node_pools, pool_name, case, capsys):
+    spec = POOLS[pool_name]
+    pool = ll_node_pools.get(pool_name)
+    seed = case_seed()
+    args = (case, seed, spec.cases)
+    timeout_s = case_timeout_s(spec.timeout_s)
+    results = run_case(pool, workers.ll_case, workers.LL_CASES_BUFFER, *args, timeout_s=timeout_s)
+    log_case_notes(capsys, results, f"[{pool_name}] {case}")
+    want = {"remote_peers": spec.num_ranks - spec.ranks_per_node, "variant": "chaos" if spec.chaos else "default"}
+    assert [{k: r[k] for k in want} for r in results] == [want] * spec.num_ranks, results
+    check_case_results(results, f"[{pool_name}] {case}", seed)
