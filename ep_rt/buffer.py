@@ -111,7 +111,6 @@ class Buffer:
         ep_rt.transport.network_settings."""
         self._parts = []  # transports, in construction order; destroyed in reverse (see _release)
         self._nvl = self._ll = self._ht = self._layout = None
-        self._ll_on_comm_stream = False
         self.destroyed = False
         if group is None and comm is not None:
             raise buffer_plan.not_yet("mpi4py communicators (comm=); pass a torch.distributed process group")
@@ -959,13 +958,8 @@ class Buffer:
         mode it is masked instead); calls of different shapes from call to call need no clean_low_latency_buffer."""
         ll = self._ll_live()
         T = num_max_dispatch_tokens_per_rank
-        if async_finish and return_recv_hook:
-            raise ValueError("async_finish and return_recv_hook cannot be used together")
-        if ll.nvlink_peers < self.group_size and self.nvshmem_qp_depth < (T + 1) * 2:  # RDMA queue pairs only
-            raise ValueError(
-                f"NVSHMEM_QP_DEPTH={self.nvshmem_qp_depth} must be >= (num_max_dispatch_tokens_per_rank"
-                f" + 1) * 2 = {(T + 1) * 2}"
-            )
+        ll.check_modes(async_finish, return_recv_hook)
+        ll.check_queue_depth(T, self.nvshmem_qp_depth)
         args = (
             x,
             topk_idx,
@@ -977,11 +971,12 @@ class Buffer:
             round_scale,
             use_ue8m0,
         )
-        outputs, event, hook = self._ll_run(
+        outputs, event, hook = ll.run(
             lambda stream, split: ll.dispatch(*args, stream, split),
             async_finish,
             return_recv_hook,
             lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out],
+            self.comm_stream,
         )
         recv_x, scales, count, src_info, layout_range = outputs
         handle = LowLatencyHandle(src_info, layout_range, T, x.size(1), num_experts)
@@ -1035,8 +1030,7 @@ class Buffer:
                 "use_logfmt and zero_copy cannot be used together (zero_copy rows are already in the "
                 "send buffer as bf16; LogFMT encodes them on the way out)"
             )
-        if async_finish and return_recv_hook:
-            raise ValueError("async_finish and return_recv_hook cannot be used together")
+        ll.check_modes(async_finish, return_recv_hook)
         src_info, layout_range, T, hidden, num_experts = self._ll_handle(ll, handle, "low_latency_combine")
         args = (
             x,
@@ -1052,7 +1046,7 @@ class Buffer:
             zero_copy,
             use_logfmt,
         )
-        return self._ll_run(
+        return ll.run(
             lambda stream, split: ll.combine(*args, stream, split),
             async_finish,
             return_recv_hook,
@@ -1065,32 +1059,12 @@ class Buffer:
                 combined,
                 combine_wait_recv_cost_stats,
             ],
+            self.comm_stream,
         )
 
     @staticmethod
     def _ll_handle(ll, handle, what: str) -> LowLatencyHandle:
         return as_handle(LowLatencyHandle, handle, what, owner=ll.serial)
-
-    def _ll_run(self, start, async_finish: bool, return_recv_hook: bool, touched):
-        """DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and the hook
-        launches the receive kernel on the then-current stream; otherwise the call runs on the comm stream.
-        `start(stream, split)` launches the call (with `split`, its send kernel only) and returns (result,
-        launch_recv), launch_recv None when the call is already whole; `touched(result)` lists the tensors the comm
-        stream used."""
-        if return_recv_hook:
-            # The last LL kernels ran on the comm stream, maybe not waited for (async_finish). Not during a graph
-            # capture: the capturing stream must not wait on work outside the capture (captures start from a sync).
-            if self._ll_on_comm_stream and not torch.cuda.is_current_stream_capturing():
-                torch.cuda.current_stream().wait_stream(self.comm_stream)
-                self._ll_on_comm_stream = False
-            result, launch_recv = start(torch.cuda.current_stream(), True)
-            return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
-        scope = StreamScope(self.comm_stream, None, async_finish, False)
-        result, launch_recv = start(self.comm_stream, False)
-        if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send
-            launch_recv(self.comm_stream, early=True)
-        self._ll_on_comm_stream = True
-        return result, scope.finish(touched(result)), None
 
     @call_guard.one_at_a_time(None)
     def get_next_low_latency_combine_buffer(self, handle: tuple) -> torch.Tensor:

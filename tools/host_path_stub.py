@@ -263,7 +263,6 @@ def _buffer(errors, group_size, nv=None, ht=None, lay=None, ll=None):
     buf = buffer_mod.Buffer.__new__(buffer_mod.Buffer)
     buf.destroyed, buf._parts = False, []  # no parts: __del__ frees nothing
     buf._ht, buf._nvl, buf._layout, buf._errors, buf._ll = ht, nv, lay, errors, ll
-    buf._ll_on_comm_stream = False
     buf.comm_stream = COMM
     buf.group_size = group_size
     buf.device = cpu

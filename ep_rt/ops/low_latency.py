@@ -14,6 +14,7 @@ import ctypes
 import torch
 
 from .. import env, validate
+from ..events import EventOverlap, StreamScope
 from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
@@ -85,6 +86,7 @@ class LowLatencyOp:
     call_plans = None  # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
     _unfrozen = None  # kind -> the _ReceiveLaunch still reading its receive launcher's struct
     two_kernels = False  # EP_RT_LL_TWO_KERNELS, read by __init__
+    on_comm_stream = False  # the last LL kernels ran on the comm stream (maybe not waited for: async_finish)
 
     @staticmethod
     def require_arch(cc: tuple[int, int]) -> None:
@@ -327,6 +329,42 @@ class LowLatencyOp:
         self.pending_recv[b] = True
         launch = unfrozen[kind] = _ReceiveLaunch(self, kind, recv, grid, b)
         return launch
+
+    # ---- a call's modes and streams (DeepEP's rules) ----------------------------------------------
+    @staticmethod
+    def check_modes(async_finish: bool, return_recv_hook: bool) -> None:
+        if async_finish and return_recv_hook:
+            raise ValueError("async_finish and return_recv_hook cannot be used together")
+
+    def check_queue_depth(self, T: int, qp_depth: int) -> None:
+        """DeepEP's rule once a peer is reached over the network (RDMA queue pairs; NVLink peers need none): a
+        queue holds every message of a dispatch, NVSHMEM_QP_DEPTH >= (num_max_dispatch_tokens_per_rank + 1) * 2."""
+        if self.nvlink_peers < self.num_ranks and qp_depth < (T + 1) * 2:
+            raise ValueError(
+                f"NVSHMEM_QP_DEPTH={qp_depth} must be >= (num_max_dispatch_tokens_per_rank + 1) * 2 = {(T + 1) * 2}"
+            )
+
+    def run(self, start, async_finish: bool, return_recv_hook: bool, touched, comm_stream):
+        """One call under DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and
+        the hook launches the receive kernel on the then-current stream; otherwise the call runs on the comm stream
+        (which first waits for the current one; the current stream waits for it after, unless async_finish).
+        `start(stream, split)` launches the call (with `split`, its send kernel only) and returns (result,
+        launch_recv), launch_recv None when the call is already whole; `touched(result)` lists the tensors the comm
+        stream used. Returns (result, event, hook)."""
+        if return_recv_hook:
+            # The last LL kernels ran on the comm stream, maybe not waited for (async_finish). Not during a graph
+            # capture: the capturing stream must not wait on work outside the capture (captures start from a sync).
+            if self.on_comm_stream and not torch.cuda.is_current_stream_capturing():
+                torch.cuda.current_stream().wait_stream(comm_stream)
+                self.on_comm_stream = False
+            result, launch_recv = start(torch.cuda.current_stream(), True)
+            return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
+        scope = StreamScope(comm_stream, None, async_finish, False)
+        result, launch_recv = start(comm_stream, False)
+        if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send
+            launch_recv(comm_stream, early=True)
+        self.on_comm_stream = True
+        return result, scope.finish(touched(result)), None
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(
