@@ -147,7 +147,11 @@ def ll_transport(buf) -> dict:
     """How a low-latency Buffer reaches its peers: the LL cubin variant it loaded ("default"; "chaos" under
     EP_RT_CHAOS_TRANSPORT=1) and how many peers are on other nodes (NVSHMEM puts: emulated nodes, or a network).
     What a test on emulated nodes checks its environment took effect by."""
-    return {"variant": buf._ll.module.entry["variant"], "remote_peers": buf.group_size - buf._ll.nvlink_peers}
+    return {
+        "variant": buf._ll.module.entry["variant"],
+        "remote_peers": buf.group_size - buf._ll.nvlink_peers,
+        "two_kernels": buf._ll.two_kernels,  # EP_RT_LL_TWO_KERNELS: eager calls as a send and a receive kernel
+    }
 
 
 def drop_cached_buffer(rank, num_ranks, key):

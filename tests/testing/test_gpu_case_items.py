@@ -48,14 +48,21 @@ def test_each_case_and_variant_is_one_item_every_safe_case_before_any_aggressive
 def test_each_low_latency_case_is_one_item(collected):
     from tests.gpu import workers
 
+    from tests.gpu import test_low_latency_cases_gpu as mod
+
     names = [c.name for c in selfcheck_ll.ll_cases(2)] + [workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE]
-    ids = [i for i in collected[0] if i.startswith(LOW_LATENCY)]
+    every = [i for i in collected[0] if i.startswith(LOW_LATENCY)]
+    ids = [i for i in every if "::test_low_latency_matches_reference[" in i]
     assert len(ids) == len(names) == len(set(ids)) and len(names) >= 20, ids
     assert sum("LogFMT" in i for i in ids) >= 4, ids
     assert ids[-2:] == [
         f"{LOW_LATENCY}::test_low_latency_matches_reference[cuda_graph_replays]",
         f"{LOW_LATENCY}::test_low_latency_matches_reference[after_clean]",
     ]
+    # the EP_RT_LL_TWO_KERNELS pool: cases of the list, graph replays included, and nothing else in the module
+    two = [i for i in every if "::test_low_latency_two_kernels_per_call_match_reference[" in i]
+    assert len(every) == len(ids) + len(two) and len(two) == len(mod.TWO_KERNEL_CASES) >= 5, every
+    assert set(mod.TWO_KERNEL_CASES) <= set(names) and workers.LL_GRAPH_CASE in mod.TWO_KERNEL_CASES
 
 
 def test_each_internode_layout_variant_and_case_is_one_item_pool_by_pool():
@@ -202,6 +209,7 @@ def _install_stand_ins(rank, num_ranks, log_dir, failing):
     workers.ll_transport = lambda buf: {
         "variant": "chaos" if env.chaos_transport() else "default",
         "remote_peers": num_ranks - (env.ranks_per_node() or num_ranks),
+        "two_kernels": env.ll_two_kernels(),
     }
     workers._intranode_variant = _stand_in_variant
 
@@ -274,6 +282,13 @@ def test_the_low_latency_case_test_on_cpu_ranks(tmp_path, monkeypatch, capsys):
                     mod.test_low_latency_matches_reference(pool, case, quiet)
             else:
                 mod.test_low_latency_matches_reference(pool, case, quiet)
+    with case_pool(2, workers.LL_CASES_BUFFER, device="cpu", timeout_s=120, env={"EP_RT_LL_TWO_KERNELS": "1"}) as two:
+        (tmp_path / "two").mkdir()
+        two.run(_install_stand_ins, str(tmp_path / "two"), {})
+        for case in mod.TWO_KERNEL_CASES:
+            mod.test_low_latency_two_kernels_per_call_match_reference(two, case, quiet)
+        with pytest.raises(AssertionError, match="two_kernels"):  # ranks that ran the other form are caught
+            mod._run(two, "bf16", quiet, two_kernels=False)
     out = capsys.readouterr().out
     assert "[rank 1] LogFMT, hidden 1152: 2 elements differ" in out, out
     for rank in (0, 1):
@@ -427,6 +442,7 @@ def test_ll_transport_names_the_variant_and_the_peers_on_other_nodes():
     with stub.stubbed():
         buf = stub.ll_buffer(ranks=4, nvlink_peers=1)
     buf._ll.module = SimpleNamespace(entry={"variant": "chaos"})
-    assert workers.ll_transport(buf) == {"variant": "chaos", "remote_peers": 3}
+    assert workers.ll_transport(buf) == {"variant": "chaos", "remote_peers": 3, "two_kernels": False}
     buf._ll.nvlink_peers, buf._ll.module.entry["variant"] = 4, "default"  # one node
-    assert workers.ll_transport(buf) == {"variant": "default", "remote_peers": 0}
+    buf._ll.two_kernels = True  # EP_RT_LL_TWO_KERNELS=1 when the op was made
+    assert workers.ll_transport(buf) == {"variant": "default", "remote_peers": 0, "two_kernels": True}
