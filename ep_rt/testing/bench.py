@@ -232,8 +232,6 @@ def ll_inputs(num_tokens, hidden, num_topk, num_experts, num_ranks, device, seed
 
 
 LL_OPS = (("dispatch", "LL dispatch FP8"), ("combine", "LL combine BF16"), ("logfmt", "LL combine LogFMT"))
-# LL kernels of one bench round in stream order: (send, recv) pairs of the hook halves (3 ops), the line-up
-# dispatch + combine, the whole calls timed as kernels (3 ops), the whole calls timed as calls (3 ops).
 # What one round launches, as calls: 3 hook calls (send kernel, receive kernel), then 2 line-up calls, 3 timed
 # whole calls and 3 calls timed as the caller sees them; each whole call is one kernel (ep_rt_ll_dispatch /
 # ep_rt_ll_combine), or a send and a receive kernel under EP_RT_LL_TWO_KERNELS.
