@@ -103,10 +103,27 @@ class _InternodeFields(NamedTuple):
     send_nvl_head: torch.Tensor  # int32 [forwarded rows, G]
 
 
+class InternodeRounds(NamedTuple):
+    """An internode call larger than the buffers, made of ordinary calls on token ranges (ep_rt/ops/
+    internode_rounds.py): each round's handle, and where each round's received rows sit in the whole call's outputs.
+    Its combine and a cached dispatch from it take the same rounds. Host-side, like the facts: a handle rebuilt as a
+    plain tuple has none, and its combine then runs in one pass, which the kernels refuse for size."""
+
+    tokens_per_round: int
+    num_rounds: int
+    handles: tuple  # InternodeHandle of each round (its own facts)
+    rows: tuple  # int64 [rows of round k]: each row's row in the whole call's outputs
+
+    def tensors(self) -> tuple:
+        return tuple(t for h in self.handles for t in h) + tuple(self.rows)
+
+
 class InternodeHandle(_InternodeFields):
-    """DeepEP's 10-tuple (fields above); `facts` when ep_rt made it."""
+    """DeepEP's 10-tuple (fields above); `facts` when ep_rt made it, and `rounds` for a call in rounds (its ten
+    entries are still those of one pass)."""
 
     facts: Optional[HandleFacts] = None
+    rounds: Optional[InternodeRounds] = None
 
 
 class _LowLatencyFields(NamedTuple):

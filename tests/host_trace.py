@@ -131,6 +131,15 @@ _PARAMS = (
 
 # What the notify kernels "publish" to the host on the CPU: every rank receives ROWS rows, each local expert 3.
 ROWS = 24
+
+
+def rows_everywhere(p):
+    """What an internode notify publishes: (rows received, rows forwarded, longest stream, most rows received), each
+    ROWS (a test of calls in rounds replaces it)."""
+    return ROWS, ROWS, ROWS, ROWS
+
+
+INTERNODE_COUNTS = rows_everywhere
 # Every stand-in device tensor is kept alive for the trace (see on_cpu); a test of the host path's own memory turns
 # this off once its Buffer is built, and records no trace.
 KEEP_TENSORS = True
@@ -186,8 +195,10 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
             c[abi.EP_RT_HOST_TOKEN] = p.host_token
         if name == "ep_rt_internode_notify" and p.host_token:
             c = (ctypes.c_int32 * abi.EP_RT_IN_HOST_WORDS).from_address(p.host_counters)
-            c[abi.EP_RT_IN_HOST_NUM_RECV] = c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV] = ROWS
-            c[abi.EP_RT_IN_HOST_MAX_STREAM] = c[abi.EP_RT_IN_HOST_MAX_RECV] = ROWS
+            counts = INTERNODE_COUNTS(p)
+            c[abi.EP_RT_IN_HOST_NUM_RECV], c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV] = counts[0], counts[1]
+            c[abi.EP_RT_IN_HOST_MAX_STREAM], c[abi.EP_RT_IN_HOST_MAX_RECV] = counts[2], counts[3]
+            c[abi.EP_RT_IN_HOST_MAX_FWD] = counts[1]
             for i in range(p.num_experts // p.num_ranks):
                 c[abi.EP_RT_IN_HOST_EXPERT_COUNTS + i] = 3
             c[abi.EP_RT_IN_HOST_TOKEN] = p.host_token

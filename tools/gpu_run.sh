@@ -19,7 +19,7 @@
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
 #          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, tma_ab, host_profile,
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
-#          internode_cases (LIMIT_CASES) internode_variants internode16_aggressive internode16_chaos internode_each
+#          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
 #          internode_chaos, ll_nodes ll_nodes8 ll16 ll16_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
@@ -226,6 +226,12 @@ step() {  # one named step; returns 3 for a name it does not know
     # the chaos transport on each of those layouts: ~325 s (2x2's took 41 and 40 s there; 8 pools of about 40 s).
     internode_cases) run internode_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "internode and not aggressive and not chaos and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
+    # Issue 22 across nodes: calls of 2, 4 and 10 times what the buffers hold in one pass, in rounds, on 2x2 and
+    # 4x1 (~10 cases of 1-3 s each per layout, several rounds each), then a buffer below one round.
+    internode_rounds) run internode_rounds "${LIMIT_ROUNDS:-420}" python3 -m pytest -q -rs --durations=10 \
+             -m "not eight_ranks" \
+             tests/gpu/test_internode_gpu.py::test_internode_calls_larger_than_the_buffers_go_in_rounds \
+             tests/gpu/test_internode_gpu.py::test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable ;;
     internode_variants) run internode_variants 540 python3 -m pytest -q -rs --durations=20 \
              -m "internode and (aggressive or chaos) and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \

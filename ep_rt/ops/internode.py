@@ -34,6 +34,7 @@ from ..transport.host_wait import wait_for_token
 from ..transport.nvl import NvlBuffer
 from ..transport.symmetric import SymmetricBuffer
 from ..transport.topology import Topology
+from . import internode_rounds
 
 SLOT = "internode"
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
@@ -326,8 +327,10 @@ class InternodeOp:
         num_channels: int,
         alloc_stream,
         comm_stream,
+        in_round: bool = False,
     ) -> DispatchResult:
-        """alloc_stream None: allocate on the current stream (no stream context)."""
+        """alloc_stream None: allocate on the current stream (no stream context). in_round: a round of a call in
+        rounds (ops/internode_rounds.py), which fits by construction."""
         R, N, G, C = self.num_ranks, self.N, self.G, num_channels
         T, hidden = x.shape
         hidden_bytes = hidden * x.element_size()
@@ -338,7 +341,15 @@ class InternodeOp:
         dev = x.device
         worst = num_worst_tokens > 0
         plan = self._plan_for(("dispatch", hidden_bytes, hidden, S, K, E, C, expert_alignment, worst))
-        host_token = 0 if worst else self._next_token()
+        # num_worst_tokens: the host does not wait for the counts (token 0 tells notify not to publish them), unless
+        # the NVL buffer may be too small for one pass (the same test on every rank): then the counts decide whether
+        # the call goes in rounds. Inside a CUDA-graph capture it cannot wait: one pass, and the kernels report a
+        # call that does not fit (as they do for streams longer than the RDMA buffer's areas).
+        wait = not worst or (
+            num_worst_tokens > min(plan.records_rows, plan.combine_rows)
+            and not torch.cuda.is_current_stream_capturing()
+        )
+        host_token = self._next_token() if wait else 0
         with allocating_on(alloc_stream):
             rdma_cpm = torch.empty(N, C, dtype=torch.int32, device=dev)
             gbl_cpm = torch.empty(R, C, dtype=torch.int32, device=dev)
@@ -369,26 +380,50 @@ class InternodeOp:
         _copy(send, p)
 
         facts = {}
-        if worst:
-            num_rows = num_fwd = num_worst_tokens
-        else:
+        num_rows = num_fwd = num_worst_tokens
+        if wait:
             self._wait_counters(host_token)
             c = self.counters
-            num_rows, num_fwd = c[abi.EP_RT_IN_HOST_NUM_RECV], c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV]
+            num_recv, num_rdma_recv = c[abi.EP_RT_IN_HOST_NUM_RECV], c[abi.EP_RT_IN_HOST_NUM_RDMA_RECV]
             max_stream, max_recv = c[abi.EP_RT_IN_HOST_MAX_STREAM], c[abi.EP_RT_IN_HOST_MAX_RECV]
-            # The same maxima on every rank, so every rank raises alike and nothing waits for anyone.
-            if max_stream > plan.cap:
-                raise self._too_small("dispatch", max_stream, plan.cap, plan.record, nvl=False)
-            if max_recv > plan.records_rows:
-                raise self._too_small("dispatch", max_recv, plan.records_rows, plan.record, nvl=True)
-            if max_stream > plan.combine_cap:
-                raise self._too_small(
-                    "dispatch (its combine)", max_stream, plan.combine_cap, plan.combine_record, nvl=False
+            max_fwd = c[abi.EP_RT_IN_HOST_MAX_FWD]
+            # The same maxima on every rank, so every rank takes the same path and nothing waits for anyone.
+            fits = max_stream <= min(plan.cap, plan.combine_cap) and max_recv <= min(
+                plan.records_rows, plan.combine_rows
+            )
+            too_few_worst = worst and max(max_recv, max_fwd) > num_worst_tokens
+            if in_round and not fits:  # (T of internode_layout.rounds_for keeps every round within the buffers)
+                self._skip_data(send, C, comm_stream)
+                raise RuntimeError(f"rank {self.rank}: a round of a call in rounds does not fit (an ep_rt bug)")
+            if not fits or too_few_worst:
+                base = abi.EP_RT_IN_HOST_EXPERT_COUNTS
+                per_expert = [] if worst else c[base : base + L]  # (the rounds' notifies overwrite them)
+                # This notify's data kernels run, moving nothing, so that every rank's sequence numbers stay in step
+                # (the flags the notify released belong to a call that completes).
+                self._skip_data(send, C, comm_stream)
+                if too_few_worst:
+                    raise ValueError(
+                        f"rank {self.rank}: num_worst_tokens={num_worst_tokens} but a rank receives or forwards "
+                        f"{max(max_recv, max_fwd)} tokens; pass num_worst_tokens >= {max(max_recv, max_fwd)} "
+                        f"(every rank raises this; nothing was moved and the Buffer stays usable)"
+                    )
+                return internode_rounds.dispatch(
+                    self,
+                    plan,
+                    call_args=(x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert),
+                    expert_alignment=expert_alignment,
+                    num_channels=C,
+                    whole=(rdma_cpm, gbl_cpm, recv_rdma_cpm, recv_rdma_prefix, recv_gbl_cpm, recv_gbl_prefix),
+                    send_rdma_head=send_rdma_head,
+                    num_recv=num_recv,
+                    num_rdma_recv=num_rdma_recv,
+                    num_worst_tokens=num_worst_tokens,
+                    per_expert=per_expert,
+                    alloc_stream=alloc_stream,
+                    comm_stream=comm_stream,
                 )
-            if max_recv > plan.combine_rows:
-                raise self._too_small(
-                    "dispatch (its combine)", max_recv, plan.combine_rows, plan.combine_record, nvl=True
-                )
+            if not worst:
+                num_rows, num_fwd = num_recv, num_rdma_recv
             facts = dict(max_dispatch_rows=max_recv, max_combine_rows=max_recv, max_stream=max_stream)
 
         with allocating_on(alloc_stream):
@@ -444,6 +479,20 @@ class InternodeOp:
         self._launch("forward", self.N * C, stream)
         self._launch("recv", C, stream)
 
+    def _skip_data(self, notify_fields, C: int, stream) -> None:
+        """The send, forward and receive kernels of a notify whose data does not move (a call that goes in rounds or
+        raises): told to skip (the workspace's skip word, which the notify wrote and they read), they move no
+        record, send a bare signal per chunk and advance the dispatch sequence number, so the start rows and flags
+        this notify released can never be taken for the next call's."""
+        send = self.kernels["send"].params
+        _copy(send, notify_fields)
+        send.recv_x = send.recv_x_scales = send.recv_topk_idx = send.recv_topk_weights = 0
+        send.recv_src_meta = send.send_nvl_head = 0
+        send.num_out_rows = send.num_fwd_rows = send.fill_unused = 0
+        with torch.cuda.stream(stream):
+            self.workspace[abi.EP_RT_IN_WS_SKIP].fill_(1)
+        self._launch_data_kernels(send, ("forward", "recv"), C, stream)
+
     def _next_token(self) -> int:
         self.host_token = self.host_token % 0x7FFFFFFF + 1
         return self.host_token
@@ -468,6 +517,8 @@ class InternodeOp:
                 raise self._too_small(what, facts.max_dispatch_rows, rows, record_bytes, nvl=True)
 
     def cached_dispatch(self, x, x_scales, handle: InternodeHandle, alloc_stream, comm_stream):
+        if handle.rounds is not None:
+            return internode_rounds.cached_dispatch(self, x, x_scales, handle, alloc_stream, comm_stream)
         T, hidden = x.shape
         hidden_bytes = hidden * x.element_size()
         S = x_scales.size(1) if x_scales is not None else 0
@@ -502,15 +553,25 @@ class InternodeOp:
 
     # ---- combine --------------------------------------------------------------------------------
     def combine(self, x, handle: InternodeHandle, topk_weights, bias0, bias1, alloc_stream, comm_stream):
+        if handle.rounds is not None:
+            return internode_rounds.combine(self, x, handle, topk_weights, bias0, bias1, alloc_stream, comm_stream)
+        return self.combine_into(x, handle, topk_weights, bias0, bias1, alloc_stream, comm_stream, None)
+
+    def combine_into(self, x, handle: InternodeHandle, topk_weights, bias0, bias1, alloc_stream, comm_stream, into):
+        """combine of a handle without rounds; into: (combined_x, combined_topk_weights) to write instead of new
+        tensors (a round of a call in rounds writes its tokens' rows of the whole call's outputs), or None."""
         T = handle.is_token_in_rank.size(0)
         hidden = x.size(1)
         K = topk_weights.size(1) if topk_weights is not None else 0
         C = handle.rdma_channel_prefix_matrix.size(1)
         plan = self._plan_for(("combine", hidden, K, C))
         self.check_handle_capacity(handle, plan.record, (hidden, K))
-        with allocating_on(alloc_stream):
-            combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
-            combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
+        if into is not None:
+            combined_x, combined_w = into
+        else:
+            with allocating_on(alloc_stream):
+                combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
+                combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
         ptr = _ptr
         p = self.kernels["combine_publish"].params
         _copy(p, plan.params)

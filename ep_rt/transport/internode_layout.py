@@ -18,6 +18,7 @@ forwarders push at their final rows, or the combine rows (bf16 row + f32 weights
 from __future__ import annotations
 
 from ..runtime import abi
+from .nvl_layout import Rounds
 
 ALIGN = 128
 MAX_RANKS = abi.EP_RT_IN_MAX_RANKS
@@ -151,3 +152,15 @@ def nvl_size_hint(hidden_bytes: int, num_ranks: int, num_ranks_per_node: int, nu
     hidden = max(hidden_bytes // 2, 8)
     record = max(dispatch_record_bytes(hidden_bytes, hidden_bytes // 128 + 1, 32), combine_record_bytes(hidden, 32))
     return _align(nvl_control_offsets(num_ranks, num_nodes)["records"] + num_ranks * num_max_tokens_per_rank * record)
+
+
+def rounds_for(stream_capacity: int, recv_capacity: int, num_ranks: int, max_tokens: int):
+    """The rounds of an internode call whose largest rank has max_tokens tokens (nvl_layout.Rounds: round k is every
+    rank's tokens [k * T, (k + 1) * T)): a (rank -> node) stream of a round holds at most T records and at most
+    num_ranks * T rows reach a rank, so T is the largest value within `stream_capacity` records per node area and
+    `recv_capacity` rows of the NVL buffer (each the smaller of the dispatch's and its combine's). None when not even
+    one token per rank fits a round."""
+    per_round = min(stream_capacity, recv_capacity // num_ranks)
+    if per_round <= 0:
+        return None
+    return Rounds(per_round, max(-(-max_tokens // per_round), 1))

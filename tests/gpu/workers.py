@@ -558,16 +558,18 @@ def internode_with_low_latency(rank, num_ranks, ranks_per_node):
 
 
 def internode_too_small(rank, num_ranks, ranks_per_node):
-    """An RDMA buffer too small for a dispatch, and num_worst_tokens too small: every rank raises (before the data
-    moves, or once from the kernels' record), and the same Buffer then serves a dispatch that fits."""
+    """An RDMA buffer below one round of a call in rounds: every rank raises before the data moves, and the same
+    Buffer then serves a dispatch that fits."""
     from ep_rt.testing import selfcheck_internode as sci
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
+    # Streams of no record at all: below one round (a token from each rank), which no call in rounds can use.
+    record = internode_layout.dispatch_record_bytes(2048, 0, 4)
     buf = Buffer(
         dist.group.WORLD,
         internode_layout.nvl_size_hint(2048, num_ranks, G, 1024),
-        internode_layout.rdma_size_hint(2048, num_ranks, G, 64),
+        2 * (num_ranks // G) * record // 128 * 128 - 256,
         explicitly_destroy=True,
     )
     E = 16 * num_ranks
@@ -594,6 +596,65 @@ def internode_too_small(rank, num_ranks, ranks_per_node):
     res["after"] = (chk.checks, chk.failures)
     buf.destroy()
     return res
+
+
+INTERNODE_ROUND_CASES = (
+    "bf16 uniform",
+    "fp8 row scales",
+    "num_worst_tokens",
+    "holes (-1 in topk_idx)",
+    "all tokens to one node",
+    "a rank receives nothing",
+    "one hot expert",
+    "bias pair",
+)
+INTERNODE_ROUND_SHAPE = (2048, 64)  # (hidden bytes, tokens per rank) the rounds test's Buffers are sized for
+
+
+def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
+    """Issue 22 item 1 across nodes: a Buffer sized by internode_layout's hints for 64 tokens per rank of 2048 bytes
+    takes calls of f times as many tokens (f = 2, 4, 10; then uneven token counts and every token to one rank), each
+    in rounds: layout, dispatch (all ten handle entries), cached dispatch and combine bit-exact with the reference.
+    Returns per case the rounds its dispatches took (counted as ep_rt.ops.internode_rounds.dispatch returns)."""
+    from dataclasses import replace
+
+    from ep_rt.ops import internode_rounds as rounds_mod
+    from ep_rt.testing import selfcheck_internode as sci
+
+    G, T = ranks_per_node, INTERNODE_ROUND_SHAPE[1]
+    seen = []
+    in_rounds = rounds_mod.dispatch
+
+    def counted(*args, **kwargs):  # (this rank process only)
+        result = in_rounds(*args, **kwargs)
+        seen.append(result.handle.rounds.num_rounds)
+        return result
+
+    rounds_mod.dispatch = counted
+    buf = internode_buffer(rank, num_ranks, G, INTERNODE_ROUND_SHAPE)
+    seed = checker.shared_seed(buf.group)
+    cases = []
+    for f in factors:  # every case's rows of 2048 bytes (bf16 hidden 1024, fp8 hidden 2048), f x 64 tokens
+        for case in checker.select(sci.internode_cases(num_ranks, G), INTERNODE_ROUND_CASES):
+            hidden = 2048 if case.dtype.startswith("fp8") else 1024
+            cases.append(replace(case, name=f"{case.name}, {f}x", num_tokens=f * T, hidden=hidden))
+    E = 16 * num_ranks
+    cases.append(
+        selfcheck.Case(
+            "uneven token counts, up to 4x",
+            tokens_by_rank=tuple(4 * T * (r + 1) // num_ranks for r in range(num_ranks)),
+            num_experts=E,
+        )
+    )
+    cases.append(selfcheck.Case("every token to one rank, 4x", routing="one_rank", num_tokens=4 * T, num_experts=E))
+    out = []
+    for i, case in enumerate(cases):
+        del seen[:]
+        chk = sci.run_case(buf, case, seed + i, G)
+        out.append((case.name, max(seen, default=1), chk.checks, chk.failures))
+    buf.destroy()
+    rounds_mod.dispatch = in_rounds
+    return {"seed": seed, "cases": out}
 
 
 def _internode_counters(buf):

@@ -1,0 +1,258 @@
+"""Internode calls larger than the buffers (issue 22 item 1): a dispatch whose streams or received rows do not fit
+goes through the same buffers as ordinary internode calls on token ranges, round k carrying every rank's tokens
+[k * T, (k + 1) * T) (T from internode_layout.rounds_for, so every round fits whatever the routing). Each round's
+rows are then put at their rows of one pass in the whole call's outputs, so the outputs and the handle's DeepEP
+entries are those of one pass; the handle also keeps each round's handle and rows (`rounds`), which its combine and
+a cached dispatch go through the same way.
+
+What each step rests on: every round is an ordinary internode call (its notify, send, forward and receive, with
+their signals, flags and deadlines), so the rules of docs/INTERNODE_DESIGN.md hold per round, and consecutive
+rounds are consecutive calls. The whole call's notify and the notify that finds the largest token count are
+followed by the data kernels told to skip (InternodeOp._skip_data), so no flag they released is left for a later
+call. Every rank takes the same decisions from the same global numbers (the notify's maxima, the largest token
+count), so every rank runs the same rounds. A call in rounds waits for each round's counts on the host, so it
+cannot be captured in a CUDA graph; each row is copied once more (from the round's outputs to the call's).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from .. import validate
+from ..errors import BufferTooSmallError
+from ..events import allocating_on
+from ..handles import DispatchResult, HandleFacts, InternodeHandle, InternodeRounds, with_facts
+from ..runtime import abi
+from ..transport import internode_layout as lay_mod
+from ..transport import nvl_layout
+
+
+def round_rows(full_prefix, before, round_prefix, num_rows: int):
+    """Where the rows of one round go in the whole call's outputs, and the source of each: full_prefix and
+    round_prefix are inclusive prefix sums over sources of the rows in the whole call and in the round (received
+    rows: recv_gbl_rank_prefix_sum, over source ranks; forwarded rows: recv_rdma_rank_prefix_sum, over source nodes),
+    `before` each source's rows in the earlier rounds (updated in place). In one pass source s's rows are its tokens
+    in order from full_prefix[s - 1]; the round's rows of s are the next ones after the earlier rounds'. Device ops
+    only (no sync: num_rows, the round's row count, is known on the host). Returns (rows, sources), int64."""
+    round_start, full_start = _exclusive(round_prefix), _exclusive(full_prefix)
+    counts = round_prefix - round_start
+    shift = (full_start + before - round_start).to(torch.int64)
+    sources = torch.repeat_interleave(torch.arange(counts.numel(), device=counts.device), counts, output_size=num_rows)
+    before += counts
+    return torch.arange(num_rows, device=counts.device) + shift[sources], sources
+
+
+def shifted_nvl_heads(heads, sources, sent):
+    """A round's send_nvl_head as one pass has it: each entry (a record's position among the records of its source
+    for one rank of my node) plus the records of that source for that rank in the earlier rounds (`sent`, [source
+    node, rank of my node], updated in place); -1 (not for that rank) stays."""
+    to = heads >= 0
+    out = torch.where(to, heads + sent[sources], heads)
+    sent.index_add_(0, sources, to.to(sent.dtype))
+    return out
+
+
+def _exclusive(prefix):
+    """An inclusive prefix sum made exclusive (each source's first row)."""
+    return torch.cat((prefix.new_zeros(1), prefix[:-1]))
+
+
+def _rows_of(t, lo: int, hi: int):
+    return t[lo:hi] if t is not None else None
+
+
+def _plan_rounds(op, plan, is_token_in_rank, num_channels: int, comm_stream) -> nvl_layout.Rounds:
+    """The rounds of a call that does not fit (the same on every rank), or BufferTooSmallError when not even a
+    token from each rank fits a round (every rank raises alike: the capacities are the same everywhere)."""
+    R, N = op.num_ranks, op.N
+    stream_cap = min(plan.cap, plan.combine_cap)
+    recv_cap = min(plan.records_rows, plan.combine_rows)
+    if lay_mod.rounds_for(stream_cap, recv_cap, R, 0) is None:
+        record = max(plan.record, plan.combine_record)
+        if stream_cap < 1:
+            raise BufferTooSmallError(
+                f"rank {op.rank}: the RDMA buffer ({op.num_rdma_bytes} bytes) holds {stream_cap} records of a "
+                f"(rank -> node) stream, less than one round (a token from each rank); create the Buffer with "
+                f"num_rdma_bytes >= {lay_mod.rdma_bytes_for(record, N, 1)} (nothing was moved; the Buffer stays usable)"
+            )
+        need = nvl_layout.align(op.nvl_control["records"] + R * record)
+        raise BufferTooSmallError(
+            f"rank {op.rank}: the NVL buffer ({op.nvl.num_nvl_bytes} bytes) holds {recv_cap} rows, less than one "
+            f"round of {R} rows (a token from each rank); create the Buffer with num_nvl_bytes >= {need} (nothing "
+            f"was moved; the Buffer stays usable)"
+        )
+    largest = _largest_token_count(op, plan, is_token_in_rank, num_channels, comm_stream)
+    return lay_mod.rounds_for(stream_cap, recv_cap, R, largest)
+
+
+def _largest_token_count(op, plan, is_token_in_rank, C: int, comm_stream) -> int:
+    """The most tokens any rank has in this call: a notify in which every token of every rank goes to every rank,
+    whose longest (rank -> node) stream is that count, published to every rank's host alike; then its data kernels,
+    told to skip."""
+    T, R, N = is_token_in_rank.size(0), op.num_ranks, op.N
+    dev = is_token_in_rank.device
+    with allocating_on(comm_stream):  # scratch of this notify, used on the comm stream only
+        everywhere = torch.ones(T, R, dtype=torch.bool, device=dev)
+        per_node = torch.empty(3 * N * C + N + T * N, dtype=torch.int32, device=dev)
+        per_rank = torch.empty(3 * R * C + R, dtype=torch.int32, device=dev)
+    p = op.kernels["notify"].params
+    _copy(p, plan.params)
+    p.x = p.x_scales = p.topk_idx = p.topk_weights = p.num_tokens_per_expert = 0
+    p.is_token_in_rank = everywhere.data_ptr()
+    base, four = per_node.data_ptr(), 4
+    p.rdma_cpm, p.recv_rdma_cpm = base, base + four * N * C
+    p.recv_rdma_prefix, p.send_rdma_head = base + four * 2 * N * C, base + four * (2 * N * C + N)
+    base = per_rank.data_ptr()
+    p.gbl_cpm, p.recv_gbl_cpm = base, base + four * R * C
+    p.recv_gbl_prefix = base + four * 2 * R * C
+    token = op._next_token()
+    p.host_token, p.num_tokens, p.num_out_rows, p.num_fwd_rows = token, T, 0, 0
+    op._launch("notify", C, comm_stream)
+    op._wait_counters(token)
+    largest = op.counters[abi.EP_RT_IN_HOST_MAX_STREAM]
+    op._skip_data(p, C, comm_stream)
+    return largest
+
+
+def _copy(dst, src) -> None:
+    ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
+
+
+def dispatch(
+    op,
+    plan,
+    *,
+    call_args,
+    expert_alignment: int,
+    num_channels: int,
+    whole,
+    send_rdma_head,
+    num_recv: int,
+    num_rdma_recv: int,
+    num_worst_tokens: int,
+    per_expert,
+    alloc_stream,
+    comm_stream,
+) -> DispatchResult:
+    """A dispatch in rounds, after the whole call's notify (whose counts and prefix matrices are `whole`, with
+    send_rdma_head) and its skipped data kernels. Outputs of num_worst_tokens rows when given (rows past num_recv
+    carry no expert), else num_recv."""
+    x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert = call_args
+    rounds = _plan_rounds(op, plan, is_token_in_rank, num_channels, comm_stream)
+    T, hidden = x.shape
+    S = x_scales.size(1) if x_scales is not None else 0
+    K = topk_idx.size(1) if topk_idx is not None else 0
+    num_rows = num_worst_tokens or num_recv
+    num_fwd = num_worst_tokens or num_rdma_recv
+    dev = x.device
+    with allocating_on(alloc_stream):
+        recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=dev)
+        recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=dev) if S else None
+        recv_topk_idx = torch.empty(num_rows, K, dtype=validate.topk_idx_t, device=dev) if K else None
+        recv_topk_weights = torch.empty(num_rows, K, dtype=torch.float32, device=dev) if K else None
+        recv_src_meta = torch.empty(num_rows, 8, dtype=torch.uint8, device=dev)
+        send_nvl_head = torch.full((num_fwd, op.G), -1, dtype=torch.int32, device=dev)  # (rows past the real: -1)
+    recv_rdma_prefix, recv_gbl_prefix = whole[3], whole[5]
+    handles, rows = [], []
+    with torch.cuda.stream(comm_stream):
+        before = torch.zeros(op.num_ranks, dtype=torch.int32, device=dev)  # rows of each source rank so far
+        forwarded = torch.zeros(op.N, dtype=torch.int32, device=dev)  # rows forwarded of each source node so far
+        sent = torch.zeros(op.N, op.G, dtype=torch.int32, device=dev)  # of those, the records for each rank of mine
+        for k in range(rounds.num_rounds):
+            lo, hi = rounds.token_range(k, T)
+            r = op.dispatch(
+                x[lo:hi],
+                _rows_of(x_scales, lo, hi),
+                _rows_of(topk_idx, lo, hi),
+                _rows_of(topk_weights, lo, hi),
+                is_token_in_rank[lo:hi],
+                num_tokens_per_expert,
+                expert_alignment,
+                0,
+                num_channels,
+                comm_stream,
+                comm_stream,
+                in_round=True,
+            )
+            at, _ = round_rows(recv_gbl_prefix, before, r.handle.recv_gbl_rank_prefix_sum, r.recv_x.size(0))
+            heads = r.handle.send_nvl_head
+            fwd_at, nodes = round_rows(recv_rdma_prefix, forwarded, r.handle.recv_rdma_rank_prefix_sum, heads.size(0))
+            send_nvl_head.index_copy_(0, fwd_at, shifted_nvl_heads(heads, nodes, sent))
+            recv_x.index_copy_(0, at, r.recv_x)
+            recv_src_meta.index_copy_(0, at, r.handle.recv_src_meta)
+            for out, got in ((recv_x_scales, r.recv_x_scales), (recv_topk_idx, r.recv_topk_idx)):
+                if out is not None:
+                    out.index_copy_(0, at, got)
+            if recv_topk_weights is not None:
+                recv_topk_weights.index_copy_(0, at, r.recv_topk_weights)
+            handles.append(r.handle)
+            rows.append(at)
+        if recv_topk_idx is not None and num_rows > num_recv:  # num_worst_tokens: rows past the real count
+            recv_topk_idx[num_recv:] = -1
+    handle = InternodeHandle(is_token_in_rank, *whole[:6], recv_src_meta, send_rdma_head, send_nvl_head)
+    with_facts(handle, HandleFacts.of(handle, op.serial))
+    handle.rounds = InternodeRounds(rounds.tokens_per_round, rounds.num_rounds, tuple(handles), tuple(rows))
+    tensors = [
+        x,
+        x_scales,
+        topk_idx,
+        topk_weights,
+        num_tokens_per_expert,
+        recv_x,
+        recv_x_scales,
+        recv_topk_idx,
+        recv_topk_weights,
+        *handle,
+        *handle.rounds.tensors(),
+    ]
+    return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
+
+
+def _token_ranges(handle):
+    rounds = handle.rounds
+    split = nvl_layout.Rounds(rounds.tokens_per_round, rounds.num_rounds)
+    T = handle.is_token_in_rank.size(0)
+    return [split.token_range(k, T) for k in range(rounds.num_rounds)]
+
+
+def cached_dispatch(op, x, x_scales, handle, alloc_stream, comm_stream):
+    """A cached dispatch from a handle of a call in rounds: the same rounds, each from its round's handle."""
+    num_rows, hidden = handle.recv_src_meta.size(0), x.size(1)
+    S = x_scales.size(1) if x_scales is not None else 0
+    with allocating_on(alloc_stream):
+        recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
+        recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=x.device) if S else None
+    with torch.cuda.stream(comm_stream):
+        for (lo, hi), h, at in zip(_token_ranges(handle), handle.rounds.handles, handle.rounds.rows):
+            rx, rs, _ = op.cached_dispatch(x[lo:hi], _rows_of(x_scales, lo, hi), h, comm_stream, comm_stream)
+            recv_x.index_copy_(0, at, rx)
+            if recv_x_scales is not None:
+                recv_x_scales.index_copy_(0, at, rs)
+    tensors = [x, x_scales, recv_x, recv_x_scales, *handle, *handle.rounds.tensors()]
+    return recv_x, recv_x_scales, tensors
+
+
+def combine(op, x, handle, topk_weights, bias0, bias1, alloc_stream, comm_stream):
+    """A combine from a handle of a call in rounds: round k reduces tokens [lo, hi) from its rows of x (gathered in
+    the round's order) straight into those tokens' rows of the outputs."""
+    T, hidden = handle.is_token_in_rank.size(0), x.size(1)
+    K = topk_weights.size(1) if topk_weights is not None else 0
+    with allocating_on(alloc_stream):
+        combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
+        combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
+    with torch.cuda.stream(comm_stream):
+        for (lo, hi), h, at in zip(_token_ranges(handle), handle.rounds.handles, handle.rounds.rows):
+            op.combine_into(
+                x.index_select(0, at),
+                h,
+                topk_weights.index_select(0, at) if topk_weights is not None else None,
+                _rows_of(bias0, lo, hi),
+                _rows_of(bias1, lo, hi),
+                comm_stream,
+                comm_stream,
+                (combined_x[lo:hi], _rows_of(combined_w, lo, hi)),
+            )
+    tensors = [x, topk_weights, bias0, bias1, combined_x, combined_w, *handle, *handle.rounds.tensors()]
+    return combined_x, combined_w, tensors
