@@ -23,7 +23,7 @@ from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, InternodeHandle, as_handle, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, driver
-from ..runtime.call_plans import plan_for
+from ..runtime.call_plans import copy_struct as _copy, plan_for
 from ..runtime.launch import Launcher
 from ..transport import internode_layout as lay_mod
 from ..transport import net_stats
@@ -40,10 +40,6 @@ SLOT = "internode"
 _KERNELS = ("notify", "send", "forward", "recv", "combine_publish", "combine_forward", "combine_reduce", "barrier")
 _EARLY = frozenset(("forward", "recv", "combine_forward", "combine_reduce"))
 _META_BYTES = 8  # recv_src_meta: source node and mask, int32 each
-
-
-def _copy(dst, src) -> None:
-    ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
 
 
 class _Plan:

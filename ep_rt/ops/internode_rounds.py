@@ -16,8 +16,6 @@ cannot be captured in a CUDA graph; each row is copied once more (from the round
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from .. import validate
@@ -25,6 +23,7 @@ from ..errors import BufferTooSmallError
 from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, InternodeHandle, InternodeRounds, with_facts
 from ..runtime import abi
+from ..runtime.call_plans import copy_struct as _copy
 from ..transport import internode_layout as lay_mod
 from ..transport import nvl_layout
 
@@ -93,20 +92,26 @@ def _largest_token_count(op, plan, is_token_in_rank, C: int, comm_stream) -> int
     told to skip."""
     T, R, N = is_token_in_rank.size(0), op.num_ranks, op.N
     dev = is_token_in_rank.device
-    with allocating_on(comm_stream):  # scratch of this notify, used on the comm stream only
+    with allocating_on(comm_stream):  # this notify's outputs, read by nobody, used on the comm stream only
         everywhere = torch.ones(T, R, dtype=torch.bool, device=dev)
-        per_node = torch.empty(3 * N * C + N + T * N, dtype=torch.int32, device=dev)
-        per_rank = torch.empty(3 * R * C + R, dtype=torch.int32, device=dev)
+        scratch = {
+            name: torch.empty(shape, dtype=torch.int32, device=dev)
+            for name, shape in (
+                ("rdma_cpm", (N, C)),
+                ("gbl_cpm", (R, C)),
+                ("recv_rdma_cpm", (N, C)),
+                ("recv_rdma_prefix", (N,)),
+                ("recv_gbl_cpm", (R, C)),
+                ("recv_gbl_prefix", (R,)),
+                ("send_rdma_head", (T, N)),
+            )
+        }
     p = op.kernels["notify"].params
     _copy(p, plan.params)
     p.x = p.x_scales = p.topk_idx = p.topk_weights = p.num_tokens_per_expert = 0
     p.is_token_in_rank = everywhere.data_ptr()
-    base, four = per_node.data_ptr(), 4
-    p.rdma_cpm, p.recv_rdma_cpm = base, base + four * N * C
-    p.recv_rdma_prefix, p.send_rdma_head = base + four * 2 * N * C, base + four * (2 * N * C + N)
-    base = per_rank.data_ptr()
-    p.gbl_cpm, p.recv_gbl_cpm = base, base + four * R * C
-    p.recv_gbl_prefix = base + four * 2 * R * C
+    for name, t in scratch.items():
+        setattr(p, name, t.data_ptr())
     token = op._next_token()
     p.host_token, p.num_tokens, p.num_out_rows, p.num_fwd_rows = token, T, 0, 0
     op._launch("notify", C, comm_stream)
@@ -114,10 +119,6 @@ def _largest_token_count(op, plan, is_token_in_rank, C: int, comm_stream) -> int
     largest = op.counters[abi.EP_RT_IN_HOST_MAX_STREAM]
     op._skip_data(p, C, comm_stream)
     return largest
-
-
-def _copy(dst, src) -> None:
-    ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
 
 
 def dispatch(
@@ -210,11 +211,13 @@ def dispatch(
     return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
 
 
-def _token_ranges(handle):
+def _each_round(handle):
+    """(first token, end token, the round's handle, its rows in the whole call's outputs) of each round."""
     rounds = handle.rounds
     split = nvl_layout.Rounds(rounds.tokens_per_round, rounds.num_rounds)
     T = handle.is_token_in_rank.size(0)
-    return [split.token_range(k, T) for k in range(rounds.num_rounds)]
+    for k, (h, at) in enumerate(zip(rounds.handles, rounds.rows)):
+        yield (*split.token_range(k, T), h, at)
 
 
 def cached_dispatch(op, x, x_scales, handle, alloc_stream, comm_stream):
@@ -225,7 +228,7 @@ def cached_dispatch(op, x, x_scales, handle, alloc_stream, comm_stream):
         recv_x = torch.empty(num_rows, hidden, dtype=x.dtype, device=x.device)
         recv_x_scales = torch.empty(num_rows, S, dtype=x_scales.dtype, device=x.device) if S else None
     with torch.cuda.stream(comm_stream):
-        for (lo, hi), h, at in zip(_token_ranges(handle), handle.rounds.handles, handle.rounds.rows):
+        for lo, hi, h, at in _each_round(handle):
             rx, rs, _ = op.cached_dispatch(x[lo:hi], _rows_of(x_scales, lo, hi), h, comm_stream, comm_stream)
             recv_x.index_copy_(0, at, rx)
             if recv_x_scales is not None:
@@ -243,7 +246,7 @@ def combine(op, x, handle, topk_weights, bias0, bias1, alloc_stream, comm_stream
         combined_x = torch.empty(T, hidden, dtype=torch.bfloat16, device=x.device)
         combined_w = torch.empty(T, K, dtype=torch.float32, device=x.device) if K else None
     with torch.cuda.stream(comm_stream):
-        for (lo, hi), h, at in zip(_token_ranges(handle), handle.rounds.handles, handle.rounds.rows):
+        for lo, hi, h, at in _each_round(handle):
             op.combine_into(
                 x.index_select(0, at),
                 h,

@@ -17,8 +17,6 @@ whole call's output, so the outputs and the handle are those of one pass; the ha
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from .. import validate
@@ -27,15 +25,10 @@ from ..events import allocating_on
 from ..handles import DispatchResult, HandleFacts, IntranodeHandle, IntranodeRounds, next_serial, with_facts
 from ..ht_op import DispatchCall
 from ..runtime import abi, modules
-from ..runtime.call_plans import plan_for
+from ..runtime.call_plans import copy_struct as _copy, plan_for
 from ..runtime.launch import Launcher
 from ..transport import nvl_layout
 from ..transport.nvl import NvlBuffer
-
-
-def _copy(dst, src) -> None:
-    """A call plan's struct into a launcher's (the launcher's fixed fields are in the plan too)."""
-    ctypes.memmove(ctypes.addressof(dst), ctypes.addressof(src), ctypes.sizeof(src))
 
 
 def _ptr(t) -> int:

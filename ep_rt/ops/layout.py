@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 
 import torch
 
 from .. import env
 from ..events import allocating_on
 from ..runtime import abi, driver, modules
-from ..runtime.call_plans import plan_for
+from ..runtime.call_plans import copy_struct, plan_for
 from ..runtime.launch import Launcher
 from ..transport.error_record import INPUT_SLOT
 
@@ -102,7 +101,7 @@ class LayoutOp:
             counts.zero_()
         if num_tokens > 0:
             p = self.kernel.params
-            ctypes.memmove(ctypes.addressof(p), ctypes.addressof(params), ctypes.sizeof(params))
+            copy_struct(p, params)
             p.topk_idx, p.num_tokens_per_rank = topk_idx.data_ptr(), per_rank.data_ptr()
             p.num_tokens_per_rdma_rank = per_node.data_ptr() if per_node is not None else 0
             p.num_tokens_per_expert, p.is_token_in_rank = per_expert.data_ptr(), is_token_in_rank.data_ptr()

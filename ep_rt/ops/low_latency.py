@@ -18,7 +18,7 @@ from ..events import EventOverlap, StreamScope
 from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
-from ..runtime.call_plans import plan_for
+from ..runtime.call_plans import copy_struct, plan_for
 from ..runtime.launch import Launcher
 from ..transport import ll_layout, net_stats
 from ..transport.device_view import device_tensor
@@ -325,7 +325,7 @@ class LowLatencyOp:
         held = unfrozen.get(kind)
         if held is not None:
             held.freeze()  # a hook still held reads this struct: it gets its own copy before it is overwritten
-        ctypes.memmove(ctypes.addressof(recv.params), ctypes.addressof(send.params), ctypes.sizeof(send.params))
+        copy_struct(recv.params, send.params)
         self.pending_recv[b] = True
         launch = unfrozen[kind] = _ReceiveLaunch(self, kind, recv, grid, b)
         return launch
