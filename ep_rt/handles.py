@@ -109,8 +109,7 @@ class InternodeRounds(NamedTuple):
     Its combine and a cached dispatch from it take the same rounds. Host-side, like the facts: a handle rebuilt as a
     plain tuple has none, and its combine then runs in one pass, which the kernels refuse for size."""
 
-    tokens_per_round: int
-    num_rounds: int
+    starts: tuple  # the first token of each round; a round ends where the next starts (the last: every token)
     handles: tuple  # InternodeHandle of each round (its own facts)
     rows: tuple  # int64 [rows of round k]: each row's row in the whole call's outputs
 

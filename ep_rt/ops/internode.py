@@ -326,7 +326,8 @@ class InternodeOp:
         in_round: bool = False,
     ) -> DispatchResult:
         """alloc_stream None: allocate on the current stream (no stream context). in_round: a round of a call in
-        rounds (ops/internode_rounds.py), which fits by construction."""
+        rounds (ops/internode_rounds.py); one that does not fit moves nothing and raises RoundDoesNotFit with its
+        maxima, so that the caller tries fewer tokens."""
         R, N, G, C = self.num_ranks, self.N, self.G, num_channels
         T, hidden = x.shape
         hidden_bytes = hidden * x.element_size()
@@ -388,9 +389,9 @@ class InternodeOp:
                 plan.records_rows, plan.combine_rows
             )
             too_few_worst = worst and max(max_recv, max_fwd) > num_worst_tokens
-            if in_round and not fits:  # (T of internode_layout.rounds_for keeps every round within the buffers)
+            if in_round and not fits:  # (the same maxima on every rank: every rank retries alike)
                 self._skip_data(send, C, comm_stream)
-                raise RuntimeError(f"rank {self.rank}: a round of a call in rounds does not fit (an ep_rt bug)")
+                raise internode_rounds.RoundDoesNotFit(max_stream, max_recv)
             if not fits or too_few_worst:
                 base = abi.EP_RT_IN_HOST_EXPERT_COUNTS
                 per_expert = [] if worst else c[base : base + L]  # (the rounds' notifies overwrite them)
@@ -413,6 +414,7 @@ class InternodeOp:
                     send_rdma_head=send_rdma_head,
                     num_recv=num_recv,
                     num_rdma_recv=num_rdma_recv,
+                    maxima=(max_stream, max_recv),
                     num_worst_tokens=num_worst_tokens,
                     per_expert=per_expert,
                     alloc_stream=alloc_stream,

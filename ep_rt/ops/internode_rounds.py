@@ -1,17 +1,24 @@
 """Internode calls larger than the buffers (issue 22 item 1): a dispatch whose streams or received rows do not fit
-goes through the same buffers as ordinary internode calls on token ranges, round k carrying every rank's tokens
-[k * T, (k + 1) * T) (T from internode_layout.rounds_for, so every round fits whatever the routing). Each round's
-rows are then put at their rows of one pass in the whole call's outputs, so the outputs and the handle's DeepEP
-entries are those of one pass; the handle also keeps each round's handle and rows (`rounds`), which its combine and
-a cached dispatch go through the same way.
+goes through the same buffers as ordinary internode calls on token ranges, each round carrying every rank's tokens
+[start, end) of its range. Each round's rows are then put at their rows of one pass in the whole call's outputs, so
+the outputs and the handle's DeepEP entries are those of one pass; the handle also keeps each round's handle, range
+and rows (`rounds`), which its combine and a cached dispatch go through the same way.
+
+How many tokens a round takes: as many as the last counts say fit (the whole call's maxima at first, then the last
+round's), scaled by ROOM_USED, between the least that fits whatever the routing (internode_layout.rounds_for: a
+stream of T records, R * T rows) and the tokens left. A round's notify finds its own maxima before any data moves: a
+round that does not fit moves nothing (its data kernels skip) and is tried again with fewer tokens, down to that
+least, which always fits. So a call whose routing spreads its rows takes about (its rows / the buffer's) rounds,
+not the worst case's.
 
 What each step rests on: every round is an ordinary internode call (its notify, send, forward and receive, with
 their signals, flags and deadlines), so the rules of docs/INTERNODE_DESIGN.md hold per round, and consecutive
-rounds are consecutive calls. The whole call's notify and the notify that finds the largest token count are
-followed by the data kernels told to skip (InternodeOp._skip_data), so no flag they released is left for a later
-call. Every rank takes the same decisions from the same global numbers (the notify's maxima, the largest token
-count), so every rank runs the same rounds. A call in rounds waits for each round's counts on the host, so it
-cannot be captured in a CUDA graph; each row is copied once more (from the round's outputs to the call's).
+rounds are consecutive calls; so is a round tried again. The whole call's notify, the notify that finds the largest
+token count and a round that does not fit are followed by the data kernels told to skip (InternodeOp._skip_data),
+so no flag they released is left for a later call. Every rank takes the same decisions from the same global
+numbers (the notifies' maxima, the largest token count), so every rank runs the same rounds. A call in rounds waits
+for each round's counts on the host, so it cannot be captured in a CUDA graph; each row is copied once more (from
+the round's outputs to the call's).
 """
 
 from __future__ import annotations
@@ -62,12 +69,36 @@ def _rows_of(t, lo: int, hi: int):
     return t[lo:hi] if t is not None else None
 
 
-def _plan_rounds(op, plan, is_token_in_rank, num_channels: int, comm_stream) -> nvl_layout.Rounds:
-    """The rounds of a call that does not fit (the same on every rank), or BufferTooSmallError when not even a
-    token from each rank fits a round (every rank raises alike: the capacities are the same everywhere)."""
+ROOM_USED = 0.9  # a round aims at this share of the buffers: counts grow a little unevenly from round to round
+
+
+class RoundDoesNotFit(Exception):
+    """A round's notify found streams or rows beyond the buffers (InternodeOp.dispatch moved nothing)."""
+
+    def __init__(self, max_stream: int, max_recv: int):
+        super().__init__(max_stream, max_recv)
+        self.max_stream, self.max_recv = max_stream, max_recv
+
+
+def _caps(plan) -> tuple[int, int]:
+    """(records a (rank -> node) stream may have, rows a rank may receive), dispatch and combine alike."""
+    return min(plan.cap, plan.combine_cap), min(plan.records_rows, plan.combine_rows)
+
+
+def round_tokens(tokens: int, max_stream: int, max_recv: int, caps, least: int, left: int) -> int:
+    """The tokens of the next round: `tokens` tokens gave these maxima, so about tokens * cap / count fit (ROOM_USED
+    of it), at least `least` (fits whatever the routing) and at most the `left` tokens."""
+    stream_cap, recv_cap = caps
+    share = min(stream_cap / max(max_stream, 1), recv_cap / max(max_recv, 1))
+    return max(least, min(int(tokens * share * ROOM_USED), left))
+
+
+def _least_round(op, plan, is_token_in_rank, num_channels: int, comm_stream) -> tuple[int, int]:
+    """(tokens of a round that fits whatever the routing, the most tokens any rank has): the same on every rank.
+    BufferTooSmallError when not even a token from each rank fits a round (every rank raises alike: the
+    capacities are the same everywhere)."""
     R, N = op.num_ranks, op.N
-    stream_cap = min(plan.cap, plan.combine_cap)
-    recv_cap = min(plan.records_rows, plan.combine_rows)
+    stream_cap, recv_cap = _caps(plan)
     if lay_mod.rounds_for(stream_cap, recv_cap, R, 0) is None:
         record = max(plan.record, plan.combine_record)
         if stream_cap < 1:
@@ -83,7 +114,7 @@ def _plan_rounds(op, plan, is_token_in_rank, num_channels: int, comm_stream) -> 
             f"was moved; the Buffer stays usable)"
         )
     largest = _largest_token_count(op, plan, is_token_in_rank, num_channels, comm_stream)
-    return lay_mod.rounds_for(stream_cap, recv_cap, R, largest)
+    return lay_mod.rounds_for(stream_cap, recv_cap, R, largest).tokens_per_round, largest
 
 
 def _largest_token_count(op, plan, is_token_in_rank, C: int, comm_stream) -> int:
@@ -132,16 +163,18 @@ def dispatch(
     send_rdma_head,
     num_recv: int,
     num_rdma_recv: int,
+    maxima: tuple[int, int],
     num_worst_tokens: int,
     per_expert,
     alloc_stream,
     comm_stream,
 ) -> DispatchResult:
     """A dispatch in rounds, after the whole call's notify (whose counts and prefix matrices are `whole`, with
-    send_rdma_head) and its skipped data kernels. Outputs of num_worst_tokens rows when given (rows past num_recv
-    carry no expert), else num_recv."""
+    send_rdma_head, its maxima `maxima`) and its skipped data kernels. Outputs of num_worst_tokens rows when given
+    (rows past num_recv carry no expert), else num_recv."""
     x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert = call_args
-    rounds = _plan_rounds(op, plan, is_token_in_rank, num_channels, comm_stream)
+    least, largest = _least_round(op, plan, is_token_in_rank, num_channels, comm_stream)
+    caps = _caps(plan)
     T, hidden = x.shape
     S = x_scales.size(1) if x_scales is not None else 0
     K = topk_idx.size(1) if topk_idx is not None else 0
@@ -156,27 +189,19 @@ def dispatch(
         recv_src_meta = torch.empty(num_rows, 8, dtype=torch.uint8, device=dev)
         send_nvl_head = torch.full((num_fwd, op.G), -1, dtype=torch.int32, device=dev)  # (rows past the real: -1)
     recv_rdma_prefix, recv_gbl_prefix = whole[3], whole[5]
-    handles, rows = [], []
+    handles, rows, starts = [], [], []
     with torch.cuda.stream(comm_stream):
         before = torch.zeros(op.num_ranks, dtype=torch.int32, device=dev)  # rows of each source rank so far
         forwarded = torch.zeros(op.N, dtype=torch.int32, device=dev)  # rows forwarded of each source node so far
         sent = torch.zeros(op.N, op.G, dtype=torch.int32, device=dev)  # of those, the records for each rank of mine
-        for k in range(rounds.num_rounds):
-            lo, hi = rounds.token_range(k, T)
-            r = op.dispatch(
-                x[lo:hi],
-                _rows_of(x_scales, lo, hi),
-                _rows_of(topk_idx, lo, hi),
-                _rows_of(topk_weights, lo, hi),
-                is_token_in_rank[lo:hi],
-                num_tokens_per_expert,
-                expert_alignment,
-                0,
-                num_channels,
-                comm_stream,
-                comm_stream,
-                in_round=True,
-            )
+        start, tokens = 0, round_tokens(largest, *maxima, caps, least, largest)
+        while not starts or start < largest:  # (a call with no tokens anywhere: one empty round)
+            r = _one_round(op, call_args, start, tokens, T, expert_alignment, num_channels, comm_stream)
+            if isinstance(r, RoundDoesNotFit):  # nothing moved: the same range with fewer tokens
+                if tokens <= least:
+                    raise RuntimeError(f"rank {op.rank}: a round of {tokens} tokens does not fit (an ep_rt bug)")
+                tokens = min(tokens - 1, round_tokens(tokens, r.max_stream, r.max_recv, caps, least, tokens))
+                continue
             at, _ = round_rows(recv_gbl_prefix, before, r.handle.recv_gbl_rank_prefix_sum, r.recv_x.size(0))
             heads = r.handle.send_nvl_head
             fwd_at, nodes = round_rows(recv_rdma_prefix, forwarded, r.handle.recv_rdma_rank_prefix_sum, heads.size(0))
@@ -190,11 +215,18 @@ def dispatch(
                 recv_topk_weights.index_copy_(0, at, r.recv_topk_weights)
             handles.append(r.handle)
             rows.append(at)
+            starts.append(start)
+            # The next round from this one's counts: global numbers only (the maxima, the range's width), so that
+            # every rank picks the same range.
+            facts = r.handle.facts
+            start += tokens
+            left = max(largest - start, 1)
+            tokens = round_tokens(tokens, facts.max_stream, facts.max_dispatch_rows, caps, least, left)
         if recv_topk_idx is not None and num_rows > num_recv:  # num_worst_tokens: rows past the real count
             recv_topk_idx[num_recv:] = -1
     handle = InternodeHandle(is_token_in_rank, *whole[:6], recv_src_meta, send_rdma_head, send_nvl_head)
     with_facts(handle, HandleFacts.of(handle, op.serial))
-    handle.rounds = InternodeRounds(rounds.tokens_per_round, rounds.num_rounds, tuple(handles), tuple(rows))
+    handle.rounds = InternodeRounds(tuple(starts), tuple(handles), tuple(rows))
     tensors = [
         x,
         x_scales,
@@ -211,13 +243,36 @@ def dispatch(
     return DispatchResult(recv_x, recv_x_scales, recv_topk_idx, recv_topk_weights, per_expert, handle, tensors)
 
 
+def _one_round(op, call_args, start: int, tokens: int, T: int, expert_alignment: int, C: int, comm_stream):
+    """The dispatch of this rank's tokens [start, start + tokens) (clipped to its T), or RoundDoesNotFit."""
+    x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert = call_args
+    lo, hi = min(start, T), min(start + tokens, T)
+    try:
+        return op.dispatch(
+            x[lo:hi],
+            _rows_of(x_scales, lo, hi),
+            _rows_of(topk_idx, lo, hi),
+            _rows_of(topk_weights, lo, hi),
+            is_token_in_rank[lo:hi],
+            num_tokens_per_expert,
+            expert_alignment,
+            0,
+            C,
+            comm_stream,
+            comm_stream,
+            in_round=True,
+        )
+    except RoundDoesNotFit as e:
+        return e
+
+
 def _each_round(handle):
     """(first token, end token, the round's handle, its rows in the whole call's outputs) of each round."""
     rounds = handle.rounds
-    split = nvl_layout.Rounds(rounds.tokens_per_round, rounds.num_rounds)
     T = handle.is_token_in_rank.size(0)
-    for k, (h, at) in enumerate(zip(rounds.handles, rounds.rows)):
-        yield (*split.token_range(k, T), h, at)
+    ends = rounds.starts[1:] + (T,)
+    for start, end, h, at in zip(rounds.starts, ends, rounds.handles, rounds.rows):
+        yield min(start, T), min(max(end, start), T), h, at
 
 
 def cached_dispatch(op, x, x_scales, handle, alloc_stream, comm_stream):

@@ -19,7 +19,7 @@ from .selfcheck_ht import Case, Mode
 
 def _route(case: Case, idxs, num_ranks: int, G: int, seed: int):
     """Node-level routing families on top of make_inputs' expert choices."""
-    if case.routing not in ("one_node", "empty_node", "span_nodes"):
+    if case.routing not in ("one_node", "empty_node", "span_nodes", "quiet_head"):
         return idxs
     E, N = case.num_experts, num_ranks // G
     per_node = E // N
@@ -37,6 +37,8 @@ def _route(case: Case, idxs, num_ranks: int, G: int, seed: int):
         else:  # expert k of a token on node k % N: every token with K >= N reaches every node
             k = torch.arange(K).unsqueeze(0).expand(n, K)
             new = (k % N) * per_node + torch.randint(0, per_node, (n, K), generator=g)
+            if case.routing == "quiet_head":  # the first half of the tokens go nowhere (calls in rounds: a round
+                new[: n // 2] = -1  # sized from a quiet range's counts meets the busy half and is tried again)
         out.append(new.to(idx.dtype).to(idx.device))
     return out
 

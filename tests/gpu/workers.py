@@ -627,7 +627,7 @@ def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
 
     def counted(*args, **kwargs):  # (this rank process only)
         result = in_rounds(*args, **kwargs)
-        seen.append(result.handle.rounds.num_rounds)
+        seen.append(len(result.handle.rounds.starts))
         return result
 
     rounds_mod.dispatch = counted
@@ -647,6 +647,9 @@ def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
         )
     )
     cases.append(selfcheck.Case("every token to one rank, 4x", routing="one_rank", num_tokens=4 * T, num_experts=E))
+    cases.append(  # a round sized from the quiet half meets the busy half: it moves nothing and is tried again
+        selfcheck.Case("quiet first half, then every node, 4x", routing="quiet_head", num_tokens=4 * T, num_experts=E)
+    )
     out = []
     for i, case in enumerate(cases):
         del seen[:]
@@ -880,7 +883,7 @@ def rounds_suite(rank, num_ranks, factors=ROUND_FACTORS):
 
 def megatron_sizes(rank, num_ranks, token_counts=(8192, 16384), hidden=2048):
     """Issue 22 item 5: a Buffer sized as Megatron-Core's get_buffer sizes it (the two-argument NVL hint, the larger
-    of the dispatch and combine config's: room for 4096 tokens per rank) takes calls of 8192 and 16384 tokens per
+    of the dispatch and combine config's: DeepEP's size since 2026-12-05) takes calls of 8192 and 16384 tokens per
     rank, in rounds, bit-exact."""
     configs = (Buffer.get_dispatch_config(num_ranks), Buffer.get_combine_config(num_ranks))
     nbytes = max(c.get_nvl_buffer_size_hint(hidden * 2, num_ranks) for c in configs)

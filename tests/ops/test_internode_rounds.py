@@ -97,7 +97,7 @@ def test_an_internode_dispatch_too_large_for_the_buffers_goes_in_rounds(monkeypa
         assert largest["topk_idx"] == 0 and largest["num_tokens_per_expert"] == 0
         assert largest["is_token_in_rank"] != whole["is_token_in_rank"]  # every token to every rank
         rounds = handle.rounds
-        assert (rounds.tokens_per_round, rounds.num_rounds) == (2, 3) and len(rounds.handles) == 3
+        assert rounds.starts == (0, 2, 4) and len(rounds.handles) == 3  # every token everywhere: the least rounds
         for k in range(3):
             note, send = got[9 + 4 * k][1], got[10 + 4 * k][1]
             assert note["num_tokens"] == 2 and note["host_token"] != 0
@@ -135,6 +135,71 @@ def test_an_internode_dispatch_too_large_for_the_buffers_goes_in_rounds(monkeypa
             send = got[3 * k][1]
             assert send["cached"] == 1 and send["num_tokens"] == 2 and send["x"] == _row(trace, x, 2 * k)
         assert again.shape == recv_x.shape
+        buf.destroy()
+
+
+def _every_other_token_unless(dense_from: int):
+    """Each rank's tokens reach one node and half the ranks (streams of T / 2, 2T rows a rank) in the whole call;
+    a round of `dense_from` tokens or more finds every token everywhere. The notify that finds the largest token
+    count (no top-k) sends every token everywhere."""
+
+    def counts(p):
+        n = p.num_tokens
+        if p.topk_idx == 0 or n >= dense_from and n != T:
+            return _every_token_everywhere(p)
+        return 2 * n, n, n // 2, 2 * n
+
+    return counts
+
+
+def _round_starts_and_sizes(trace, start):
+    notes = [e[-1] for e in trace.events[start:] if e[0] in ("launch", "launch_ex") and e[1].endswith("_notify")]
+    return [n["num_tokens"] for n in notes]
+
+
+def test_rounds_take_as_many_tokens_as_the_counts_say_fit(monkeypatch):
+    """T = 6 tokens, streams of 3 and 12 rows a rank in the whole call, against room for streams of 2 and 9 rows:
+    the least round (whatever the routing) is 2 tokens, three rounds; the counts say 3.6 tokens fit, so the first
+    round takes 3 and the next the 3 left (two rounds)."""
+    monkeypatch.setattr(host_trace, "INTERNODE_COUNTS", _every_other_token_unless(T + 1))
+    monkeypatch.setattr(internode_rounds, "round_rows", _consecutive_rows)
+    with host_trace.driven("internode") as (trace, make):
+        buf = host_trace.build({"num_nvl_bytes": NVL, "num_rdma_bytes": RDMA, "explicitly_destroy": True})
+        x, idx, w, common = host_trace.ht_inputs(buf)
+        start = len(trace.events)
+        recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+        assert _round_starts_and_sizes(trace, start) == [T, T, 3, 3]  # whole call, largest count, two rounds
+        assert handle.rounds.starts == (0, 3) and len(handle.rounds.handles) == 2
+        start = len(trace.events)
+        buf.combine(recv_x, handle, topk_weights=recv_w)
+        publish = [e[-1] for e in trace.events[start:] if e[0] in ("launch", "launch_ex")][::3]
+        assert [p["num_tokens"] for p in publish] == [3, 3]
+        buf.destroy()
+
+
+def test_a_round_that_does_not_fit_moves_nothing_and_is_tried_with_fewer_tokens(monkeypatch):
+    """Rounds of 3 tokens or more find every token everywhere (streams of 3, 4 ...). The first round's guess (3
+    tokens) does not fit: its data kernels skip and the same range is tried with 2 tokens (the least round), which
+    fits; its counts (streams of 1) suggest 3 tokens, which do not fit either, and so on in rounds of 2."""
+    monkeypatch.setattr(host_trace, "INTERNODE_COUNTS", _every_other_token_unless(3))
+    monkeypatch.setattr(internode_rounds, "round_rows", _consecutive_rows)
+    with host_trace.driven("internode") as (trace, make):
+        buf = host_trace.build({"num_nvl_bytes": NVL, "num_rdma_bytes": RDMA, "explicitly_destroy": True})
+        x, idx, w, common = host_trace.ht_inputs(buf)
+        start = len(trace.events)
+        buf.dispatch(x, topk_idx=idx, topk_weights=w, **common)
+        got = _launches(trace, start)
+        names = [n.replace("ep_rt_internode_", "") for n, _ in got]
+        data = ["send", "forward", "recv"]
+        assert names == ["ep_rt_check_topk_idx"] + ["notify", *data] * 7, names
+        sizes = [f["num_tokens"] for n, f in got if n.endswith("_notify")]
+        assert sizes == [T, T, 3, 2, 3, 2, 2]
+        assert [f["x"] for n, f in got if n.endswith("_notify")][2:] == [_row(trace, x, i) for i in (0, 0, 2, 2, 4)]
+        tried = got[9:13]  # the round of 3 tokens: its data kernels told to move nothing
+        for _, f in tried[1:]:
+            assert f["recv_x"] == 0 and f["num_out_rows"] == 0
+        assert got[14][1]["num_out_rows"] == 4  # the round of 2 that fits moves its rows (2 a token)
+        assert got[18][1]["recv_x"] == 0 and got[22][1]["num_out_rows"] == 4
         buf.destroy()
 
 
