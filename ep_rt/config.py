@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from . import config_tables
+from . import config_tables, deepep_hints
 from .transport import internode_layout, nvl_layout
 
 
@@ -46,40 +46,67 @@ class Config:
         self,
         hidden_bytes: int,
         num_ranks: int,
-        num_max_tokens_per_rank: int = 4096,
+        num_max_tokens_per_rank: int | None = None,
         num_ranks_per_node: int | None = None,
     ) -> int:
-        """Bytes of NVL buffer that hold a dispatch and combine of `num_max_tokens_per_rank` tokens per rank
-        with `hidden_bytes` per token (FP8 scales and top-k up to 32 included). Unlike DeepEP's ring buffers,
-        ep_rt stages whole calls, so the hint depends on the token count (an extra, optional argument). The ranks
-        sit in nodes of `num_ranks_per_node` (without it: ranks_per_node's rule: EP_RT_RANKS_PER_NODE, torchrun's
-        LOCAL_WORLD_SIZE where it fits, one node up to 8 ranks, DeepEP's 8 where it divides num_ranks, else 4, 2 or
-        1); across nodes the hint is the room for the combine input of the worst case (every token of
-        every rank to one rank)."""
-        _check_hint_args(hidden_bytes, num_ranks, num_max_tokens_per_rank)
+        """Bytes of NVL buffer for high-throughput calls of `hidden_bytes` per token (FP8 scales and top-k up to 32
+        included), the ranks in nodes of `num_ranks_per_node` (without it: ranks_per_node's rule: EP_RT_RANKS_PER_NODE,
+        torchrun's LOCAL_WORLD_SIZE where it fits, one node up to 8 ranks, DeepEP's 8 where it divides num_ranks, else
+        4, 2 or 1).
+
+        DeepEP's two arguments: no more than DeepEP V1's formula gives for this Config (for nodes of 8, exactly its
+        hint, or ep_rt's one-pass size where that is smaller). A call whose rows do not fit goes through the buffer in
+        rounds; README "Buffer sizes against DeepEP's" says which calls take one pass. With `num_max_tokens_per_rank`
+        (ep_rt's own argument): room for a whole call of that many tokens per rank in one pass, whatever the routing
+        (every row a rank can receive; across nodes, the combine input of every rank's every token to one rank)."""
+        T = ONE_PASS_TOKENS if num_max_tokens_per_rank is None else num_max_tokens_per_rank
+        _check_hint_args(hidden_bytes, num_ranks, T)
         G = ranks_per_node(num_ranks, num_ranks_per_node)
         if G < num_ranks:
             _check_nodes(num_ranks, G)
-            return internode_layout.nvl_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
-        return nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * num_max_tokens_per_rank)
+            one_pass = lambda t: internode_layout.nvl_size_hint(hidden_bytes, num_ranks, G, t)  # noqa: E731
+        else:
+            one_pass = lambda t: nvl_layout.nvl_bytes_for(hidden_bytes, num_ranks * t)  # noqa: E731
+        if num_max_tokens_per_rank is not None:
+            return one_pass(T)
+        deepep = deepep_hints.nvl_bytes(
+            self.num_sms, self.num_max_nvl_chunked_recv_tokens, hidden_bytes, G, num_ranks // G
+        )
+        # Never below one round (a token from each rank), or the hint would size a Buffer that refuses every call.
+        return max(min(one_pass(T), deepep), one_pass(1))
 
     def get_rdma_buffer_size_hint(
         self,
         hidden_bytes: int,
         num_ranks: int,
-        num_max_tokens_per_rank: int = 4096,
+        num_max_tokens_per_rank: int | None = None,
         num_ranks_per_node: int | None = None,
     ) -> int:
-        """Bytes of RDMA (symmetric) buffer for internode dispatches of up to num_max_tokens_per_rank tokens per
-        rank with hidden_bytes per token (and their combines), for nodes of `num_ranks_per_node` ranks (the rule
-        of get_nvl_buffer_size_hint); 0 only when all ranks are on one node. ep_rt's areas hold whole
-        (rank -> node) streams, so the hint depends on the token count (an extra, optional argument)."""
-        _check_hint_args(hidden_bytes, num_ranks, num_max_tokens_per_rank)
+        """Bytes of RDMA (symmetric) buffer for internode high-throughput calls of `hidden_bytes` per token, for
+        nodes of `num_ranks_per_node` ranks (the rule of get_nvl_buffer_size_hint); 0 only when all ranks are on one
+        node. DeepEP's two arguments: no more than DeepEP V1's formula gives for this Config and node count (calls
+        whose streams do not fit go in rounds). With `num_max_tokens_per_rank` (ep_rt's own argument): room for
+        whole (rank -> node) streams of that many tokens, so any such call takes one pass."""
+        T = ONE_PASS_TOKENS if num_max_tokens_per_rank is None else num_max_tokens_per_rank
+        _check_hint_args(hidden_bytes, num_ranks, T)
         G = ranks_per_node(num_ranks, num_ranks_per_node)
         if G == num_ranks:
             return 0
         _check_nodes(num_ranks, G)
-        return internode_layout.rdma_size_hint(hidden_bytes, num_ranks, G, num_max_tokens_per_rank)
+        one_pass = lambda t: internode_layout.rdma_size_hint(hidden_bytes, num_ranks, G, t)  # noqa: E731
+        if num_max_tokens_per_rank is not None:
+            return one_pass(T)
+        deepep = deepep_hints.rdma_bytes(
+            self.num_sms,
+            self.num_max_rdma_chunked_send_tokens,
+            self.num_max_rdma_chunked_recv_tokens,
+            hidden_bytes,
+            num_ranks // G,
+        )
+        return max(min(one_pass(T), deepep), one_pass(1))
+
+
+ONE_PASS_TOKENS = 4096  # the two-argument hints never exceed a one-pass call of this many tokens per rank
 
 
 def ranks_per_node(num_ranks: int, num_ranks_per_node: int | None = None) -> int:

@@ -17,19 +17,31 @@ def _align(n: int) -> int:
     return (n + 127) // 128 * 128
 
 
-def nvl_hint(row: config_tables.Row, hidden_bytes: int, num_ranks: int, num_sms: int = DEEPEP_NUM_SMS) -> int:
-    C, N, Rr, B = num_sms // 2, min(num_ranks, 8), max(num_ranks // 8, 1), row.nvl_recv
+def nvl_bytes(num_sms: int, nvl_recv: int, hidden_bytes: int, nvl_peers: int, rdma_ranks: int) -> int:
+    """DeepEP's NVL formula for `nvl_peers` ranks per node and `rdma_ranks` nodes (DeepEP itself: min(R, 8) and
+    max(R / 8, 1)): per channel and NVL peer, 2 * rdma_ranks + 3 ints and a ring of nvl_recv token slots."""
+    C, N, Rr, B = num_sms // 2, nvl_peers, rdma_ranks, nvl_recv
     per_token = hidden_bytes + 8 + _MAX_TOPK * _TOPK_IDX_BYTES + _MAX_TOPK * 4 + _MAX_SCALES * 4
     return _align(C * N * (2 * Rr + 3) * 4 + C * N * B * per_token)
+
+
+def rdma_bytes(num_sms: int, rdma_send: int, rdma_recv: int, hidden_bytes: int, rdma_ranks: int) -> int:
+    """DeepEP's RDMA formula for `rdma_ranks` nodes: per channel and node, a send and a receive ring of rdma_recv
+    token slots (rounded up to a multiple of rdma_send, as DeepEP's Config does) and their head and tail words."""
+    C, Rr = num_sms // 2, rdma_ranks
+    Br = -(-rdma_recv // rdma_send) * rdma_send
+    per_token = hidden_bytes + 8 + _MAX_TOPK * _TOPK_IDX_BYTES + _MAX_TOPK * 4 + _MAX_SCALES * 4 + 16
+    return _align(C * Rr * (8 * 2 + 2) * 2 * 4 + 2 * C * Rr * Br * per_token)
+
+
+def nvl_hint(row: config_tables.Row, hidden_bytes: int, num_ranks: int, num_sms: int = DEEPEP_NUM_SMS) -> int:
+    return nvl_bytes(num_sms, row.nvl_recv, hidden_bytes, min(num_ranks, 8), max(num_ranks // 8, 1))
 
 
 def rdma_hint(row: config_tables.Row, hidden_bytes: int, num_ranks: int, num_sms: int = DEEPEP_NUM_SMS) -> int:
     if num_ranks <= 8:
         return 0
-    C, Rr = num_sms // 2, num_ranks // 8
-    Br = -(-row.rdma_recv // row.rdma_send) * row.rdma_send  # DeepEP's Config rounds it up to a multiple
-    per_token = hidden_bytes + 8 + _MAX_TOPK * _TOPK_IDX_BYTES + _MAX_TOPK * 4 + _MAX_SCALES * 4 + 16
-    return _align(C * Rr * (8 * 2 + 2) * 2 * 4 + 2 * C * Rr * Br * per_token)
+    return rdma_bytes(num_sms, row.rdma_send, row.rdma_recv, hidden_bytes, num_ranks // 8)
 
 
 def client_sizes(hidden_bytes: int, num_ranks: int) -> tuple[int, int]:

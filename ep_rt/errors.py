@@ -175,7 +175,7 @@ def describe_kernel_error(
             f"{me}: {where}: one rank sends {detail0} tokens to one node but the RDMA buffer holds {detail1} per "
             f"node for this call's token size, so that call moved no data (its outputs are undefined). Every rank "
             f"finished the call and the Buffer stays usable; construct a Buffer with a larger num_rdma_bytes "
-            f"(Config.get_rdma_buffer_size_hint) for calls of that size."
+            f"(Config.get_rdma_buffer_size_hint(hidden_bytes, num_ranks, num_tokens) sizes one pass of num_tokens per rank)."
         )
     # a combine from a handle without ep_rt's facts (a rebuilt tuple)
     if code == abi.EP_RT_ERR_CAPACITY and phase == abi.EP_RT_PHASE_IN_COMBINE_FORWARD:
@@ -184,7 +184,7 @@ def describe_kernel_error(
             f"{detail1} per node at this hidden size, so the tokens past that were dropped (the outputs are "
             f"incomplete; a handle rebuilt as a plain tuple skips the check that refuses such a call up front). Every "
             f"rank finished the call and the Buffer stays usable; construct a Buffer with a larger num_rdma_bytes "
-            f"(Config.get_rdma_buffer_size_hint) for calls of that size."
+            f"(Config.get_rdma_buffer_size_hint(hidden_bytes, num_ranks, num_tokens) sizes one pass of num_tokens per rank)."
         )
     # the records the forwarders push into one rank's NVL buffer
     if code == abi.EP_RT_ERR_CAPACITY and phase == abi.EP_RT_PHASE_IN_FORWARD:
@@ -192,7 +192,7 @@ def describe_kernel_error(
             f"{me}: {where}: one rank receives {detail0} tokens but the NVL buffers hold {detail1} of this call's "
             f"token records, so that call moved no data past that (its outputs are undefined). Every rank finished "
             f"the call and the Buffer stays usable; construct a Buffer with a larger num_nvl_bytes "
-            f"(Config.get_nvl_buffer_size_hint) for calls of that size."
+            f"(Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_tokens) sizes one pass of num_tokens per rank)."
         )
     if code == abi.EP_RT_ERR_TIMEOUT and peer < 0:  # no peer: the kernel's own blocks never all met at its grid barrier
         return CommTimeoutError(
@@ -216,7 +216,7 @@ def describe_kernel_error(
         return BufferTooSmallError(
             f"rank {rank}: {where}: rank {peer} would receive {detail0} rows but its buffer holds {detail1}, so that "
             f"call's outputs are incomplete. Every rank finished the call and the Buffer stays usable; construct a "
-            f"Buffer with a larger num_nvl_bytes (Config.get_nvl_buffer_size_hint) for calls of that size."
+            f"Buffer with a larger num_nvl_bytes (Config.get_nvl_buffer_size_hint(hidden_bytes, num_ranks, num_tokens) sizes one pass of num_tokens per rank)."
         )
     if code == abi.EP_RT_ERR_WORST_TOKENS:
         return KernelError(

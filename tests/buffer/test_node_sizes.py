@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import ep_rt.buffer as buffer_mod
-from ep_rt import Buffer, Config
+from ep_rt import Buffer, Config, config
 from ep_rt.runtime import abi
 from ep_rt.testing import bad_inputs
 from ep_rt.transport import internode_layout as lay, nvl_layout, nvshmem
@@ -221,7 +221,7 @@ def test_the_reported_rank_counts_without_a_node_size():
     for R, G in ((12, 4), (20, 4), (10, 2), (9, 1), (36, 4)):
         rdma = c.get_rdma_buffer_size_hint(7168 * 2, R)
         assert rdma == c.get_rdma_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G) > 0
-        assert c.get_nvl_buffer_size_hint(7168 * 2, R) == c.get_nvl_buffer_size_hint(7168 * 2, R, 4096, G)
+        assert c.get_nvl_buffer_size_hint(7168 * 2, R) == c.get_nvl_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G)
     assert c.get_rdma_buffer_size_hint(7168 * 2, 6) == 0  # one node
 
 
@@ -241,22 +241,30 @@ def test_two_argument_hints_without_a_node_size_follow_the_guess(monkeypatch, lw
         rdma = c.get_rdma_buffer_size_hint(7168 * 2, R)
         assert rdma == c.get_rdma_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G), (R, lws)
         assert (rdma == 0) == (G == R)
-        assert c.get_nvl_buffer_size_hint(7168 * 2, R) == c.get_nvl_buffer_size_hint(7168 * 2, R, 4096, G)
+        assert c.get_nvl_buffer_size_hint(7168 * 2, R) == c.get_nvl_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G)
 
 
 @pytest.mark.parametrize("nodes,G", [(2, 4), (3, 4), (3, 2), (5, 4), (4, 2)])
-def test_two_argument_hints_under_torchrun_hold_calls_of_their_size(monkeypatch, nodes, G):
-    """2 x 4 with LOCAL_WORLD_SIZE=4 (the reported case: the 8-per-node RDMA hint is 0) and its kin: each (rank ->
-    node) stream of T records fits the RDMA hint, every row a rank receives the NVL hint."""
+def test_two_argument_hints_under_torchrun_take_its_node_size(monkeypatch, nodes, G):
+    """2 x 4 with LOCAL_WORLD_SIZE=4 (the reported case: the 8-per-node RDMA hint is 0) and its kin: the two-argument
+    hints are those of nodes of G, which hold a round of every documented record (a token from each rank); the
+    one-pass hints hold each (rank -> node) stream of T records and every row a rank receives."""
     R = nodes * G
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(G))
-    nvl, rdma = Config().get_nvl_buffer_size_hint(7168 * 2, R), Config().get_rdma_buffer_size_hint(7168 * 2, R)
+    c = Config()
+    nvl, rdma = c.get_nvl_buffer_size_hint(7168 * 2, R), c.get_rdma_buffer_size_hint(7168 * 2, R)
+    assert (nvl, rdma) == (
+        c.get_nvl_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G),
+        c.get_rdma_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G),
+    )
     assert rdma > 0
-    room = nvl - lay.nvl_control_offsets(R, nodes)["records"]
+    whole_nvl, whole_rdma = c.get_nvl_buffer_size_hint(7168 * 2, R, T), c.get_rdma_buffer_size_hint(7168 * 2, R, T)
+    control = lay.nvl_control_offsets(R, nodes)["records"]
     for hidden_bytes, S, K in RECORDS.values():
         for record in (lay.dispatch_record_bytes(hidden_bytes, S, K), lay.combine_record_bytes(7168, K)):
-            assert lay.capacity(rdma, nodes, record) >= T, (R, G, record)
-            assert room // record >= R * T, (R, G, record)
+            assert lay.capacity(rdma, nodes, record) >= 1 and (nvl - control) // record >= R, (R, G, record)
+            assert lay.capacity(whole_rdma, nodes, record) >= T, (R, G, record)
+            assert (whole_nvl - control) // record >= R * T, (R, G, record)
 
 
 def test_a_stated_node_size_that_does_not_fit_still_raises(monkeypatch):
@@ -318,12 +326,13 @@ RECORDS = {  # the documented sizes: hidden 7168 BF16 / FP8 with its scales, top
 
 @pytest.mark.parametrize("R", RANK_COUNTS)
 @pytest.mark.parametrize("G", NODE_SIZES)
-def test_every_hint_holds_calls_of_its_documented_size(R, G):
-    """A Buffer of N nodes of G sized by the two hints takes dispatches (and their combines) of T tokens per rank,
-    any routing, with the checks its ops make before launching; the RDMA hint is 0 only on one node."""
+def test_every_one_pass_hint_holds_calls_of_its_size(R, G):
+    """A Buffer of N nodes of G sized by the two hints with num_max_tokens_per_rank=T takes dispatches (and their
+    combines) of T tokens per rank in one pass, any routing, with the checks its ops make before launching; the RDMA
+    hint is 0 only on one node."""
     s = shape(R, G)
-    nvl_hint = lambda: Config().get_nvl_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G)  # noqa: E731
-    rdma_hint = lambda: Config().get_rdma_buffer_size_hint(7168 * 2, R, num_ranks_per_node=G)  # noqa: E731
+    nvl_hint = lambda: Config().get_nvl_buffer_size_hint(7168 * 2, R, T, num_ranks_per_node=G)  # noqa: E731
+    rdma_hint = lambda: Config().get_rdma_buffer_size_hint(7168 * 2, R, T, num_ranks_per_node=G)  # noqa: E731
     if s is None:
         for hint in (nvl_hint, rdma_hint):
             with pytest.raises(ValueError, match="multiple of the ranks per node"):
@@ -352,13 +361,75 @@ def test_every_hint_holds_calls_of_its_documented_size(R, G):
             assert room // record >= R * T, (R, G, record)
 
 
+def _deepep_formulas(c: Config, hidden_bytes: int, G: int, N: int) -> tuple[int, int]:
+    """DeepEP V1's two formulas (csrc/config.hpp) for Config c on N nodes of G, written out here so that the hints
+    are held to them, not to ep_rt's own copy; its channels are num_sms / 2, its slots 128 top-k ids and scales."""
+    C, up = c.num_sms // 2, lambda n: (n + 127) // 128 * 128  # noqa: E731
+    per_token = hidden_bytes + 8 + 128 * 8 + 128 * 4 + 128 * 4
+    nvl = up(C * G * (2 * N + 3) * 4 + C * G * c.num_max_nvl_chunked_recv_tokens * per_token)
+    rdma = up(C * N * 18 * 2 * 4 + 2 * C * N * c.num_max_rdma_chunked_recv_tokens * (per_token + 16)) if N > 1 else 0
+    return nvl, rdma
+
+
+@pytest.mark.parametrize("R", RANK_COUNTS)
+@pytest.mark.parametrize("G", NODE_SIZES)
+def test_two_argument_hints_are_at_most_deepeps_and_hold_a_round(R, G):
+    """Issue 22 item 2: for every config row and both hidden sizes, DeepEP's two-argument hints give no more than
+    DeepEP's formula on the layout (its own numbers for nodes of 8), never less than one round (a token from each
+    rank, every documented record) and never more than one pass of T tokens per rank."""
+    s = shape(R, G)
+    if s is None or s[0] > 64:
+        return  # the hints raise (the one-pass test above holds that)
+    N, g = s
+    for kind in KINDS:
+        c = config.table_config(kind, R, 20, g)
+        for hidden in (4096, 7168):
+            hb = 2 * hidden
+            nvl, rdma = (
+                c.get_nvl_buffer_size_hint(hb, R, num_ranks_per_node=g),
+                c.get_rdma_buffer_size_hint(hb, R, num_ranks_per_node=g),
+            )
+            deepep_nvl, deepep_rdma = _deepep_formulas(c, hb, g, N)
+            assert nvl <= max(deepep_nvl, c.get_nvl_buffer_size_hint(hb, R, 1, g)), (kind, hidden)
+            assert rdma <= max(deepep_rdma, c.get_rdma_buffer_size_hint(hb, R, 1, g)), (kind, hidden)
+            assert nvl <= c.get_nvl_buffer_size_hint(hb, R, T, g) and rdma <= c.get_rdma_buffer_size_hint(hb, R, T, g)
+            if N == 1:
+                assert rdma == 0
+                for hidden_bytes, S, K in RECORDS.values():
+                    assert nvl_layout.DispatchRows(hidden_bytes, S, K).fill(abi.DispatchRegion(), nvl) >= R
+                    assert nvl_layout.CombineRows(7168, K).fill(abi.CombineRegion(), nvl) >= R
+                continue
+            room = nvl - lay.nvl_control_offsets(R, N)["records"]
+            for hidden_bytes, S, K in RECORDS.values():
+                for record in (lay.dispatch_record_bytes(hidden_bytes, S, K), lay.combine_record_bytes(7168, K)):
+                    assert lay.capacity(rdma, N, record) >= 1 and room // record >= R, (kind, hidden, record)
+
+
+def test_two_argument_hints_are_deepeps_own_numbers_for_nodes_of_8():
+    """What Megatron-Core's and SGLang's get_buffer ask for (the larger of the two configs' hints) is DeepEP's at
+    8, 16, 64 and 160 ranks (README's table)."""
+    from ep_rt import deepep_hints
+
+    for R in (8, 16, 64, 160):
+        for hidden in (4096, 7168):
+            configs = [
+                Buffer.get_dispatch_config(R, num_ranks_per_node=8),
+                Buffer.get_combine_config(R, num_ranks_per_node=8),
+            ]
+            ours = (
+                max(c.get_nvl_buffer_size_hint(2 * hidden, R, num_ranks_per_node=8) for c in configs),
+                max(c.get_rdma_buffer_size_hint(2 * hidden, R, num_ranks_per_node=8) for c in configs),
+            )
+            assert ours == deepep_hints.client_sizes(2 * hidden, R), (R, hidden)
+
+
 def test_hints_follow_the_node_size_not_8():
     """The reported cases: 16 ranks on 4-GPU hosts (the 8-per-node hint holds half the streams: 2 node areas
     where there are 4) and 2 x 4 (the 8-per-node RDMA hint is 0)."""
     c = Config()
     record = lay.dispatch_record_bytes(7168 * 2, 0, 8)
-    assert lay.capacity(c.get_rdma_buffer_size_hint(7168 * 2, 16, num_ranks_per_node=4), 4, record) >= T
-    assert lay.capacity(c.get_rdma_buffer_size_hint(7168 * 2, 16, num_ranks_per_node=8), 4, record) < T
+    assert lay.capacity(c.get_rdma_buffer_size_hint(7168 * 2, 16, T, num_ranks_per_node=4), 4, record) >= T
+    assert lay.capacity(c.get_rdma_buffer_size_hint(7168 * 2, 16, T, num_ranks_per_node=8), 4, record) < T
     assert c.get_rdma_buffer_size_hint(7168 * 2, 8, num_ranks_per_node=4) > 0
     assert c.get_rdma_buffer_size_hint(7168 * 2, 8, num_ranks_per_node=8) == 0
 
@@ -367,11 +438,19 @@ def test_two_argument_hints_take_the_node_size_from_the_environment(monkeypatch)
     """Megatron-Core's and SGLang's get_buffer call (hidden_bytes, num_ranks): the same rule as the configs."""
     c = Config()
     assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == 0  # DeepEP's 8 per node
-    assert c.get_rdma_buffer_size_hint(7168 * 2, 12) == c.get_rdma_buffer_size_hint(7168 * 2, 12, 4096, 4) > 0
+    assert (
+        c.get_rdma_buffer_size_hint(7168 * 2, 12) == c.get_rdma_buffer_size_hint(7168 * 2, 12, num_ranks_per_node=4) > 0
+    )
     for name in ("LOCAL_WORLD_SIZE", "EP_RT_RANKS_PER_NODE"):
         monkeypatch.setenv(name, "4")
-        assert c.get_rdma_buffer_size_hint(7168 * 2, 8) == c.get_rdma_buffer_size_hint(7168 * 2, 8, 4096, 4) > 0
-        assert c.get_nvl_buffer_size_hint(7168 * 2, 12) == c.get_nvl_buffer_size_hint(7168 * 2, 12, 4096, 4)
+        assert (
+            c.get_rdma_buffer_size_hint(7168 * 2, 8)
+            == c.get_rdma_buffer_size_hint(7168 * 2, 8, num_ranks_per_node=4)
+            > 0
+        )
+        assert c.get_nvl_buffer_size_hint(7168 * 2, 12) == c.get_nvl_buffer_size_hint(
+            7168 * 2, 12, num_ranks_per_node=4
+        )
         assert c.get_rdma_buffer_size_hint(7168 * 2, 4) == 0  # inside one host
         monkeypatch.delenv(name)
 

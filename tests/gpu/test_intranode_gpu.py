@@ -67,8 +67,8 @@ def test_calls_larger_than_the_buffer_go_in_rounds(num_ranks):
 
 @gpus(1)
 def test_megatron_get_buffer_sizes_take_8192_and_16384_tokens_per_rank():
-    """Issue 22 item 5: Megatron-Core's get_buffer sizes (room for 4096 tokens per rank) and calls of 8192 and 16384
-    tokens per rank: bit-exact, in rounds (2 ranks)."""
+    """Issue 22 item 5: Megatron-Core's get_buffer sizes (DeepEP's, from the two-argument hints) and calls of 8192
+    and 16384 tokens per rank: bit-exact, in rounds (2 ranks)."""
     results = run_ranks(workers.megatron_sizes, 2, timeout_s=600)
     for r in results:
         for name, rounds, checks, failures in r["cases"]:
