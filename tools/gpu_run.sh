@@ -227,11 +227,13 @@ step() {  # one named step; returns 3 for a name it does not know
     internode_cases) run internode_cases "${LIMIT_CASES:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "internode and not aggressive and not chaos and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
     # Issue 22 across nodes: calls of 2, 4 and 10 times what the buffers hold in one pass, in rounds, on 2x2 and
-    # 4x1 (~10 cases of 1-3 s each per layout, several rounds each), then a buffer below one round.
-    internode_rounds) run internode_rounds "${LIMIT_ROUNDS:-420}" python3 -m pytest -q -rs --durations=10 \
+    # 4x1 (~10 cases of 1-3 s each per layout, several rounds each), then a buffer below one round, then Megatron's
+    # get_buffer sizes (the two-argument hints) with 8192 and 16384 tokens per rank on 2x2.
+    internode_rounds) run internode_rounds "${LIMIT_ROUNDS:-480}" python3 -m pytest -q -rs --durations=10 \
              -m "not eight_ranks" \
              tests/gpu/test_internode_gpu.py::test_internode_calls_larger_than_the_buffers_go_in_rounds \
-             tests/gpu/test_internode_gpu.py::test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable ;;
+             tests/gpu/test_internode_gpu.py::test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable \
+             tests/gpu/test_internode_gpu.py::test_megatron_get_buffer_sizes_across_nodes_take_8192_and_16384_tokens_per_rank ;;
     internode_variants) run internode_variants 540 python3 -m pytest -q -rs --durations=20 \
              -m "internode and (aggressive or chaos) and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \

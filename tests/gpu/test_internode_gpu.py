@@ -150,6 +150,19 @@ def test_internode_calls_larger_than_the_buffers_go_in_rounds(layout):
 
 
 @gpus(1)
+def test_megatron_get_buffer_sizes_across_nodes_take_8192_and_16384_tokens_per_rank():
+    """Issue 22 item 5 across nodes (2 emulated nodes of 2): Buffers of the two-argument hints (DeepEP's sizes) take
+    calls of 8192 and 16384 tokens per rank, bit-exact, in rounds."""
+    env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "60", "EP_RT_NET_TIMEOUT_S": "120"}
+    results = run_ranks(workers.internode_megatron_sizes, 4, args=(2,), env=env, timeout_s=540)
+    for rank, r in enumerate(results):
+        for name, rounds, checks, failures in r["cases"]:
+            assert not failures, (rank, name, failures[:5], f"seed {r['seed']}")
+            assert checks > 0 and rounds > 1, (rank, name, rounds, checks, r["num_nvl_bytes"], r["num_rdma_bytes"])
+    print("rounds:", [(name, rounds) for name, rounds, _, _ in results[0]["cases"]])
+
+
+@gpus(1)
 def test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable():
     env = {"EP_RT_RANKS_PER_NODE": "2", "EP_RT_TIMEOUT_S": "30"}
     results = run_ranks(workers.internode_too_small, 4, args=(2,), env=env, timeout_s=150)

@@ -660,6 +660,41 @@ def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
     return {"seed": seed, "cases": out}
 
 
+def internode_megatron_sizes(rank, num_ranks, ranks_per_node, token_counts=(8192, 16384), hidden=2048):
+    """Issue 22 item 5 across nodes: a Buffer sized as Megatron-Core's get_buffer sizes it (the two-argument hints,
+    the larger of the dispatch and combine config's: DeepEP's sizes) takes calls of 8192 and 16384 tokens per rank,
+    in rounds sized from the counts, bit-exact (layout, dispatch with all ten handle entries, cached dispatch,
+    combine). Returns per case the rounds its dispatch took."""
+    from ep_rt.ops import internode_rounds as rounds_mod
+    from ep_rt.testing import selfcheck_internode as sci
+
+    G = ranks_per_node
+    configs = (Buffer.get_dispatch_config(num_ranks), Buffer.get_combine_config(num_ranks))
+    nvl = max(c.get_nvl_buffer_size_hint(hidden * 2, num_ranks) for c in configs)
+    rdma = max(c.get_rdma_buffer_size_hint(hidden * 2, num_ranks) for c in configs)
+    seen = []
+    in_rounds = rounds_mod.dispatch
+
+    def counted(*args, **kwargs):  # (this rank process only)
+        result = in_rounds(*args, **kwargs)
+        seen.append(len(result.handle.rounds.starts))
+        return result
+
+    rounds_mod.dispatch = counted
+    buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
+    assert buf.topology.num_nodes == num_ranks // G, buf.topology.describe()
+    seed = checker.shared_seed(buf.group)
+    out = []
+    for i, n in enumerate(token_counts):
+        del seen[:]
+        case = selfcheck.Case(f"{n} tokens per rank in get_buffer's sizes", num_tokens=n, hidden=hidden)
+        chk = sci.run_case(buf, case, seed + i, G)
+        out.append((case.name, max(seen, default=1), chk.checks, chk.failures))
+    buf.destroy()
+    rounds_mod.dispatch = in_rounds
+    return {"seed": seed, "cases": out, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma}
+
+
 def _internode_counters(buf):
     """Per (other node, channel, chunk): the dispatch and combine signal words in my symmetric buffer and the counts
     my kernels consumed of them (int64 lists). In step after every call, failed or not, unless a peer timed out."""
