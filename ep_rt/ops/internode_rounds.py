@@ -60,6 +60,14 @@ def shifted_nvl_heads(heads, sources, sent):
     return out
 
 
+def put_rows(out, at, rows) -> None:
+    """out[at[i]] = rows[i]. Through a byte view for 1-byte floats: CUDA's index_copy_ has no FP8 kernel (the first GPU
+    run of FP8 calls in rounds failed on it)."""
+    if out.dtype.is_floating_point and out.element_size() == 1:
+        out, rows = out.view(torch.uint8), rows.view(torch.uint8)
+    out.index_copy_(0, at, rows)
+
+
 def _exclusive(prefix):
     """An inclusive prefix sum made exclusive (each source's first row)."""
     return torch.cat((prefix.new_zeros(1), prefix[:-1]))
@@ -206,11 +214,11 @@ def dispatch(
             heads = r.handle.send_nvl_head
             fwd_at, nodes = round_rows(recv_rdma_prefix, forwarded, r.handle.recv_rdma_rank_prefix_sum, heads.size(0))
             send_nvl_head.index_copy_(0, fwd_at, shifted_nvl_heads(heads, nodes, sent))
-            recv_x.index_copy_(0, at, r.recv_x)
+            put_rows(recv_x, at, r.recv_x)
             recv_src_meta.index_copy_(0, at, r.handle.recv_src_meta)
             for out, got in ((recv_x_scales, r.recv_x_scales), (recv_topk_idx, r.recv_topk_idx)):
                 if out is not None:
-                    out.index_copy_(0, at, got)
+                    put_rows(out, at, got)
             if recv_topk_weights is not None:
                 recv_topk_weights.index_copy_(0, at, r.recv_topk_weights)
             handles.append(r.handle)
@@ -285,9 +293,9 @@ def cached_dispatch(op, x, x_scales, handle, alloc_stream, comm_stream):
     with torch.cuda.stream(comm_stream):
         for lo, hi, h, at in _each_round(handle):
             rx, rs, _ = op.cached_dispatch(x[lo:hi], _rows_of(x_scales, lo, hi), h, comm_stream, comm_stream)
-            recv_x.index_copy_(0, at, rx)
+            put_rows(recv_x, at, rx)
             if recv_x_scales is not None:
-                recv_x_scales.index_copy_(0, at, rs)
+                put_rows(recv_x_scales, at, rs)
     tensors = [x, x_scales, recv_x, recv_x_scales, *handle, *handle.rounds.tensors()]
     return recv_x, recv_x_scales, tensors
 

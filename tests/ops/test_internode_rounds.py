@@ -43,6 +43,26 @@ def test_round_rows_put_each_round_after_the_earlier_rounds_of_its_source():
     assert sorted(first.tolist() + second.tolist()) == list(range(9))  # every row of one pass, once
 
 
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.bfloat16, torch.float32, torch.int64])
+def test_put_rows_copies_every_dtype_of_the_outputs_bit_for_bit(dtype, monkeypatch):
+    """FP8 rows go through a byte view (CUDA's index_copy_ has no FP8 kernel); the CPU's index_copy_ is made to
+    refuse FP8 here as CUDA does, so that the test fails if the view is dropped."""
+    real = torch.Tensor.index_copy_
+
+    def cuda_like(self, dim, index, source):
+        if self.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+            raise NotImplementedError('"index_copy_cuda" not implemented for Float8')
+        return real(self, dim, index, source)
+
+    monkeypatch.setattr(torch.Tensor, "index_copy_", cuda_like)
+    rows = (torch.arange(12, dtype=torch.float32).reshape(3, 4) - 5).to(dtype)
+    out = torch.zeros(5, 4, dtype=dtype)
+    internode_rounds.put_rows(out, torch.tensor([4, 0, 2]), rows)
+    want = torch.zeros(5, 4, dtype=dtype)
+    want[4], want[0], want[2] = rows[0], rows[1], rows[2]
+    assert torch.equal(out.view(torch.uint8), want.view(torch.uint8))
+
+
 def test_forwarded_positions_continue_from_the_earlier_rounds():
     """send_nvl_head as one pass has it: a record's position among its source's records for that rank, counted
     over the whole call. Two source nodes, two ranks on my node; the records of each round in token order."""
