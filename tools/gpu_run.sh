@@ -19,9 +19,9 @@
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
 #          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, tma_ab, host_profile,
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
-#          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants internode16_aggressive internode16_chaos internode_each
+#          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
-#          internode_chaos, ll_nodes ll_nodes8 ll16 ll16_chaos, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -151,10 +151,10 @@ step() {  # one named step; returns 3 for a name it does not know
     # x 14 for 8 ranks, as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16,
     # ll16_chaos: 2x8 (16 processes, 4 cases), ~240 s each (from internode16's 247 s for 7 cases; no LL case has
     # run on 8 or 16 ranks).
-    ll_nodes) run ll_nodes 540 python3 -m pytest -q -rs --durations=20 \
+    ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
-    ll_nodes8) run ll_nodes8 560 python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
+    ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     ll16)  run ll16 480 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
@@ -234,7 +234,7 @@ step() {  # one named step; returns 3 for a name it does not know
              tests/gpu/test_internode_gpu.py::test_internode_calls_larger_than_the_buffers_go_in_rounds \
              tests/gpu/test_internode_gpu.py::test_internode_rdma_buffer_too_small_raises_everywhere_and_stays_usable \
              tests/gpu/test_internode_gpu.py::test_megatron_get_buffer_sizes_across_nodes_take_8192_and_16384_tokens_per_rank ;;
-    internode_variants) run internode_variants 540 python3 -m pytest -q -rs --durations=20 \
+    internode_variants) run internode_variants "${LIMIT_VARIANTS:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "internode and (aggressive or chaos) and not sixteen" tests/gpu/test_internode_cases_gpu.py ;;
     internode16) run internode16 480 python3 -m pytest -q -rs --durations=5 -m sixteen \
              tests/gpu/test_internode_gpu.py ;;
