@@ -324,10 +324,10 @@ class InternodeOp:
         alloc_stream,
         comm_stream,
         in_round: bool = False,
-    ) -> DispatchResult:
+    ) -> DispatchResult | internode_rounds.RoundDoesNotFit:
         """alloc_stream None: allocate on the current stream (no stream context). in_round: a round of a call in
-        rounds (ops/internode_rounds.py); one that does not fit moves nothing and raises RoundDoesNotFit with its
-        maxima, so that the caller tries fewer tokens."""
+        rounds (ops/internode_rounds.py); one that does not fit moves nothing and returns RoundDoesNotFit with its
+        maxima, so that the caller tries fewer tokens (an expected outcome, not an error)."""
         R, N, G, C = self.num_ranks, self.N, self.G, num_channels
         T, hidden = x.shape
         hidden_bytes = hidden * x.element_size()
@@ -391,7 +391,7 @@ class InternodeOp:
             too_few_worst = worst and max(max_recv, max_fwd) > num_worst_tokens
             if in_round and not fits:  # (the same maxima on every rank: every rank retries alike)
                 self._skip_data(send, C, comm_stream)
-                raise internode_rounds.RoundDoesNotFit(max_stream, max_recv)
+                return internode_rounds.RoundDoesNotFit(max_stream, max_recv)
             if not fits or too_few_worst:
                 base = abi.EP_RT_IN_HOST_EXPERT_COUNTS
                 per_expert = [] if worst else c[base : base + L]  # (the rounds' notifies overwrite them)

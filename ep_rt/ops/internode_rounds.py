@@ -23,6 +23,8 @@ the round's outputs to the call's).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .. import validate
@@ -80,12 +82,13 @@ def _rows_of(t, lo: int, hi: int):
 ROOM_USED = 0.9  # a round aims at this share of the buffers: counts grow a little unevenly from round to round
 
 
-class RoundDoesNotFit(Exception):
-    """A round's notify found streams or rows beyond the buffers (InternodeOp.dispatch moved nothing)."""
+@dataclass(frozen=True)
+class RoundDoesNotFit:
+    """What InternodeOp.dispatch returns for a round whose notify found streams or rows beyond the buffers: it moved
+    nothing, and these maxima size the retry (the same on every rank, so every rank retries alike)."""
 
-    def __init__(self, max_stream: int, max_recv: int):
-        super().__init__(max_stream, max_recv)
-        self.max_stream, self.max_recv = max_stream, max_recv
+    max_stream: int
+    max_recv: int
 
 
 def _caps(plan) -> tuple[int, int]:
@@ -255,23 +258,20 @@ def _one_round(op, call_args, start: int, tokens: int, T: int, expert_alignment:
     """The dispatch of this rank's tokens [start, start + tokens) (clipped to its T), or RoundDoesNotFit."""
     x, x_scales, topk_idx, topk_weights, is_token_in_rank, num_tokens_per_expert = call_args
     lo, hi = min(start, T), min(start + tokens, T)
-    try:
-        return op.dispatch(
-            x[lo:hi],
-            _rows_of(x_scales, lo, hi),
-            _rows_of(topk_idx, lo, hi),
-            _rows_of(topk_weights, lo, hi),
-            is_token_in_rank[lo:hi],
-            num_tokens_per_expert,
-            expert_alignment,
-            0,
-            C,
-            comm_stream,
-            comm_stream,
-            in_round=True,
-        )
-    except RoundDoesNotFit as e:
-        return e
+    return op.dispatch(
+        x[lo:hi],
+        _rows_of(x_scales, lo, hi),
+        _rows_of(topk_idx, lo, hi),
+        _rows_of(topk_weights, lo, hi),
+        is_token_in_rank[lo:hi],
+        num_tokens_per_expert,
+        expert_alignment,
+        0,
+        C,
+        comm_stream,
+        comm_stream,
+        in_round=True,
+    )
 
 
 def _each_round(handle):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 
@@ -611,6 +612,26 @@ INTERNODE_ROUND_CASES = (
 INTERNODE_ROUND_SHAPE = (2048, 64)  # (hidden bytes, tokens per rank) the rounds test's Buffers are sized for
 
 
+@contextlib.contextmanager
+def rounds_counted():
+    """Yields a list that gets, for each internode dispatch in rounds made inside the block, its number of rounds
+    (this rank process only); restores ep_rt.ops.internode_rounds.dispatch however the block ends."""
+    from ep_rt.ops import internode_rounds as rounds_mod
+
+    in_rounds, seen = rounds_mod.dispatch, []
+
+    def counted(*args, **kwargs):
+        result = in_rounds(*args, **kwargs)
+        seen.append(len(result.handle.rounds.starts))
+        return result
+
+    rounds_mod.dispatch = counted
+    try:
+        yield seen
+    finally:
+        rounds_mod.dispatch = in_rounds
+
+
 def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
     """Issue 22 item 1 across nodes: a Buffer sized by internode_layout's hints for 64 tokens per rank of 2048 bytes
     takes calls of f times as many tokens (f = 2, 4, 10; then uneven token counts and every token to one rank), each
@@ -618,19 +639,9 @@ def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
     Returns per case the rounds its dispatches took (counted as ep_rt.ops.internode_rounds.dispatch returns)."""
     from dataclasses import replace
 
-    from ep_rt.ops import internode_rounds as rounds_mod
     from ep_rt.testing import selfcheck_internode as sci
 
     G, T = ranks_per_node, INTERNODE_ROUND_SHAPE[1]
-    seen = []
-    in_rounds = rounds_mod.dispatch
-
-    def counted(*args, **kwargs):  # (this rank process only)
-        result = in_rounds(*args, **kwargs)
-        seen.append(len(result.handle.rounds.starts))
-        return result
-
-    rounds_mod.dispatch = counted
     buf = internode_buffer(rank, num_ranks, G, INTERNODE_ROUND_SHAPE)
     seed = checker.shared_seed(buf.group)
     cases = []
@@ -652,11 +663,10 @@ def internode_rounds(rank, num_ranks, ranks_per_node, factors=(2, 4, 10)):
     )
     out = []
     for i, case in enumerate(cases):
-        del seen[:]
-        chk = sci.run_case(buf, case, seed + i, G)
+        with rounds_counted() as seen:
+            chk = sci.run_case(buf, case, seed + i, G)
         out.append((case.name, max(seen, default=1), chk.checks, chk.failures))
     buf.destroy()
-    rounds_mod.dispatch = in_rounds
     return {"seed": seed, "cases": out}
 
 
@@ -665,33 +675,22 @@ def internode_megatron_sizes(rank, num_ranks, ranks_per_node, token_counts=(8192
     the larger of the dispatch and combine config's: DeepEP's sizes) takes calls of 8192 and 16384 tokens per rank,
     in rounds sized from the counts, bit-exact (layout, dispatch with all ten handle entries, cached dispatch,
     combine). Returns per case the rounds its dispatch took."""
-    from ep_rt.ops import internode_rounds as rounds_mod
     from ep_rt.testing import selfcheck_internode as sci
 
     G = ranks_per_node
     configs = (Buffer.get_dispatch_config(num_ranks), Buffer.get_combine_config(num_ranks))
     nvl = max(c.get_nvl_buffer_size_hint(hidden * 2, num_ranks) for c in configs)
     rdma = max(c.get_rdma_buffer_size_hint(hidden * 2, num_ranks) for c in configs)
-    seen = []
-    in_rounds = rounds_mod.dispatch
-
-    def counted(*args, **kwargs):  # (this rank process only)
-        result = in_rounds(*args, **kwargs)
-        seen.append(len(result.handle.rounds.starts))
-        return result
-
-    rounds_mod.dispatch = counted
     buf = Buffer(dist.group.WORLD, nvl, rdma, explicitly_destroy=True)
     assert buf.topology.num_nodes == num_ranks // G, buf.topology.describe()
     seed = checker.shared_seed(buf.group)
     out = []
     for i, n in enumerate(token_counts):
-        del seen[:]
         case = selfcheck.Case(f"{n} tokens per rank in get_buffer's sizes", num_tokens=n, hidden=hidden)
-        chk = sci.run_case(buf, case, seed + i, G)
+        with rounds_counted() as seen:
+            chk = sci.run_case(buf, case, seed + i, G)
         out.append((case.name, max(seen, default=1), chk.checks, chk.failures))
     buf.destroy()
-    rounds_mod.dispatch = in_rounds
     return {"seed": seed, "cases": out, "num_nvl_bytes": nvl, "num_rdma_bytes": rdma}
 
 
