@@ -20,6 +20,7 @@ from .ht_op import DispatchCall
 from .ops import ht_args
 from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
+from .ops.mode_switch import ModeSwitch
 from .runtime import driver, modules
 from .transport import agreement
 from .transport.error_record import INPUT_SLOT, ErrorRecords
@@ -54,7 +55,8 @@ class Buffer:
         group_size: the number of ranks in `group`.
         group: the torch.distributed process group.
         num_nvl_bytes: the size of the NVL buffer (the traffic between the ranks of a node, in both HT modes).
-        num_rdma_bytes: the size of the RDMA (NVSHMEM symmetric) buffer: the low-latency mode, and internode mode.
+        num_rdma_bytes: the size of the RDMA (NVSHMEM symmetric) buffer: the low-latency mode, and internode mode
+            (both modes share one, as DeepEP's, when a Buffer has both; ops/mode_switch.py).
         low_latency_mode: whether the low-latency calls are available.
         runtime: DeepEP's C++ runtime methods, answered from this Buffer (ep_rt.deep_ep_runtime).
         topology (ep_rt): ranks, nodes and local ranks as ep_rt found them (by host, or EP_RT_RANKS_PER_NODE).
@@ -64,6 +66,7 @@ class Buffer:
     failure is raised as an ep_rt.errors exception naming the rank, the peer and the phase (raise_if_failed)."""
 
     num_sms: int = 20
+    _modes = None  # ops.mode_switch.ModeSwitch when both modes share one symmetric buffer (set by _build)
 
     def __init__(
         self,
@@ -110,7 +113,7 @@ class Buffer:
         the NVSHMEM environment a Buffer needs is set (and checked against what the environment already says) by
         ep_rt.transport.network_settings."""
         self._parts = []  # transports, in construction order; destroyed in reverse (see _release)
-        self._nvl = self._ll = self._ht = self._layout = None
+        self._nvl = self._ll = self._ht = self._layout = self._modes = None
         self.destroyed = False
         if group is None and comm is not None:
             raise buffer_plan.not_yet("mpi4py communicators (comm=); pass a torch.distributed process group")
@@ -164,7 +167,7 @@ class Buffer:
     def _build(self, plan, setup, group, topo, num_nvl_bytes) -> None:
         """The plan, executed: transports, then ops (each part owned as soon as it exists, see _own)."""
         self._errors = self._own(ErrorRecords())
-        self._session = None
+        self._session = self._shared_sym = None
         if plan.nvl_buffer:  # the NVL buffer of my node (also the device barrier)
             topo.require_nvlink(group)
             self._nvl = self._own(
@@ -186,6 +189,8 @@ class Buffer:
             self._ht = _HT_OPS[plan.ht](self, topo, setup)
         if plan.low_latency:
             self._ll = self._low_latency_op(topo, setup)
+        if plan.shared_symmetric:  # the barrier between a call of one mode and the other's
+            self._modes = ModeSwitch(self._ll, self.comm_stream)
 
     def _own(self, part):
         self._parts.append(part)
@@ -279,19 +284,10 @@ class Buffer:
 
     def _internode_op(self, topo, setup):
         from .ops.internode import InternodeOp
-        from .transport.symmetric import SymmetricBuffer
 
         net_timeout = env.net_timeout_s(setup.plan.timeout_s)  # plan.internode_deadline: the network's
         session, module = self._nvshmem(topo, setup, buffer_plan.INTERNODE)
-        sym = self._own(
-            SymmetricBuffer(
-                session,
-                InternodeOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks, topo.num_nodes),
-                topo.num_ranks,
-                self.device,
-                error_slot=buffer_plan.INTERNODE,
-            )
-        )
+        sym = self._symmetric(session, topo, buffer_plan.INTERNODE)
         op = self._own(
             InternodeOp(
                 topo,
@@ -314,18 +310,9 @@ class Buffer:
 
     def _low_latency_op(self, topo, setup):
         from .ops.low_latency import LowLatencyOp
-        from .transport.symmetric import SymmetricBuffer
 
         session, module = self._nvshmem(topo, setup, buffer_plan.LOW_LATENCY)
-        sym = self._own(
-            SymmetricBuffer(
-                session,
-                LowLatencyOp.symmetric_bytes(self.num_rdma_bytes, topo.num_ranks),
-                topo.num_ranks,
-                self.device,
-                error_slot=buffer_plan.LOW_LATENCY,
-            )
-        )
+        sym = self._symmetric(session, topo, buffer_plan.LOW_LATENCY)
         return LowLatencyOp(
             topo,
             sym,
@@ -335,7 +322,36 @@ class Buffer:
             setup.plan.timeout_s,
             self._errors,
             self.enable_shrink,
+            control_start=_symmetric_layout(self.num_rdma_bytes, topo)[0] if setup.plan.shared_symmetric else None,
         )
+
+    def _symmetric(self, session, topo, family: str):
+        """The symmetric buffer of `family`'s op: its own, or (plan.shared_symmetric) the one both modes share,
+        allocated when the first op asks: num_rdma_bytes of payload, then the internode op's control area, then
+        the LL op's (they never overlap; ops/mode_switch.py guards the payload)."""
+        from .ops.internode import InternodeOp
+        from .ops.low_latency import LowLatencyOp
+        from .transport.symmetric import SymmetricBuffer
+
+        R, N = topo.num_ranks, topo.num_nodes
+        if self._plan.shared_symmetric:
+            if self._shared_sym is None:
+                self._shared_sym = self._own(
+                    SymmetricBuffer(
+                        session,
+                        _symmetric_layout(self.num_rdma_bytes, topo)[1],
+                        R,
+                        self.device,
+                        error_slot=(buffer_plan.INTERNODE, buffer_plan.LOW_LATENCY),
+                    )
+                )
+            return self._shared_sym
+        nbytes = (
+            InternodeOp.symmetric_bytes(self.num_rdma_bytes, R, N)
+            if family == buffer_plan.INTERNODE
+            else LowLatencyOp.symmetric_bytes(self.num_rdma_bytes, R)
+        )
+        return self._own(SymmetricBuffer(session, nbytes, R, self.device, error_slot=family))
 
     # ---- lifetime -------------------------------------------------------------------------------
     @call_guard.one_at_a_time(None)
@@ -841,6 +857,8 @@ class Buffer:
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
         if call.handle is None and call.topk_idx is not None:  # before the notify, on the comm stream: no host sync
             self._layout.check_ids(call.topk_idx, call.num_tokens_per_expert.numel(), self.comm_stream)
+        if self._modes is not None:
+            self._modes.before_high_throughput()
         r = self._ht.run_dispatch(call, scope.alloc_stream(), self.comm_stream)
         event = scope.finish(r.tensors)
         self._raise_input_errors()
@@ -887,6 +905,8 @@ class Buffer:
         bias0, bias1 = ht_args.check_combine(self, x, handle, topk_weights, bias, config)
         handle = self._ht.combine_handle(x, handle, topk_weights)
         scope = StreamScope(self.comm_stream, previous_event, async_finish, allocate_on_comm_stream)
+        if self._modes is not None:
+            self._modes.before_high_throughput()
         combined_x, combined_w, tensors = self._ht.combine(
             x, handle, topk_weights, bias0, bias1, scope.alloc_stream(), self.comm_stream
         )
@@ -904,9 +924,15 @@ class Buffer:
             hidden: the hidden size.
             num_experts: the number of experts over all ranks.
 
-        ep_rt: the signals carry per-call tags, so this is not needed between high-throughput and low-latency use
-        (DeepEP needs it there), only to return to a known state; the shape is checked against the buffer."""
+        ep_rt: the signals carry per-call tags and, where both modes share the RDMA buffer (low_latency_mode with
+        an NVL buffer across nodes), each switch of mode starts behind a barrier on the comm stream that ep_rt puts
+        there itself, so eager calls need this neither between high-throughput and low-latency use (DeepEP needs it
+        there) nor to return to a known state. A CUDA graph of low-latency calls replayed right after
+        high-throughput calls on a shared buffer does need it (or one eager low-latency call) in between: a barrier
+        is never captured. The shape is checked against the buffer."""
         self._ll_live().clean(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+        if self._modes is not None:
+            self._modes.cleaned()
 
     @call_guard.one_at_a_time(call_guard.LL, hook=True)
     def low_latency_dispatch(
@@ -971,6 +997,8 @@ class Buffer:
             round_scale,
             use_ue8m0,
         )
+        if self._modes is not None:
+            self._modes.before_low_latency(return_recv_hook)
         outputs, event, hook = ll.run(
             lambda stream, split: ll.dispatch(*args, stream, split),
             async_finish,
@@ -978,6 +1006,7 @@ class Buffer:
             lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out],
             self.comm_stream,
         )
+        hook = self._tracked_hook(hook)
         recv_x, scales, count, src_info, layout_range = outputs
         handle = LowLatencyHandle(src_info, layout_range, T, x.size(1), num_experts)
         with_facts(handle, HandleFacts.of(handle, ll.serial))
@@ -1046,7 +1075,9 @@ class Buffer:
             zero_copy,
             use_logfmt,
         )
-        return ll.run(
+        if self._modes is not None:
+            self._modes.before_low_latency(return_recv_hook)
+        combined, event, hook = ll.run(
             lambda stream, split: ll.combine(*args, stream, split),
             async_finish,
             return_recv_hook,
@@ -1061,6 +1092,20 @@ class Buffer:
             ],
             self.comm_stream,
         )
+        return combined, event, self._tracked_hook(hook)
+
+    def _tracked_hook(self, hook):
+        """With both modes in one symmetric buffer, a receive hook tells the mode switch where its kernel ran."""
+        if hook is None or self._modes is None:
+            return hook
+        modes = self._modes
+
+        def tracked():
+            result = hook()
+            modes.after_receive_hook()
+            return result
+
+        return tracked
 
     @staticmethod
     def _ll_handle(ll, handle, what: str) -> LowLatencyHandle:
@@ -1183,6 +1228,16 @@ class Buffer:
         return self.combine(
             x, handle, topk_weights, bias, config, previous_event, async_finish, allocate_on_comm_stream
         )
+
+
+def _symmetric_layout(num_rdma_bytes: int, topo) -> tuple[int, int]:
+    """The symmetric buffer both modes share: (where the LL op's control area starts, right after the internode
+    op's; the whole allocation)."""
+    from .ops.internode import InternodeOp
+    from .ops.low_latency import LowLatencyOp
+
+    start = InternodeOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks, topo.num_nodes)
+    return start, LowLatencyOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks, control_start=start)
 
 
 def _internode_cubin(device_index: int, flavour):

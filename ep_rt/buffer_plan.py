@@ -10,7 +10,7 @@ and plan() inside the Buffer's preparation (transport.agreement.exchange: a rank
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 INTRANODE, INTERNODE = "intranode", "internode"  # the high-throughput ops (Buffer's factory table is keyed by them)
 LOW_LATENCY = "low_latency"
@@ -54,6 +54,7 @@ class BufferPlan:
     ht: Optional[str]  # INTRANODE, INTERNODE, or None (a low-latency Buffer across nodes without NVL buffer)
     nvl_buffer: bool  # the node's NVL buffer, the layout op and the node barrier
     low_latency: bool
+    shared_symmetric: bool  # internode HT and LL in one symmetric buffer (ep_rt.mode_switch guards the switches)
     cubins: tuple  # NVSHMEM-linked families, in the order their cubins are chosen (INTERNODE first)
     nvshmem_world: Optional[str]  # RAIL, FULL, or None (no NVSHMEM session)
     nvshmem_allow_nvlink: bool  # NVSHMEM may use NVLink (DeepEP's NVSHMEM_DISABLE_P2P rule: LL mode only)
@@ -84,8 +85,8 @@ def plan(
     """The Buffer's plan, or the ValueError its arguments earn on this topology. rail_world_supported: the
     internode op's kernels can run in a world of their rail (InternodeOp.supports_rail_world)."""
     # Internode high-throughput mode: ranks on several nodes, with an RDMA buffer; with low_latency_mode too only
-    # when an NVL buffer is given (DeepEP's LL-compatibility case; HT then gets a symmetric buffer of its own, so LL
-    # and HT never overwrite each other and clean_low_latency_buffer is not needed between them).
+    # when an NVL buffer is given (DeepEP's LL-compatibility case: both modes then share one symmetric buffer, as
+    # DeepEP's, and a barrier on the comm stream separates a call of one mode from the other's: ep_rt.mode_switch).
     internode = num_nodes > 1 and num_rdma_bytes > 0 and (not low_latency_mode or num_nvl_bytes > 0)
     if num_nodes == 1 and num_rdma_bytes and not low_latency_mode:
         raise ValueError(
@@ -106,6 +107,7 @@ def plan(
         ht=ht,
         nvl_buffer=num_nodes == 1 or internode,
         low_latency=low_latency_mode,
+        shared_symmetric=internode and low_latency_mode,
         cubins=cubins,
         nvshmem_world=world,
         nvshmem_allow_nvlink=allow_nvlink_for_low_latency_mode if low_latency_mode else True,
@@ -117,15 +119,17 @@ def plan(
 
 
 def part_destroy_collective(
-    slot: Optional[str], collective: bool, nvshmem_collective: bool, slot_failed: Callable[[str], bool]
+    slot: Union[str, tuple, None], collective: bool, nvshmem_collective: bool, slot_failed: Callable[[str], bool]
 ) -> bool:
     """Whether a transport part is destroyed collectively. collective: the teardown is (destroy(), every peer
     there); nvshmem_collective: also every NVSHMEM user passed its barrier (and no shrink mode). A part whose kernels
     failed is freed locally (its peers may be anywhere); the NVSHMEM session and the symmetric buffers follow the
-    NVSHMEM users, since NVSHMEM's own teardown has no deadline."""
+    NVSHMEM users, since NVSHMEM's own teardown has no deadline. A tuple of slots: a part that several ops use (the
+    symmetric buffer both modes share), freed collectively only if none of them failed."""
     if slot == "nvshmem":
         return collective and nvshmem_collective
-    if slot in (LOW_LATENCY, INTERNODE):
+    slots = slot if isinstance(slot, tuple) else (slot,)
+    if any(s in (LOW_LATENCY, INTERNODE) for s in slots):
         # asked even when the teardown is local (a recoverable error re-arms there, as it always did)
-        return not slot_failed(slot) and nvshmem_collective and collective
+        return not any([slot_failed(s) for s in slots]) and nvshmem_collective and collective
     return collective and (slot is None or not slot_failed(slot))

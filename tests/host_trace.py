@@ -13,6 +13,11 @@ error page (4 records: 512 bytes, was 384) are taken out, with pointer names ren
 item 1 (intranode rounds), after checking that the new trace equals the old one once the dispatch and combine
 params' new fields (round_rpm, full_rpm, round, token_offset: all 0 in these one-pass calls; CombineParams' pad
 became round) are taken out and the host counters' 4116 bytes (one more word, the largest token count) read 4112.
+Re-recorded for issue 22 item 2 (one symmetric buffer for both modes), after checking that only "internode + low
+latency" changed, and only so: one symmetric allocation (num_rdma_bytes, the internode control area, then the LL
+one) instead of two, so the LL control offsets grow by the internode control area's size and one nvshmem free goes;
+an ep_rt_ll_barrier on the comm stream before the first LL call after the HT calls (ops/mode_switch.py); an event
+recorded after each LL receive hook (where a later HT call's comm stream waits).
 
     python -m tests.host_trace            # print the differences against the golden trace (none: exit 0)
     python -m tests.host_trace --write    # record the golden trace (only from code whose behaviour is the reference)

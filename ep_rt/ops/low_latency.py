@@ -107,9 +107,10 @@ class LowLatencyOp:
         return modules.choose_entry(modules.manifest(), "low_latency", device_index, False, nvshmem_flavour, chaos)
 
     @staticmethod
-    def symmetric_bytes(num_rdma_bytes: int, num_ranks: int) -> int:
-        """The symmetric allocation: the caller's num_rdma_bytes, then ep_rt's control area (ll_layout)."""
-        return ll_layout.control_offsets(num_rdma_bytes, num_ranks)["end"]
+    def symmetric_bytes(num_rdma_bytes: int, num_ranks: int, control_start: int | None = None) -> int:
+        """The symmetric allocation: the caller's num_rdma_bytes, then ep_rt's control area (ll_layout), which
+        starts at control_start when another op's control area comes first (the buffer both modes share)."""
+        return ll_layout.control_offsets(num_rdma_bytes if control_start is None else control_start, num_ranks)["end"]
 
     def __init__(
         self,
@@ -121,7 +122,10 @@ class LowLatencyOp:
         timeout_s: float,
         errors: ErrorRecords,
         enable_shrink: bool,
+        control_start: int | None = None,
     ):
+        """control_start: where this op's control area starts in `sym` (default: right after num_rdma_bytes); the
+        Buffer whose two modes share one symmetric buffer puts it after the internode op's control area."""
         self.rank, self.num_ranks = topology.rank, topology.num_ranks
         if self.num_ranks > 256:
             raise NotImplementedError("ep_rt's low-latency kernels serve at most 256 ranks")
@@ -134,7 +138,9 @@ class LowLatencyOp:
         self.num_sms = driver.multiprocessor_count(device_index)
         # ep_rt's control area (credits, count signals, combine flags) follows the caller's num_rdma_bytes, so the
         # size hint stays DeepEP's (ll_layout.control_offsets, params.h).
-        self.control = ll_layout.control_offsets(num_rdma_bytes, self.num_ranks)
+        self.control = ll_layout.control_offsets(
+            num_rdma_bytes if control_start is None else control_start, self.num_ranks
+        )
         self.sym_bytes = self.control["end"]
         self.sym = sym.ptr
         self.module = module  # which cubin (module.entry: variant, path); test kernels of the family launch from it
@@ -536,6 +542,16 @@ class LowLatencyOp:
         rank that never comes is masked, otherwise the timeout raises CommTimeoutError. NVSHMEM's barrier_all has no
         deadline and no mask, so ep_rt never calls it where a peer may be gone."""
         self.raise_if_failed()
+        stream = stream if stream is not None else torch.cuda.current_stream(self.device)
+        self.launch_barrier(stream)
+        stream.synchronize()
+        self.raise_if_failed()
+
+    def launch_barrier(self, stream) -> None:
+        """The barrier kernel on `stream`, not waited for: it signals every rank and ends once every unmasked rank
+        signalled (or records the timeout in this op's error slot, which the next call raises). A peer signals once
+        its earlier kernels on its stream ended (CUDA stream order), so kernels after this one on `stream` start
+        after every unmasked peer's earlier calls ended. No quiet: nothing of this rank's is completed by it."""
         self.barrier_seq += 1
         p = self._barrier.params
         p.peer_bases, p.sym_base = self.peer_bases.data_ptr(), self.sym
@@ -544,10 +560,7 @@ class LowLatencyOp:
         p.error, p.timeout_ns = self.error_dev_ptr, self.timeout_ns
         p.signal_off, p.barrier_seq = self.control["barrier"], self.barrier_seq
         p.rank, p.num_ranks, p.num_experts = self.rank, self.num_ranks, self.num_ranks
-        stream = stream if stream is not None else torch.cuda.current_stream(self.device)
         self._barrier(1, stream)
-        stream.synchronize()
-        self.raise_if_failed()
 
     def masked_ranks(self) -> list[int]:
         return [] if self.mask is None else [r for r, m in enumerate(self.mask.tolist()) if m]

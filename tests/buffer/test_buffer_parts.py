@@ -50,13 +50,12 @@ PARTS = {
         ("SymmetricBuffer", "internode"),
         ("InternodeOp", None),
     ],
-    "internode + low latency": [
+    "internode + low latency": [  # one symmetric buffer for both modes (issue 22 item 2), as DeepEP's
         ("ErrorRecords", None),
         ("NvlBuffer", "nvl"),
         ("Session", "nvshmem"),
-        ("SymmetricBuffer", "internode"),
+        ("SymmetricBuffer", ("internode", "low_latency")),
         ("InternodeOp", None),
-        ("SymmetricBuffer", "low_latency"),
     ],
 }
 

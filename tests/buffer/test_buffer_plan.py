@@ -116,6 +116,7 @@ def test_one_node_high_throughput_only():
         ht="intranode",
         nvl_buffer=True,
         low_latency=False,
+        shared_symmetric=False,
         cubins=(),
         nvshmem_world=None,
         nvshmem_allow_nvlink=True,
@@ -135,6 +136,7 @@ def test_one_node_with_low_latency():
         ht="intranode",
         nvl_buffer=True,
         low_latency=True,
+        shared_symmetric=False,
         cubins=("low_latency",),
         nvshmem_world="full",
         nvshmem_allow_nvlink=False,
@@ -157,6 +159,7 @@ def test_internode_high_throughput_only_joins_the_rail_world():
         ht="internode",
         nvl_buffer=True,
         low_latency=False,
+        shared_symmetric=False,
         cubins=("internode",),
         nvshmem_world="rail",
         nvshmem_allow_nvlink=True,
@@ -185,6 +188,7 @@ def test_internode_with_low_latency_and_an_nvl_buffer():
         ht="internode",
         nvl_buffer=True,
         low_latency=True,
+        shared_symmetric=True,  # one symmetric buffer for both modes, as DeepEP's
         cubins=("internode", "low_latency"),
         nvshmem_world="full",
         nvshmem_allow_nvlink=False,
@@ -202,6 +206,7 @@ def test_low_latency_across_nodes_without_nvl_buffer_has_no_high_throughput_mode
         ht=None,
         nvl_buffer=False,
         low_latency=True,
+        shared_symmetric=False,
         cubins=("low_latency",),
         nvshmem_world="full",
         nvshmem_allow_nvlink=True,
@@ -261,6 +266,12 @@ def test_the_plan_is_frozen():
         ("internode", True, True, {"low_latency"}, True),
         ("internode", True, True, {"internode"}, False),
         ("internode", False, True, set(), False),
+        # the symmetric buffer both modes share: collective only if neither op failed
+        (("internode", "low_latency"), True, True, set(), True),
+        (("internode", "low_latency"), True, True, {"low_latency"}, False),
+        (("internode", "low_latency"), True, True, {"internode"}, False),
+        (("internode", "low_latency"), True, False, set(), False),
+        (("internode", "low_latency"), False, True, set(), False),
     ],
 )
 def test_part_destroy_collective(slot, collective, nvshmem_collective, failed, want):
@@ -273,5 +284,8 @@ def test_part_destroy_collective(slot, collective, nvshmem_collective, failed, w
     assert bp.part_destroy_collective(slot, collective, nvshmem_collective, slot_failed) is want
     # The NVSHMEM users' slots are looked at even when the teardown is local (a recoverable error re-arms there, as
     # before); the NVL buffer's only when it is collective (its destroy looked only then).
-    want_asked = [slot] if slot in ("low_latency", "internode") or (slot == "nvl" and collective) else []
+    if isinstance(slot, tuple):  # every op's slot is asked, a failed one or not (each re-arms there)
+        want_asked = list(slot)
+    else:
+        want_asked = [slot] if slot in ("low_latency", "internode") or (slot == "nvl" and collective) else []
     assert asked == want_asked

@@ -521,20 +521,22 @@ def _destroy_quietly(buf):
 
 
 INTERNODE_LL_COMPAT_CASES = ("bf16 uniform", "fp8 row scales")
+# LL cases on either side of the HT calls: eager, with receive hooks, async (the mode switch's three stream paths)
+INTERNODE_LL_COMPAT_LL_CASES = ("bf16", "int32 topk_idx, hooks, bf16", "async")
 
 
 def internode_with_low_latency(rank, num_ranks, ranks_per_node):
     """DeepEP's LL-compatibility case: one Buffer with low_latency_mode=True and an NVL buffer across nodes serves
-    internode high-throughput and low-latency calls, interleaved, each bit-exact (HT gets its own symmetric buffer,
-    so no clean_low_latency_buffer is needed between them)."""
+    internode high-throughput and low-latency calls, interleaved, each bit-exact. Both modes share one symmetric
+    buffer (issue 22 item 2): every switch of mode puts a barrier on the comm stream (ops/mode_switch.py), with LL
+    calls eager, hooked and async on either side of the HT calls, and no clean_low_latency_buffer between."""
     from ep_rt.testing import selfcheck_internode as sci, selfcheck_ll
     from ep_rt.transport import internode_layout
 
     G = ranks_per_node
-    ll_need = max(
-        Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts)
-        for c in selfcheck_ll.ll_cases(num_ranks)[:3]
-    )
+    ll = [c for c in selfcheck_ll.ll_cases(num_ranks) if c.name in INTERNODE_LL_COMPAT_LL_CASES]
+    assert [c.name for c in ll] == list(INTERNODE_LL_COMPAT_LL_CASES), [c.name for c in ll]
+    ll_need = max(Buffer.get_low_latency_rdma_size_hint(c.max_tokens, c.hidden, num_ranks, c.num_experts) for c in ll)
     rdma = max(ll_need, internode_layout.rdma_size_hint(2048 * 2, num_ranks, G, 1024))
     buf = Buffer(
         dist.group.WORLD,
@@ -544,16 +546,20 @@ def internode_with_low_latency(rank, num_ranks, ranks_per_node):
         num_qps_per_rank=4,
         explicitly_destroy=True,
     )
+    shared = buf._ll.sym == buf._ht.sym_base and buf._modes is not None
     seed = checker.shared_seed(buf.group)
     ht_cases = checker.select(sci.internode_cases(num_ranks, G), INTERNODE_LL_COMPAT_CASES)
-    out = []
+    out = [("one symmetric buffer for both modes", 1, 0 if shared else 1)]
     for i in range(2):
         for j, case in enumerate(ht_cases):
             chk = sci.run_case(buf, case, seed + 10 * i + j, G)
             out.append((f"HT {case.name} #{i}", chk.checks, chk.failures))
-        for j, case in enumerate(selfcheck_ll.ll_cases(num_ranks)[:3]):
+        for j, case in enumerate(ll):
             chk = selfcheck_ll.run_ll_case(buf, case, seed + 100 + 10 * i + j)
             out.append((f"LL {case.name} #{i}", chk.checks, chk.failures))
+    switches = buf._modes.switches if buf._modes is not None else 0
+    # HT -> LL and LL -> HT once per round of the loop, less the first HT (nothing ran before it)
+    out.append((f"mode switches {switches}, 3 expected", 1, 0 if switches == 3 else 1))
     buf.destroy()
     return {"seed": seed, "cases": out, "nodes": num_ranks // G}
 
