@@ -998,7 +998,7 @@ class Buffer:
             use_ue8m0,
         )
         if self._modes is not None:
-            self._modes.before_low_latency(return_recv_hook)
+            self._modes.before_low_latency()
         outputs, event, hook = ll.run(
             lambda stream, split: ll.dispatch(*args, stream, split),
             async_finish,
@@ -1076,7 +1076,7 @@ class Buffer:
             use_logfmt,
         )
         if self._modes is not None:
-            self._modes.before_low_latency(return_recv_hook)
+            self._modes.before_low_latency()
         combined, event, hook = ll.run(
             lambda stream, split: ll.combine(*args, stream, split),
             async_finish,
@@ -1125,6 +1125,10 @@ class Buffer:
         src_info, layout_range, T, hidden, num_experts = self._ll_handle(
             self._ll_live(), handle, "get_next_low_latency_combine_buffer"
         )
+        # After high-throughput calls on the buffer both modes share, the caller's writes (on its current stream)
+        # must follow the switch's barrier: taken here, not at the combine.
+        if self._modes is not None and self._modes.before_low_latency():
+            torch.cuda.current_stream().wait_stream(self.comm_stream)
         return self._ll_live().next_combine_buffer(T, hidden, num_experts)
 
     def _shrink_mask(self) -> torch.Tensor:

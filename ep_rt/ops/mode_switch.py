@@ -16,6 +16,9 @@ host sync). What that rests on, step by step (docs/INTERNODE_DESIGN.md, "One sym
    sources (the evidence the LL buffer credits use, not a quiet).
 3. The calls after the barrier on this stream start after it ended (CUDA stream order).
 
+The caller's own writes into the payload count as LL use: get_next_low_latency_combine_buffer taken after
+high-throughput calls runs the switch there, and the caller's stream waits for it.
+
 DeepEP asks its callers for clean_low_latency_buffer() between high-throughput and low-latency calls; ep_rt inserts
 the barrier itself. Not inside a CUDA-graph capture: a captured barrier would replay with the sequence number of
 its capture and meet nobody, so the switch stays pending for the next call outside a capture, and a graph of LL
@@ -58,14 +61,16 @@ class ModeSwitch:
             self.comm_stream.wait_event(self._hook_done)
         self._switch(self.comm_stream, HT)
 
-    def before_low_latency(self, hooked: bool) -> None:
-        """Before an LL call's first kernel: after high-throughput calls, the barrier on the comm stream, which the
-        LL kernels then follow (eager calls run there; a hooked call's stream waits for it: LowLatencyOp.run)."""
+    def before_low_latency(self) -> bool:
+        """Before an LL call's first kernel, or before the caller writes into the LL send buffer (a zero-copy
+        combine's): after high-throughput calls, the barrier on the comm stream, which the LL kernels then follow
+        (eager calls run there; a hooked call's stream waits for it: LowLatencyOp.run). True if it was launched."""
         if self.last != HT or torch.cuda.is_current_stream_capturing():
             self.last = LL if self.last is None else self.last
-            return
+            return False
         self._switch(self.comm_stream, LL)
         self.ll.on_comm_stream = True  # a hooked call's current stream waits for the comm stream first
+        return True
 
     def after_receive_hook(self) -> None:
         """An LL receive hook just launched its kernel on the current stream: a later high-throughput call's comm

@@ -128,7 +128,7 @@ def test_no_barrier_inside_a_capture_the_switch_waits_for_the_next_call(driver, 
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     assert d.buf._modes.last == "high-throughput"
     # (the LL call itself is not captured here: only the switch's rule is looked at)
-    d.buf._modes.before_low_latency(hooked=False)
+    assert d.buf._modes.before_low_latency() is False
     assert d.buf._modes.switches == 0 and d.buf._modes.last == "high-throughput"
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     assert d.count(d.ll) == 1
@@ -148,3 +148,18 @@ def test_buffers_whose_modes_do_not_share_a_buffer_have_no_switch(scenario):
         buf = make()
         assert buf._modes is None
         buf.destroy()
+
+
+def test_a_zero_copy_buffer_taken_after_high_throughput_calls_waits_for_the_switch(driver, monkeypatch):
+    """LL dispatch, HT calls, then the next combine buffer: the caller writes into the shared payload before the
+    combine runs, so the switch (and the caller stream's wait for it) comes when the buffer is taken."""
+    d = driver
+    monkeypatch.setattr(d.buf._ll, "next_combine_buffer", lambda *shape: None)  # (a view of device memory)
+    _, _, handle, _, _ = d.ll()
+    d.ht()
+    since = len(d.trace.events)
+    d.buf.get_next_low_latency_combine_buffer(handle)
+    ev = d.trace.events[since:]
+    barrier = next(i for i, e in enumerate(ev) if e[0] == "launch" and e[1] == "ep_rt_ll_barrier")
+    assert any(e[0] == "Stream.wait_stream" for e in ev[barrier:]), ev[barrier:]
+    assert d.count(lambda: d.buf.get_next_low_latency_combine_buffer(handle)) == 0  # once per switch
