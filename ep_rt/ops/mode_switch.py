@@ -54,8 +54,9 @@ class ModeSwitch:
                 "this Buffer's high-throughput calls share (low_latency_mode with an NVL buffer across nodes, as "
                 "DeepEP's). Call the hook before the next high-throughput call."
             )
-        if self.last != LL or torch.cuda.is_current_stream_capturing():
-            self.last = HT if self.last is None else self.last
+        if self.last is None:  # nothing of the other mode since construction or a clean
+            self.last = HT
+        if self.last == HT or torch.cuda.is_current_stream_capturing():
             return
         if self._hook_done is not None:  # the last LL receive ran on the caller's stream of that time
             self.comm_stream.wait_event(self._hook_done)
@@ -65,8 +66,9 @@ class ModeSwitch:
         """Before an LL call's first kernel, or before the caller writes into the LL send buffer (a zero-copy
         combine's): after high-throughput calls, the barrier on the comm stream, which the LL kernels then follow
         (eager calls run there; a hooked call's stream waits for it: LowLatencyOp.run). True if it was launched."""
-        if self.last != HT or torch.cuda.is_current_stream_capturing():
-            self.last = LL if self.last is None else self.last
+        if self.last is None:
+            self.last = LL
+        if self.last == LL or torch.cuda.is_current_stream_capturing():
             return False
         self._switch(self.comm_stream, LL)
         self.ll.on_comm_stream = True  # a hooked call's current stream waits for the comm stream first
