@@ -195,3 +195,16 @@ def test_bf16_combine_slots_are_the_row_and_logfmt_slots_keep_the_metadata():
         assert ll_layout.combine_slot_bytes(H_, False) == 2 * H_ <= ll_layout.combine_msg_bytes(H_)
         assert ll_layout.combine_slot_bytes(H_, True) == ll_layout.combine_msg_bytes(H_)
     assert ll_layout.combine_slot_bytes(7168, True) == 14336 + 224
+
+
+def test_the_readme_states_the_ll_control_area_size():
+    """README's "4 MiB" for the LL control area after num_rdma_bytes, from ll_layout for 2 to 256 ranks."""
+    from ep_rt.transport import ll_layout
+
+    from ..repo import REPO
+
+    readme = (REPO / "README.md").read_text()
+    assert "control area after `num_rdma_bytes` (4 MiB:" in readme
+    for ranks in (2, 16, 256):
+        c = ll_layout.control_offsets(1 << 30, ranks)
+        assert 4.0 <= (c["end"] - c["credit"]) / 2**20 < 4.05, ranks
