@@ -245,7 +245,7 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     * the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP runs a GEMM) so
       the peers' data has landed, then the receive kernel (the hook);
     * an untimed dispatch + combine that lines the ranks' GPUs up (its receives wait for every peer's send);
-    * whole non-hook calls (one kernel on the caller's stream, or two with EP_RT_LL_TWO_KERNELS, including the wait for
+    * whole non-hook calls (one kernel on the comm stream, or two with EP_RT_LL_TWO_KERNELS, including the wait for
       the peers), a sleep kernel covering the host's enqueueing: "kernel" time, what DeepEP's one-kernel time
       compares to;
     * whole calls without a covering sleep: "call" time, what a caller waits for (Python included).
