@@ -1006,7 +1006,7 @@ class Buffer:
             lambda out: [x, topk_idx, cumulative_local_expert_recv_stats, dispatch_wait_recv_cost_stats, *out],
             self.comm_stream,
         )
-        hook = self._tracked(hook, async_finish)
+        hook = self._tracked_hook(hook)
         recv_x, scales, count, src_info, layout_range = outputs
         handle = LowLatencyHandle(src_info, layout_range, T, x.size(1), num_experts)
         with_facts(handle, HandleFacts.of(handle, ll.serial))
@@ -1092,22 +1092,17 @@ class Buffer:
             ],
             self.comm_stream,
         )
-        return combined, event, self._tracked(hook, async_finish)
+        return combined, event, self._tracked_hook(hook)
 
-    def _tracked(self, hook, async_finish: bool):
-        """With both modes in one symmetric buffer, tell the mode switch where an LL call's last kernel went: the
-        caller's stream now (a call without async_finish and hook), or when the receive hook is called."""
-        if self._modes is None:
+    def _tracked_hook(self, hook):
+        """With both modes in one symmetric buffer, a receive hook tells the mode switch where its kernel ran."""
+        if hook is None or self._modes is None:
             return hook
         modes = self._modes
-        if hook is None:
-            if not async_finish:
-                modes.after_caller_stream_call()
-            return None
 
         def tracked():
             result = hook()
-            modes.after_caller_stream_call()
+            modes.after_receive_hook()
             return result
 
         return tracked

@@ -17,13 +17,7 @@ Re-recorded for issue 22 item 2 (one symmetric buffer for both modes), after che
 latency" changed, and only so: one symmetric allocation (num_rdma_bytes, the internode control area, then the LL
 one) instead of two, so the LL control offsets grow by the internode control area's size and one nvshmem free goes;
 an ep_rt_ll_barrier on the comm stream before the first LL call after the HT calls (ops/mode_switch.py); an event
-recorded after each LL receive hook (where a later HT call's comm stream waits). Re-recorded for issue 23 item 6
-(an eager LL call without async_finish runs on the caller's stream), after checking that only the LL calls' streams
-and waits changed: such a call's kernel launches on the caller's stream with its parameters unchanged and loses the
-comm stream's wait for the caller and the caller's wait for the comm stream; a hooked call after it no longer waits
-for the comm stream; the caller's stream waits for the comm stream before an eager call that follows an
-async_finish call or the mode switch's barrier; in "internode + low latency" an event is recorded on the caller's
-stream after each eager LL call (where a later HT call's comm stream waits).
+recorded after each LL receive hook (where a later HT call's comm stream waits).
 
     python -m tests.host_trace            # print the differences against the golden trace (none: exit 0)
     python -m tests.host_trace --write    # record the golden trace (only from code whose behaviour is the reference)

@@ -14,7 +14,7 @@ import ctypes
 import torch
 
 from .. import env, validate
-from ..events import EventOverlap, StreamScope, wait_stream
+from ..events import EventOverlap, StreamScope
 from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
 from ..runtime import abi, driver, modules
@@ -86,7 +86,7 @@ class LowLatencyOp:
     call_plans = None  # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
     _unfrozen = None  # kind -> the _ReceiveLaunch still reading its receive launcher's struct
     two_kernels = False  # EP_RT_LL_TWO_KERNELS, read by __init__
-    on_comm_stream = False  # LL kernels or the mode switch's barrier are on the comm stream, maybe not waited for
+    on_comm_stream = False  # the last LL kernels ran on the comm stream (maybe not waited for: async_finish)
 
     @staticmethod
     def require_arch(cc: tuple[int, int]) -> None:
@@ -351,36 +351,26 @@ class LowLatencyOp:
             )
 
     def run(self, start, async_finish: bool, return_recv_hook: bool, touched, comm_stream):
-        """One call under DeepEP's LL stream rules, as the caller sees them: with async_finish the call runs on the
-        comm stream (which first waits for the current one) and returns an event; otherwise the current stream
-        holds the call when it returns: with a hook the send kernel is on it now and the hook launches the receive
-        kernel on the then-current stream.
-
-        ep_rt: an eager call without async_finish runs on the current stream itself, where DeepEP runs it on the
-        comm stream between two stream waits: the caller's stream order is the same, and the call saves two event
-        records, two waits and their gaps on the GPU (issue 23 item 6). `start(stream, split)` launches the call
-        (with `split`, its send kernel only) and returns (result, launch_recv), launch_recv None when the call is
-        already whole; `touched(result)` lists the tensors the comm stream used. Returns (result, event, hook)."""
-        if async_finish:
-            scope = StreamScope(comm_stream, None, True, False)
-            result, launch_recv = start(comm_stream, False)
-            if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send
-                launch_recv(comm_stream, early=True)
-            self.on_comm_stream = True
-            return result, scope.finish(touched(result)), None
-        stream = torch.cuda.current_stream()
-        # Earlier LL kernels (or the mode switch's barrier) ran on the comm stream, maybe not waited for. Not during
-        # a graph capture: the capturing stream must not wait on work outside the capture (captures start from a
-        # sync), so the wait stays due for the first call after it.
-        if self.on_comm_stream and not torch.cuda.is_current_stream_capturing():
-            wait_stream(stream, comm_stream)
-            self.on_comm_stream = False
-        result, launch_recv = start(stream, return_recv_hook)
+        """One call under DeepEP's LL stream rules: with a hook, the send kernel runs on the current stream now and
+        the hook launches the receive kernel on the then-current stream; otherwise the call runs on the comm stream
+        (which first waits for the current one; the current stream waits for it after, unless async_finish).
+        `start(stream, split)` launches the call (with `split`, its send kernel only) and returns (result,
+        launch_recv), launch_recv None when the call is already whole; `touched(result)` lists the tensors the comm
+        stream used. Returns (result, event, hook)."""
         if return_recv_hook:
+            # The last LL kernels ran on the comm stream, maybe not waited for (async_finish). Not during a graph
+            # capture: the capturing stream must not wait on work outside the capture (captures start from a sync).
+            if self.on_comm_stream and not torch.cuda.is_current_stream_capturing():
+                torch.cuda.current_stream().wait_stream(comm_stream)
+                self.on_comm_stream = False
+            result, launch_recv = start(torch.cuda.current_stream(), True)
             return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
-        if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS
-            launch_recv(stream, early=True)
-        return result, EventOverlap(None), None
+        scope = StreamScope(comm_stream, None, async_finish, False)
+        result, launch_recv = start(comm_stream, False)
+        if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send
+            launch_recv(comm_stream, early=True)
+        self.on_comm_stream = True
+        return result, scope.finish(touched(result)), None
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(

@@ -43,7 +43,7 @@ class ModeSwitch:
         self.comm_stream = comm_stream
         self.last = None  # HT, LL, or None (nothing ran since construction, or since a clean: every rank met)
         self.switches = 0  # barriers launched (what the tests count)
-        self._caller_done = None  # an event after the last LL kernel that ran on a caller's stream
+        self._hook_done = None  # an event after the last LL receive hook, which ran on the caller's stream
 
     def before_high_throughput(self) -> None:
         """Before the kernels of an internode high-throughput call (after its comm stream waited for the caller):
@@ -58,37 +58,36 @@ class ModeSwitch:
             self.last = HT
         if self.last == HT or torch.cuda.is_current_stream_capturing():
             return
-        if self._caller_done is not None:  # the last LL kernel ran on the caller's stream of that time
-            self.comm_stream.wait_event(self._caller_done)
+        if self._hook_done is not None:  # the last LL receive ran on the caller's stream of that time
+            self.comm_stream.wait_event(self._hook_done)
         self._switch(self.comm_stream, HT)
 
     def before_low_latency(self) -> bool:
         """Before an LL call's first kernel, or before the caller writes into the LL send buffer (a zero-copy
         combine's): after high-throughput calls, the barrier on the comm stream, which the LL kernels then follow
-        (an LL call's stream waits for it: LowLatencyOp.run). True if it was launched."""
+        (eager calls run there; a hooked call's stream waits for it: LowLatencyOp.run). True if it was launched."""
         if self.last is None:
             self.last = LL
         if self.last == LL or torch.cuda.is_current_stream_capturing():
             return False
         self._switch(self.comm_stream, LL)
-        self.ll.on_comm_stream = True  # the next LL call's stream waits for the comm stream first
+        self.ll.on_comm_stream = True  # a hooked call's current stream waits for the comm stream first
         return True
 
-    def after_caller_stream_call(self) -> None:
-        """An LL kernel was just launched on the current stream (a call without async_finish, or a receive hook):
-        a later high-throughput call's comm stream waits for it before the barrier (that call's comm stream waits
-        only for its previous_event, or for its own caller's stream)."""
-        if self._caller_done is None:
-            self._caller_done = torch.cuda.Event()
-        self._caller_done.record(torch.cuda.current_stream())
+    def after_receive_hook(self) -> None:
+        """An LL receive hook just launched its kernel on the current stream: a later high-throughput call's comm
+        stream waits for it before the barrier."""
+        if self._hook_done is None:
+            self._hook_done = torch.cuda.Event()
+        self._hook_done.record(torch.cuda.current_stream())
 
     def cleaned(self) -> None:
         """clean_low_latency_buffer ran: every rank met after every earlier kernel (host-synchronised barriers)."""
         self.last = None
-        self._caller_done = None
+        self._hook_done = None
 
     def _switch(self, stream, to: str) -> None:
         self.ll.launch_barrier(stream)
         self.switches += 1
         self.last = to
-        self._caller_done = None
+        self._hook_done = None

@@ -15,13 +15,6 @@ where the trace has the send kernel and the receive kernel started early behind 
 pair of the recorded trace into the one launch that replaces it, after checking that the pair's two parameter
 structs were equal (so the one kernel gets every field both halves got); with EP_RT_LL_TWO_KERNELS the trace must be
 the recorded one as it is.
-
-Since issue 23 item 6 an eager call without async_finish runs on the caller's stream ("compute") where the trace has
-it on the comm stream between a wait of the comm stream for the caller's and a wait of the caller's for the comm
-stream. `on_callers_stream` rewrites the recorded trace to that rule (the launches, their parameters and their
-order untouched): such a call loses its two waits and its launches move to the caller's stream; the caller's stream
-waits for the comm stream (before an eager or hooked call) only while the comm stream holds LL work it has not
-waited for, which only an async_finish call leaves.
 """
 
 import ctypes
@@ -56,38 +49,6 @@ def trace():
 # The stub's one-kernel grids (tools/host_path_stub.py ll_buffer: as LowLatencyOp sizes them on 132 SMs).
 FUSED_GRID = {"dispatch": 132, "combine": 264}
 COOPERATIVE = {"cluster": 1, "cooperative": True, "programmatic": False}
-
-
-def on_callers_stream(recorded):
-    """The recorded trace with every eager call (comm waits for caller, launches on comm, caller waits for comm)
-    moved to the caller's stream, and the caller's waits for the comm stream kept only where it holds un-waited LL
-    work (after an async_finish call); see the module's docstring."""
-    out, i, comm_dirty = [], 0, False
-    while i < len(recorded):
-        e = recorded[i]
-        if e.get("wait") == ["comm", "compute"]:
-            j = i + 1
-            while recorded[j].get("stream") == "comm":
-                j += 1
-            assert j > i + 1, f"entry {i}: a wait of the comm stream without a launch behind it"
-            if recorded[j].get("wait") == ["compute", "comm"]:  # eager: moves to the caller's stream
-                if comm_dirty:
-                    out.append({"wait": ["compute", "comm"]})
-                    comm_dirty = False
-                out.extend({**launch, "stream": "compute"} for launch in recorded[i + 1 : j])
-                i = j + 1
-            else:  # async_finish: stays on the comm stream, which the caller has not waited for
-                out.extend(recorded[i:j])
-                comm_dirty, i = True, j
-        elif e.get("wait") == ["compute", "comm"]:  # before a hooked call's send kernel
-            if comm_dirty:
-                out.append(e)
-                comm_dirty = False
-            i += 1
-        else:
-            out.append(e)
-            i += 1
-    return out
 
 
 def fold_eager_pairs(recorded):
@@ -139,13 +100,13 @@ def _same(got_trace, expected):
 
 
 def test_the_launches_and_parameters_are_those_recorded_before_the_call_plans(trace):
-    expected = fold_eager_pairs(on_callers_stream(json.loads(FIXTURE.read_text())))
+    expected = fold_eager_pairs(json.loads(FIXTURE.read_text()))
     assert sum(e.get("launch") in ("ep_rt_ll_dispatch", "ep_rt_ll_combine") for e in expected) >= 8  # folded
     _same(trace, expected)
 
 
 def test_two_kernels_per_eager_call_launch_exactly_what_was_recorded():
-    _same(_trace(two_kernels=True), on_callers_stream(json.loads(FIXTURE.read_text())))
+    _same(_trace(two_kernels=True), json.loads(FIXTURE.read_text()))
 
 
 def test_the_sequence_covers_what_it_claims(trace):
