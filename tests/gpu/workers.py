@@ -778,11 +778,33 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
     recv_x, _, recv_w, _, handle, _ = buf.dispatch(x, **kw)
     rebuilt = tuple(handle)  # a plain tuple: no facts, so the host cannot refuse what does not fit
     wide = 16 * H  # rows 16x wider: neither buffer holds this call's streams / combine rows
+    wide_x = torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device)
+
+    def wide_worst():
+        return buf.dispatch(wide_x, num_worst_tokens=T * num_ranks, **kw)
+
+    # Eager, a num_worst_tokens dispatch above the buffers' rows waits for its counts and goes in rounds (issue 22):
+    # no error, and the protocol stays in step. Inside a CUDA-graph capture it cannot wait: one pass, and the
+    # kernels report what does not fit (the path this test is for).
+    res = {"cases": [], "calls": [], "rdma_view_ok": rdma_view_ok}
+    try:
+        wide_worst()
+        torch.cuda.synchronize()
+        buf.raise_if_failed()
+        eager_error = None
+    except (KernelError, BufferTooSmallError, ValueError) as e:
+        eager_error = f"{type(e).__name__}: {e}"
+    res["eager_in_rounds"] = (eager_error, _internode_counters(buf))
+
+    def wide_worst_captured():
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            wide_worst()
+        graph.replay()
+
     calls = {
         "num_worst_tokens too small": lambda: buf.dispatch(x, num_worst_tokens=1, **kw),
-        "num_worst dispatch too large for the RDMA buffer": lambda: buf.dispatch(
-            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), num_worst_tokens=T * num_ranks, **kw
-        ),
+        "num_worst dispatch too large for the RDMA buffer, captured": wide_worst_captured,
         "cached dispatch of a rebuilt handle, too large for the RDMA buffer": lambda: buf.dispatch(
             torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), handle=rebuilt, config=Config(8)
         ),
@@ -790,7 +812,6 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
             torch.zeros(recv_x.size(0), wide, dtype=torch.bfloat16, device=buf.device), rebuilt, config=Config(8)
         ),
     }
-    res = {"cases": [], "calls": [], "rdma_view_ok": rdma_view_ok}
     for i, (name, call) in enumerate(calls.items()):
         error = None
         try:
