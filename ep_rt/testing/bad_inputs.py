@@ -704,6 +704,29 @@ def _rdma_hidden(c) -> int:
     return (c.buf.num_rdma_bytes // (2 * max(c.handle.facts.max_stream, 1)) + 1024) // 16 * 16
 
 
+def _rdma_hidden_below_one_round(c) -> int:
+    """A dispatch hidden size (bf16) whose record alone exceeds a node's area of the RDMA buffer: not even one token
+    from each rank fits a round, the one size a call in rounds still refuses (BufferTooSmallError)."""
+    from ..transport import internode_layout
+
+    area = internode_layout.half_bytes(c.buf.num_rdma_bytes) // c.buf.topology.num_nodes
+    return (area // 2 + 1024) // 16 * 16
+
+
+def _nvl_hidden_below_one_round(c) -> int:
+    """A dispatch hidden size (bf16) of which the NVL buffer's records area holds fewer rows than there are ranks
+    (a round's least: a token from each rank), while a node's RDMA area still holds a record, so the NVL buffer is
+    the one that must be named."""
+    from ..transport import internode_layout
+
+    R, nodes = c.buf.group_size, c.buf.topology.num_nodes
+    records = c.buf.num_nvl_bytes - internode_layout.nvl_control_offsets(R, nodes)["records"]
+    hidden = (records // R // 2 + 1024) // 16 * 16
+    area = internode_layout.half_bytes(c.buf.num_rdma_bytes) // nodes
+    assert 4 * hidden < area, "the catalogue's RDMA buffer is too small for its NVL case"
+    return hidden
+
+
 def _nvl_hidden(c) -> int:
     """A combine hidden size whose input rows overflow the NVL buffer while its RDMA streams fit with a 2x margin
     (a node's area is under num_rdma_bytes / 2 / nodes), so the NVL limit is the one that must be reported."""
@@ -754,9 +777,10 @@ def _internode_only_cases() -> list[BadInput]:
             V,
             "ranks per node",
         ),
+        # A dispatch larger than the buffers goes in rounds (issue 22): only one below a round's least is refused.
         BadInput(
             "internode dispatch too large for the RDMA buffer",
-            lambda c: c.dispatch(x=_bf16(N, _rdma_hidden(c))),
+            lambda c: c.dispatch(x=_bf16(N, _rdma_hidden_below_one_round(c))),
             B,
             "num_rdma_bytes",
             launches="the notify kernel counts the (rank -> node) streams; the host raises "
@@ -782,7 +806,7 @@ def _internode_only_cases() -> list[BadInput]:
         ),
         BadInput(
             "internode dispatch too large for the NVL buffer",
-            lambda c: c.dispatch(x=_bf16(N, _nvl_hidden(c))),
+            lambda c: c.dispatch(x=_bf16(N, _nvl_hidden_below_one_round(c))),
             B,
             "num_nvl_bytes",
             launches="the notify kernel counts the rows each rank receives (the records its "

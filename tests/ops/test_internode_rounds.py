@@ -247,3 +247,26 @@ def test_num_worst_tokens_below_what_arrives_raises_on_every_rank(monkeypatch):
         with pytest.raises(ValueError, match="num_worst_tokens=10 but a rank receives or forwards 24"):
             buf.dispatch(x, topk_idx=idx, topk_weights=w, num_worst_tokens=10, **common)
         buf.destroy()
+
+
+@pytest.mark.parametrize(
+    "helper,names",
+    [("_rdma_hidden_below_one_round", "num_rdma_bytes"), ("_nvl_hidden_below_one_round", "num_nvl_bytes")],
+)
+def test_the_catalogues_too_large_dispatches_are_below_one_round(monkeypatch, helper, names):
+    """The internode bad-input catalogue's dispatches too large for a buffer (ep_rt/testing/bad_inputs.py) must
+    still be refused now that larger calls go in rounds: their hidden sizes are below one round of the catalogue's
+    Buffer (2 MiB NVL, 64 MiB RDMA), and the error names the buffer the case is about."""
+    from types import SimpleNamespace
+
+    from ep_rt.testing import bad_inputs
+
+    monkeypatch.setattr(host_trace, "INTERNODE_COUNTS", _every_token_everywhere)
+    with host_trace.driven("internode") as (trace, make):
+        buf = host_trace.build({"num_nvl_bytes": 2 << 20, "num_rdma_bytes": 64 << 20, "explicitly_destroy": True})
+        x, idx, w, common = host_trace.ht_inputs(buf)
+        hidden = getattr(bad_inputs, helper)(SimpleNamespace(buf=buf))
+        wide = torch.zeros(x.size(0), hidden, dtype=torch.bfloat16)
+        with pytest.raises(BufferTooSmallError, match=f"less than one round.*{names} >= "):
+            buf.dispatch(wide, topk_idx=idx, topk_weights=w, **common)
+        buf.destroy()
