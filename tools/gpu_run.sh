@@ -17,7 +17,7 @@
 #   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
 #          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
-#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, tma_ab, host_profile,
+#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, bench_rounds_internode, tma_ab, host_profile,
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
@@ -197,6 +197,13 @@ step() {  # one named step; returns 3 for a name it does not know
     # Issue 22 item 4: the cost of a round: the HT bench with an NVL buffer of 1/2 and 1/4 of the 4096-token hint.
     bench_rounds) run bench_rounds2 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.5 --json "$LOGS/bench_rounds2.json"
              run bench_rounds4 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.25 --json "$LOGS/bench_rounds4.json" ;;
+    # Issue 22 item 4 across nodes: the internode workload on 2 emulated nodes of one rank, both buffers at 1, 1/2
+    # and 1/4 of their one-pass hints (1, about 2 and about 4 rounds; the rows say how many). The times mean
+    # something on two GPUs (nvidia-h200-x2: the "RDMA" hop over NVLink), nothing with the ranks sharing one.
+    bench_rounds_internode) for f in 1 0.5 0.25; do
+              run bench_rounds_internode$f 300 python3 -m ep_rt bench --internode 1 --ranks 2 --nvl-fraction $f \
+                --rdma-fraction $f --json "$LOGS/bench_rounds_internode$f.json"
+            done ;;
     # Issue 23 item 5: the tma variant against the plain one, HT bench at 4, 8, 16 and 24 SMs, one rank per GPU
     # (nvidia-h200-x2: with one rank no row takes the receive path the bulk copies serve).
     tma_ab) for sms in 4 8 16 24; do

@@ -47,6 +47,11 @@ def text(doc: dict) -> str:
             out.append(bench_mod.format_ll_rows(res["ll"], res["rank"]))
     for res in doc["ranks"]:
         if res.get("internode"):
+            if "rdma_bytes" in res:
+                out.append(
+                    f"rank {res['rank']}: internode buffers: NVL {res['nvl_bytes'] / 2**20:.1f} MiB, "
+                    f"RDMA {res['rdma_bytes'] / 2**20:.1f} MiB"
+                )
             out.append(
                 bench_mod.format_internode_rows(
                     [bench_mod.InternodeBenchRow(**r) for r in res["internode"]], res["rank"]
@@ -97,15 +102,27 @@ def main(argv=None) -> int:
         default=1.0,
         metavar="F",
         help="HT on one node: an NVL buffer of F times the 4096-token hint, so each call goes in about 1/F rounds "
-        "(the cost of a round, issue 22 item 4; default 1: one pass)",
+        "(the cost of a round, issue 22 item 4; default 1: one pass); with --internode, the NVL buffer of F times "
+        "its one-pass hint",
+    )
+    parser.add_argument(
+        "--rdma-fraction",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="with --internode: an RDMA buffer of F times its one-pass hint for 4096 tokens, so calls go in rounds "
+        "(the cost of a round across nodes; default 1)",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="PNG", default=None, help="draw bandwidth per workload and rank")
     args = parser.parse_args(argv)
-    if not 0.0 < args.nvl_fraction <= 1.0:
-        parser.error(f"--nvl-fraction must be in (0, 1], got {args.nvl_fraction}")
-    if args.nvl_fraction != 1.0 and (args.internode or args.ll_only):
-        parser.error("--nvl-fraction is for the high-throughput benchmark on one node")
+    for flag, value in (("--nvl-fraction", args.nvl_fraction), ("--rdma-fraction", args.rdma_fraction)):
+        if not 0.0 < value <= 1.0:
+            parser.error(f"{flag} must be in (0, 1], got {value}")
+    if args.nvl_fraction != 1.0 and args.ll_only:
+        parser.error("--nvl-fraction is for the high-throughput benchmarks (one node, or --internode)")
+    if args.rdma_fraction != 1.0 and not args.internode:
+        parser.error("--rdma-fraction is for the internode benchmark (--internode G)")
 
     import torch
 
@@ -130,7 +147,14 @@ def main(argv=None) -> int:
     results = run_ranks(
         bench_main.bench_rank,
         num_ranks,
-        args=(not args.ll_only, not args.ht_only, args.num_sms, bool(args.internode), args.nvl_fraction),
+        args=(
+            not args.ll_only,
+            not args.ht_only,
+            args.num_sms,
+            bool(args.internode),
+            args.nvl_fraction,
+            args.rdma_fraction,
+        ),
         timeout_s=3600,
         env=env,
     )

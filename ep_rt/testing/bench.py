@@ -432,6 +432,7 @@ class InternodeBenchRow:
     rdma_tokens: int
     emulated: bool  # nodes emulated on one host: the "RDMA" traffic went over NVLink, not a network
     network: Optional[dict] = None  # the chaos transport's counts per call (network_ops_per_call); else None
+    rounds: int = 1  # rounds a call takes through the buffers (internode_rounds; 1: one pass)
 
 
 def internode_record(row: InternodeBenchRow) -> dict:
@@ -478,6 +479,8 @@ def bench_internode(
     )
     rdma_tokens = int(per_node.sum()) if per_node is not None else 0
     recv_x, _, recv_w, _, handle, _ = buffer.dispatch(x, **args)
+    in_rounds = getattr(handle, "rounds", None)  # the same inputs every call: the same rounds
+    rounds = len(in_rounds.starts) if in_rounds is not None else 1
     flush = torch.empty(256 * 1024 * 1024, dtype=torch.uint8, device=dev)
     timer = KernelTimer()
     rows = []
@@ -504,9 +507,9 @@ def bench_internode(
             torch.cuda.synchronize()
             buffer.set_kernel_timer(None)
             got = timer.collect()
-            if it >= warmup:
-                sums.append(sum(got[k][0] for k in kernels))
-                notifies.append(got["notify"][0] if "notify" in got else 0.0)
+            if it >= warmup:  # every launch of the call (a call in rounds launches each kernel once a round)
+                sums.append(sum(sum(got.get(k, ())) for k in kernels))
+                notifies.append(sum(got.get("notify", ())))
                 calls.append(start.elapsed_time(end) * 1000.0)
         # Counted apart from the timed calls: each of those follows a barrier, itself network operations.
         network = network_ops_per_call(buffer, "internode", functools.partial(call, name), iters)
@@ -525,6 +528,7 @@ def bench_internode(
                 rdma_tokens,
                 buffer.topology.emulated,
                 network,
+                rounds,
             )
         )
     return rows
@@ -533,12 +537,12 @@ def bench_internode(
 def format_internode_rows(rows, rank) -> str:
     lines = [
         f"rank {rank}: {'workload':<24} {'SMs':>4} {'kernel us':>10} {'RDMA GB/s':>10} {'NVL GB/s':>9} "
-        f"{'notify us':>10} {'call us':>9} {'recv':>6}"
+        f"{'notify us':>10} {'call us':>9} {'recv':>6} {'rounds':>6}"
     ]
     for r in rows:
         lines.append(
             f"rank {rank}: {r.name:<24} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.rdma_gbps:>10.1f} "
-            f"{r.nvl_gbps:>9.1f} {r.notify_us:>10.1f} {r.call_us:>9.1f} {r.num_recv:>6}"
+            f"{r.nvl_gbps:>9.1f} {r.notify_us:>10.1f} {r.call_us:>9.1f} {r.num_recv:>6} {r.rounds:>6}"
         )
         if r.network is not None:
             lines.append(format_network(r.network, rank))

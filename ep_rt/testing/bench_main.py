@@ -54,8 +54,7 @@ def ht_buffer(num_ranks: int, num_sms: int, nvl_fraction: float = 1.0):
     from .. import Buffer, Config
 
     hint = Config(num_sms).get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096)
-    nvl_bytes = -(-int(hint * nvl_fraction) // 128) * 128  # DeepEP's 128-byte alignment of num_nvl_bytes
-    return Buffer(dist.group.WORLD, nvl_bytes, explicitly_destroy=True)
+    return Buffer(dist.group.WORLD, _fraction_of(hint, nvl_fraction), explicitly_destroy=True)
 
 
 def ll_buffer(num_ranks: int):
@@ -73,24 +72,44 @@ def ll_buffer(num_ranks: int):
     )
 
 
+def _fraction_of(hint: int, fraction: float) -> int:
+    return -(-int(hint * fraction) // 128) * 128  # DeepEP's 128-byte alignment of the buffer sizes
+
+
+def internode_buffer(num_ranks: int, num_sms: int, nvl_fraction: float = 1.0, rdma_fraction: float = 1.0):
+    """The internode benchmark's Buffer: each buffer the given fraction of its one-pass hint for 4096 tokens at
+    hidden 7168 (the node size from EP_RT_RANKS_PER_NODE, emulated nodes, or 8 ranks per node); below 1, each call
+    goes in rounds (internode_rounds)."""
+    from .. import Buffer, Config
+
+    cfg = Config(num_sms)
+    return Buffer(
+        dist.group.WORLD,
+        _fraction_of(cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096), nvl_fraction),
+        _fraction_of(cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096), rdma_fraction),
+        explicitly_destroy=True,
+    )
+
+
 def bench_rank(
-    rank, num_ranks, ht: bool, ll: bool, num_sms: int, internode: bool = False, nvl_fraction: float = 1.0
+    rank,
+    num_ranks,
+    ht: bool,
+    ll: bool,
+    num_sms: int,
+    internode: bool = False,
+    nvl_fraction: float = 1.0,
+    rdma_fraction: float = 1.0,
 ) -> dict:
     """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow), the LL rows, and with `internode`
     (ranks on several nodes, real or emulated) only the internode rows. nvl_fraction < 1: the HT Buffer's NVL
-    buffer is that fraction of the 4096-token hint, and each call goes in rounds (`nvl_bytes` in the result)."""
-
-    from .. import Buffer, Config
-
+    buffer is that fraction of the 4096-token hint, and each call goes in rounds (`nvl_bytes` in the result); with
+    `internode`, nvl_fraction and rdma_fraction scale the internode Buffer's two buffers alike (`nvl_bytes`,
+    `rdma_bytes`)."""
     out = {"rank": rank, "ht": [], "ll": [], "internode": []}
     if internode:
-        cfg = Config(num_sms)  # the sizes follow EP_RT_RANKS_PER_NODE (emulated nodes) or 8 ranks per node
-        buffer = Buffer(
-            dist.group.WORLD,
-            cfg.get_nvl_buffer_size_hint(7168 * 2, num_ranks, 4096),
-            cfg.get_rdma_buffer_size_hint(7168 * 2, num_ranks, 4096),
-            explicitly_destroy=True,
-        )
+        buffer = internode_buffer(num_ranks, num_sms, nvl_fraction, rdma_fraction)
+        out["nvl_bytes"], out["rdma_bytes"] = buffer.num_nvl_bytes, buffer.num_rdma_bytes
         out["internode"] = [bench.internode_record(r) for r in bench.bench_internode(buffer, num_sms=num_sms)]
         buffer.destroy()
         return out

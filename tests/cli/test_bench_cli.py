@@ -138,11 +138,48 @@ def test_rows_without_counts_print_and_record_nothing_new():
     [
         (["--nvl-fraction", "0"], "must be in \\(0, 1\\]"),
         (["--nvl-fraction", "1.5"], "must be in \\(0, 1\\]"),
-        (["--nvl-fraction", "0.5", "--ll-only"], "high-throughput benchmark on one node"),
-        (["--nvl-fraction", "0.5", "--internode", "2"], "high-throughput benchmark on one node"),
+        (["--nvl-fraction", "0.5", "--ll-only"], "high-throughput benchmarks"),
+        (["--rdma-fraction", "0"], "must be in \\(0, 1\\]"),
+        (["--rdma-fraction", "0.5"], "internode benchmark"),
+        (["--rdma-fraction", "0.5", "--ht-only"], "internode benchmark"),
     ],
 )
-def test_nvl_fraction_out_of_range_or_without_ht_is_refused(argv, message, capsys):
+def test_fractions_out_of_range_or_without_their_benchmark_are_refused(argv, message, capsys):
     with pytest.raises(SystemExit):
         bench.main(argv)
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_internode_rows_in_rounds_show_their_buffers_and_rounds():
+    from ep_rt.testing.bench import InternodeBenchRow, internode_record
+
+    res = results()
+    row = InternodeBenchRow("internode dispatch BF16", 24, 900.0, 60.0, 1500.0, 30.0, 60.0, 8000, 7900, True, None, 3)
+    res[0].update(internode=[internode_record(row)], nvl_bytes=96 << 20, rdma_bytes=48 << 20)
+    doc = json.loads(json.dumps(bench.document(res, 24, "NVIDIA H200", 2)))
+    assert doc["ranks"][0]["internode"][0]["rounds"] == 3
+    lines = bench.text(doc).splitlines()
+    assert "rank 0: internode buffers: NVL 96.0 MiB, RDMA 48.0 MiB" in lines
+    header = next(line for line in lines if "RDMA GB/s" in line)
+    body = next(line for line in lines if line.startswith("rank 0: internode dispatch BF16"))
+    assert header.split()[-1] == "rounds" and body.split()[-1] == "3"
+    old = internode_record(row)
+    del old["rounds"]  # a record written before the column: one pass
+    assert InternodeBenchRow(**old).rounds == 1
+
+
+def test_the_internode_bench_buffers_are_the_fractions_of_their_one_pass_hints(monkeypatch):
+    import ep_rt
+    from ep_rt import Config
+    from ep_rt.testing import bench_main
+
+    made = []
+    monkeypatch.setattr(ep_rt, "Buffer", lambda group, nvl, rdma, **kw: made.append((nvl, rdma)))
+    monkeypatch.setenv("EP_RT_RANKS_PER_NODE", "2")
+    bench_main.internode_buffer(4, 24)
+    bench_main.internode_buffer(4, 24, nvl_fraction=0.5, rdma_fraction=0.25)
+    cfg = Config(24)
+    nvl, rdma = cfg.get_nvl_buffer_size_hint(7168 * 2, 4, 4096), cfg.get_rdma_buffer_size_hint(7168 * 2, 4, 4096)
+    assert made[0] == (nvl, rdma)
+    assert made[1] == (-(-(nvl // 2) // 128) * 128, -(-(rdma // 4) // 128) * 128)
+    assert all(size % 128 == 0 for pair in made for size in pair)
