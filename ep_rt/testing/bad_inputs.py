@@ -705,24 +705,17 @@ def _rdma_hidden(c) -> int:
 
 
 def _rdma_hidden_below_one_round(c) -> int:
-    """A dispatch hidden size (bf16) whose record alone exceeds a node's area of the RDMA buffer: not even one token
-    from each rank fits a round, the one size a call in rounds still refuses (BufferTooSmallError)."""
-    from ..transport import internode_layout
-
-    area = internode_layout.half_bytes(c.buf.num_rdma_bytes) // c.buf.topology.num_nodes
+    """A dispatch hidden size (bf16) whose rows alone exceed a node's area of the RDMA buffer (at most half of it over
+    the nodes): not even one token from each rank fits a round, the one size a call in rounds still refuses."""
+    area = c.buf.num_rdma_bytes // 2 // c.buf.topology.num_nodes
     return (area // 2 + 1024) // 16 * 16
 
 
 def _nvl_hidden_below_one_round(c) -> int:
-    """A dispatch hidden size (bf16) of which the NVL buffer's records area holds fewer rows than there are ranks
-    (a round's least: a token from each rank), while a node's RDMA area still holds a record, so the NVL buffer is
-    the one that must be named."""
-    from ..transport import internode_layout
-
-    R, nodes = c.buf.group_size, c.buf.topology.num_nodes
-    records = c.buf.num_nvl_bytes - internode_layout.nvl_control_offsets(R, nodes)["records"]
-    hidden = (records // R // 2 + 1024) // 16 * 16
-    area = internode_layout.half_bytes(c.buf.num_rdma_bytes) // nodes
+    """A dispatch hidden size (bf16) of which the NVL buffer holds fewer rows than there are ranks (a round's least:
+    a token from each rank), while a node's RDMA area holds several records, so the NVL buffer is the one named."""
+    hidden = (c.buf.num_nvl_bytes // c.buf.group_size // 2 + 1024) // 16 * 16
+    area = c.buf.num_rdma_bytes // 4 // c.buf.topology.num_nodes  # (under the area whatever its alignment)
     assert 4 * hidden < area, "the catalogue's RDMA buffer is too small for its NVL case"
     return hidden
 
