@@ -18,6 +18,7 @@ KNOBS = (
     "EP_RT_CONFIG_FILE",
     "EP_RT_TIMEOUT_S",
     "EP_RT_NET_TIMEOUT_S",
+    "EP_RT_NVSHMEM_TIMEOUT_S",
     "EP_RT_CHECK_VALUES",
     "EP_RT_SKIP_TOPOLOGY_CHECK",
     "EP_RT_RANKS_PER_NODE",
@@ -104,6 +105,16 @@ def net_timeout_s(timeout: float | None = None) -> float:
     value = float(os.environ.get("EP_RT_NET_TIMEOUT_S", str(3 * base)))
     if value <= 0:
         raise ValueError(f"EP_RT_NET_TIMEOUT_S must be positive, got {value}")
+    return value
+
+
+def nvshmem_timeout_s() -> float:
+    """EP_RT_NVSHMEM_TIMEOUT_S: how long NVSHMEM's collective host calls (its start, a symmetric allocation, its
+    barrier, free and finalize) may wait for the other PEs before ep_rt ends the process (default 600 s; 0: wait as
+    long as NVSHMEM does, which has no deadline of its own)."""
+    value = float(os.environ.get("EP_RT_NVSHMEM_TIMEOUT_S", "600"))
+    if value < 0:
+        raise ValueError(f"EP_RT_NVSHMEM_TIMEOUT_S must be 0 (no deadline) or positive, got {value}")
     return value
 
 

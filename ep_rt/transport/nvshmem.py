@@ -21,6 +21,7 @@ import torch.distributed as dist
 from .. import env
 from ..errors import EpRtError
 from . import network_settings, nvshmem_dist, nvshmem_world
+from .nvshmem_deadline import CollectiveDeadline
 
 _UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
 _INIT_WITH_UNIQUEID = 1 << 3
@@ -30,7 +31,7 @@ _ATTR_VERSION_FIELDS = ((0, (1 << 16) + 144), (16, (1 << 16) + 128), (24, (1 << 
 
 # users: Buffers sharing the process's one NVSHMEM world; world / identity: that world and (global ranks of the group
 # that made it, node size), which a later Buffer must match (nvshmem_world.reuse).
-_state = {"lib": None, "users": 0, "plan": None, "world": None, "identity": None}
+_state = {"lib": None, "users": 0, "plan": None, "world": None, "identity": None, "rank": None}
 
 
 def library_path() -> Path:
@@ -156,14 +157,16 @@ def init(group, world: nvshmem_world.NvshmemWorld, identity: tuple, topology) ->
         raise EpRtError(f"nvshmemx_set_attr_uniqueid_args failed ({ret})")
     for offset, value in _ATTR_VERSION_FIELDS:
         ctypes.c_int.from_buffer(attr, offset).value = value
+    _state["rank"] = rank
     turns = nvshmem_world.start_turns(world.kind, topology)
-    if turns == 1:
-        ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
-    else:  # one rail after the other (emulated nodes; see start_turns); every rank takes every turn's barrier
-        for turn in range(turns):
-            if turn == topology.local_rank:
-                ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
-            dist.barrier(group=group)
+    with _deadline("NVSHMEM's start (nvshmemx_hostlib_init_attr)"):
+        if turns == 1:
+            ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
+        else:  # one rail after the other (emulated nodes; see start_turns); every rank takes every turn's barrier
+            for turn in range(turns):
+                if turn == topology.local_rank:
+                    ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
+                dist.barrier(group=group)
     if ret != 0:
         raise EpRtError(f"NVSHMEM initialisation failed ({ret}); see NVSHMEM's messages above")
     _state.update(users=1, world=world, identity=identity)
@@ -175,19 +178,28 @@ def finalize() -> None:
         return
     _state["users"] -= 1
     if _state["users"] == 0:
-        _lib().nvshmemx_hostlib_finalize()
+        with _deadline("NVSHMEM's finalize"):
+            _lib().nvshmemx_hostlib_finalize()
         _state.update(world=None, identity=None)
 
 
+def _deadline(what: str) -> CollectiveDeadline:
+    """The watchdog of one collective NVSHMEM host call (nvshmem_deadline: past EP_RT_NVSHMEM_TIMEOUT_S the process
+    ends with a message instead of waiting forever for a peer that is gone)."""
+    return CollectiveDeadline(what, _state["rank"])
+
+
 def align(nbytes: int) -> int:
-    ptr = _lib().nvshmem_align(128, nbytes)
+    with _deadline(f"a symmetric allocation of {nbytes} bytes (nvshmem_align, collective)"):
+        ptr = _lib().nvshmem_align(128, nbytes)
     if not ptr:
         raise EpRtError(f"nvshmem_align({nbytes}) failed: not enough symmetric memory")
     return ptr
 
 
 def free(ptr: int) -> None:
-    _lib().nvshmem_free(ctypes.c_void_p(ptr))
+    with _deadline("nvshmem_free (collective)"):
+        _lib().nvshmem_free(ctypes.c_void_p(ptr))
 
 
 def peer_ptr(sym: int, pe: int) -> int:
@@ -196,7 +208,8 @@ def peer_ptr(sym: int, pe: int) -> int:
 
 
 def barrier_all() -> None:
-    _lib().nvshmem_barrier_all()
+    with _deadline("nvshmem_barrier_all"):
+        _lib().nvshmem_barrier_all()
 
 
 def register_module(module) -> None:
