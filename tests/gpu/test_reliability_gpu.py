@@ -73,6 +73,27 @@ def test_killed_peer(kind, shrink, layout):
         assert res["destroy"]["seconds"] < 3 * TIMEOUT + 10, (rank, res)
 
 
+@gpus(1)
+def test_a_peer_gone_during_nvshmem_start_ends_the_survivor_with_a_message(tmp_path):
+    """NVSHMEM's start has no deadline: a peer that ends inside it (after the unique ids were exchanged) would leave
+    the survivor waiting forever. ep_rt's watchdog ends it after EP_RT_NVSHMEM_TIMEOUT_S with a message naming the
+    call and exit code 124 (ep_rt/transport/nvshmem_deadline.py)."""
+    import time
+
+    from . import workers
+
+    env = {"EP_RT_NVSHMEM_TIMEOUT_S": "20"}
+    start = time.monotonic()
+    results = run_ranks(
+        workers.peer_gone_during_nvshmem_start, 2, args=(str(tmp_path),), env=env, timeout_s=240, may_exit=(0, 1)
+    )
+    took = time.monotonic() - start
+    err = (tmp_path / "rank0.err").read_text()
+    assert results == [None, None], (results, err[-3000:])
+    assert "rank 0: NVSHMEM's start" in err and "exit code 124" in err, err[-3000:]
+    assert took < 200, took
+
+
 @pytest.mark.soak
 @gpus(1)
 def test_ht_soak_3000_rounds_without_growth():

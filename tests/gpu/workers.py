@@ -957,3 +957,25 @@ def megatron_sizes(rank, num_ranks, token_counts=(8192, 16384), hidden=2048):
         out.append((case.name, _rounds_of(buf, case, seed + i), chk.checks, chk.failures))
     buf.destroy()
     return {"seed": seed, "cases": out, "num_nvl_bytes": nbytes}
+
+
+def peer_gone_during_nvshmem_start(rank, num_ranks, err_dir):
+    """Rank 1 ends inside NVSHMEM's start (after the unique ids were exchanged, before its bootstrap connects): rank 0
+    then waits in NVSHMEM's bootstrap, which has no deadline, until ep_rt's watchdog (EP_RT_NVSHMEM_TIMEOUT_S) ends
+    the process with its message (exit code 124). stderr goes to err_dir/rank<r>.err for the test to read."""
+    from ep_rt.transport import nvshmem
+
+    fd = os.open(os.path.join(err_dir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 2)
+    if rank == 1:
+        nvshmem._lib().nvshmemx_hostlib_init_attr = lambda *args: os._exit(0)
+    start = time.monotonic()
+    buf = Buffer(
+        dist.group.WORLD,
+        0,
+        Buffer.get_low_latency_rdma_size_hint(8, 1024, num_ranks, 8),
+        low_latency_mode=True,
+        num_qps_per_rank=4,
+        explicitly_destroy=True,
+    )
+    return {"buffer made after s": time.monotonic() - start, "buffer": repr(buf)}  # (not expected)
