@@ -54,7 +54,7 @@ class BufferPlan:
     ht: Optional[str]  # INTRANODE, INTERNODE, or None (a low-latency Buffer across nodes without NVL buffer)
     nvl_buffer: bool  # the node's NVL buffer, the layout op and the node barrier
     low_latency: bool
-    shared_symmetric: bool  # internode HT and LL in one symmetric buffer (ep_rt.mode_switch guards the switches)
+    shared_symmetric: bool  # internode HT and LL in one symmetric buffer (ep_rt.ops.mode_switch guards the switches)
     cubins: tuple  # NVSHMEM-linked families, in the order their cubins are chosen (INTERNODE first)
     nvshmem_world: Optional[str]  # RAIL, FULL, or None (no NVSHMEM session)
     nvshmem_allow_nvlink: bool  # NVSHMEM may use NVLink (DeepEP's NVSHMEM_DISABLE_P2P rule: LL mode only)
@@ -86,7 +86,7 @@ def plan(
     internode op's kernels can run in a world of their rail (InternodeOp.supports_rail_world)."""
     # Internode high-throughput mode: ranks on several nodes, with an RDMA buffer; with low_latency_mode too only
     # when an NVL buffer is given (DeepEP's LL-compatibility case: both modes then share one symmetric buffer, as
-    # DeepEP's, and a barrier on the comm stream separates a call of one mode from the other's: ep_rt.mode_switch).
+    # DeepEP's, and a barrier on the comm stream separates a call of one mode from the other's: ep_rt.ops.mode_switch).
     internode = num_nodes > 1 and num_rdma_bytes > 0 and (not low_latency_mode or num_nvl_bytes > 0)
     if num_nodes == 1 and num_rdma_bytes and not low_latency_mode:
         raise ValueError(

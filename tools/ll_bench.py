@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The LL benchmark alone (ep_rt.bench.bench_ll), on every local GPU, repeated: for comparing kernel changes
+"""The LL benchmark alone (ep_rt.testing.bench.bench_ll), on every local GPU, repeated: for comparing kernel changes
 within one device call, where `python -m ep_rt` would spend most of its time on checks.
 
     PYTHONPATH=. python tools/ll_bench.py [--experts 288 256] [--repeats 2]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The LL soak (ep_rt/soak_ll.py) from the command line, for A/B runs of whole checkouts in one device call:
+"""The LL soak (ep_rt/testing/soak_ll.py) from the command line, for A/B runs of whole checkouts in one device call:
     PYTHONPATH=<checkout> python tools/ll_soak.py --ranks 2 --rounds 3000 [--seed S]
     EP_RT_RANKS_PER_NODE=1 python tools/ll_soak.py --chaos ...   the put path through the chaos transport
 Prints one JSON line per rank, then PASSED, or FAILED with every problem (rounds missing, mismatches, leaks);

@@ -2,7 +2,7 @@
 
 The test process is rank 0 and times whole calls (Python + GPU, non-hook) with pytest-benchmark; the peer
 (tests/bench/two_ranks.py) is rank 1 and makes the same calls. The GPU-side
-numbers of ep_rt.bench.bench_ll (kernel time, send and receive halves; the profiler's kernel durations when it
+numbers of ep_rt.testing.bench.bench_ll (kernel time, send and receive halves; the profiler's kernel durations when it
 sees the kernels), measured by both ranks together once per module, go into each benchmark's extra_info with
 DeepEP-formula bandwidth.
 Run with: python -m pytest -m bench tests/bench

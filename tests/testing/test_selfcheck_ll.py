@@ -1,4 +1,4 @@
-"""CPU tests of the LogFMT checking helpers in ep_rt.selfcheck_ll: the LogFMT cases' expert outputs cover every
+"""CPU tests of the LogFMT checking helpers in ep_rt.testing.selfcheck_ll: the LogFMT cases' expert outputs cover every
 division kind, and check_logfmt_combined accepts what lg2/ex2.approx can do to a combine (rare one-step code
 changes and bf16 roundings, at the rate tools/logfmt_rate_model.py derives, and that model's own emulation of the
 kernels) but not real errors (a rounding offset of 1.5, a systematic off-by-one, a wrong high bit or sign, any

@@ -1,4 +1,4 @@
-"""The LL soak's cheap per-round expectation (ep_rt.soak_ll) against the independent reference_ll, on the CPU:
+"""The LL soak's cheap per-round expectation (ep_rt.testing.soak_ll) against the independent reference_ll, on the CPU:
 with the received rows as expert outputs, the combined output is a weighted sum of each token's own row."""
 
 import random
