@@ -30,9 +30,13 @@ class CollectiveDeadline:
 
     def __enter__(self):
         if self.seconds > 0:
-            self._timer = threading.Timer(self.seconds, self._expire)
-            self._timer.daemon = True
-            self._timer.start()
+            timer = threading.Timer(self.seconds, self._expire)
+            timer.daemon = True
+            try:
+                timer.start()
+                self._timer = timer
+            except RuntimeError:  # no new thread at interpreter shutdown: the call runs as NVSHMEM's own
+                self._timer = None
         return self
 
     def __exit__(self, *exc) -> None:

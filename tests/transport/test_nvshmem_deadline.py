@@ -86,6 +86,19 @@ def test_the_knob(monkeypatch):
         env.nvshmem_timeout_s()
 
 
+def test_no_watchdog_thread_at_interpreter_shutdown_the_call_still_runs(monkeypatch):
+    import threading
+
+    def refuse(self):
+        raise RuntimeError("can't create new thread at interpreter shutdown")
+
+    monkeypatch.setattr(threading.Timer, "start", refuse)
+    ran = []
+    with nvshmem_deadline.CollectiveDeadline("nvshmem_barrier_all", seconds=5) as d:
+        ran.append(True)
+    assert ran == [True] and d._timer is None
+
+
 class _Lib:
     """A stand-in NVSHMEM library that records, for each collective call, whether a deadline was armed around it."""
 
