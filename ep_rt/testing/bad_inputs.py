@@ -776,8 +776,8 @@ def _internode_only_cases() -> list[BadInput]:
             lambda c: c.dispatch(x=_bf16(N, _rdma_hidden_below_one_round(c))),
             B,
             "num_rdma_bytes",
-            launches="the notify kernel counts the (rank -> node) streams; the host raises "
-            "on the counts before any data kernel (INTERNODE_DESIGN.md Errors)",
+            launches="the notify kernel counts the (rank -> node) streams; on the counts the data kernels run "
+            "told to skip (nothing moves) and the host raises, finding not even a round fits (internode_rounds)",
         ),
         BadInput(
             "internode cached dispatch too large for the RDMA buffer",
@@ -803,8 +803,8 @@ def _internode_only_cases() -> list[BadInput]:
             B,
             "num_nvl_bytes",
             launches="the notify kernel counts the rows each rank receives (the records its "
-            "node's forwarders push into its NVL buffer); the host raises on the "
-            "counts before any data kernel",
+            "node's forwarders push into its NVL buffer); on the counts the data kernels run told to skip "
+            "(nothing moves) and the host raises, finding not even a round fits (internode_rounds)",
         ),
         BadInput(
             "internode Buffer without LL: low_latency_dispatch",
