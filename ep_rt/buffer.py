@@ -14,7 +14,7 @@ from . import buffer_plan, call_guard, config as config_mod, config_file, env, v
 from .config import Config
 from .deep_ep_runtime import DeepEPRuntime
 from .errors import EpRtError
-from .events import EventHandle, EventOverlap, StreamScope
+from .events import EventHandle, EventOverlap, StreamScope, wait_stream
 from .handles import HandleFacts, LowLatencyHandle, as_handle, with_facts
 from .ht_op import DispatchCall
 from .ops import ht_args
@@ -1128,7 +1128,7 @@ class Buffer:
         # After high-throughput calls on the buffer both modes share, the caller's writes (on its current stream)
         # must follow the switch's barrier: taken here, not at the combine.
         if self._modes is not None and self._modes.before_low_latency():
-            torch.cuda.current_stream().wait_stream(self.comm_stream)
+            wait_stream(torch.cuda.current_stream(), self.comm_stream)  # (the comm stream's reused fence)
         return self._ll_live().next_combine_buffer(T, hidden, num_experts)
 
     def _shrink_mask(self) -> torch.Tensor:

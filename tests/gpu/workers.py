@@ -806,7 +806,7 @@ def internode_recoverable_errors(rank, num_ranks, ranks_per_node):
         "num_worst_tokens too small": lambda: buf.dispatch(x, num_worst_tokens=1, **kw),
         "num_worst dispatch too large for the RDMA buffer, captured": wide_worst_captured,
         "cached dispatch of a rebuilt handle, too large for the RDMA buffer": lambda: buf.dispatch(
-            torch.zeros(T, wide, dtype=torch.bfloat16, device=buf.device), handle=rebuilt, config=Config(8)
+            wide_x, handle=rebuilt, config=Config(8)
         ),
         "combine of a rebuilt handle, too large for the NVL buffer": lambda: buf.combine(
             torch.zeros(recv_x.size(0), wide, dtype=torch.bfloat16, device=buf.device), rebuilt, config=Config(8)
