@@ -123,7 +123,7 @@ def run_ranks(
                 break
             time.sleep(0.05)
         if not errors:
-            procs.join(timeout=5 if may_exit else max(deadline - time.monotonic(), 1))
+            _join_checked(procs.processes, may_exit, 5 if may_exit else max(deadline - time.monotonic(), 1))
     finally:
         _end(procs.processes)
     if errors:
@@ -132,6 +132,18 @@ def run_ranks(
     if missing:
         raise RuntimeError(f"ranks {missing} exited without a result")
     return [results.get(r) for r in range(num_ranks)]
+
+
+def _join_checked(processes, may_exit: tuple, timeout_s: float) -> None:
+    """Wait for the ranks to exit; a rank outside `may_exit` that ends with a non-zero code fails the run. (torch's
+    ProcessContext.join raises for any such code, also for a rank a fault test lets end on purpose, e.g. with the
+    NVSHMEM deadline's 124: attempt 20261206T042324Z.)"""
+    deadline = time.monotonic() + timeout_s
+    for p in processes:
+        p.join(max(deadline - time.monotonic(), 0.1))
+    bad = [(r, p.exitcode) for r, p in enumerate(processes) if r not in may_exit and p.exitcode not in (0, None)]
+    if bad:
+        raise RuntimeError(", ".join(f"rank {r} exited with code {code} after its result" for r, code in bad))
 
 
 def _end(processes, grace_s: float = 10.0) -> None:

@@ -68,3 +68,23 @@ def test_ending_the_ranks_waits_until_every_one_has_exited_even_one_that_ignores
     spawn._end(procs, grace_s=2.0)
     assert [p.is_alive() for p in procs] == [False, False]
     assert procs[0].exitcode == -9  # (it needed the SIGKILL)
+
+
+def _exits_with(code):
+    os._exit(code)
+
+
+def test_a_rank_allowed_to_exit_may_end_with_any_code_and_any_other_rank_may_not():
+    """A fault test lets a rank end on purpose (the NVSHMEM deadline ends one with 124); torch's join raised for it
+    (attempt 20261206T042324Z). A rank outside may_exit that ends non-zero still fails the run."""
+    import pytest
+
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_exits_with, args=(124,)), ctx.Process(target=_exits_with, args=(0,))]
+    for p in procs:
+        p.start()
+    spawn._join_checked(procs, (0,), 60)
+    with pytest.raises(RuntimeError, match="rank 0 exited with code 124"):
+        spawn._join_checked(procs, (), 60)
+    with pytest.raises(RuntimeError, match="rank 0 exited with code 124"):
+        spawn._join_checked(procs, (1,), 60)
