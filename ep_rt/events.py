@@ -8,6 +8,27 @@ from typing import Any, Optional, Tuple
 import torch
 
 
+# torch.cuda.current_stream() costs about 4 us of Python per call on an H100 host (device-index normalisation, a
+# new Stream object; tools/host_profile.py, attempt 20261206T030429Z), and every call takes it at least once. These
+# are the two C calls it makes; a torch without them (no CUDA build) takes the plain way.
+_device_index = getattr(torch._C, "_cuda_getDevice", None)
+_stream_of_device = getattr(torch._C, "_cuda_getCurrentStream", None)
+_streams: dict = {}  # (stream id, device index, device type) -> its Stream object
+
+
+def current_stream() -> torch.cuda.Stream:
+    """torch.cuda.current_stream() of the current device, the Stream object kept per stream."""
+    if _stream_of_device is None:
+        return torch.cuda.current_stream()
+    key = _stream_of_device(_device_index())
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) >= 256:  # a caller cycling through new streams: keep the table small
+            _streams.clear()
+        stream = _streams[key] = torch.cuda.Stream(stream_id=key[0], device_index=key[1], device_type=key[2])
+    return stream
+
+
 # One reusable event per stream for stream-to-stream waits (torch's Stream.wait_stream makes a new CUDA event on
 # every call). Recording an event again at once is safe: a wait already queued keeps the point it was queued with.
 _fences: dict = {}
@@ -42,10 +63,10 @@ class EventHandle:
 
     def __init__(self, stream: Optional[torch.cuda.Stream] = None):
         self.event = torch.cuda.Event()
-        self.event.record(stream if stream is not None else torch.cuda.current_stream())
+        self.event.record(stream if stream is not None else current_stream())
 
     def current_stream_wait(self) -> None:
-        torch.cuda.current_stream().wait_event(self.event)
+        current_stream().wait_event(self.event)
 
 
 class EventOverlap:
@@ -103,7 +124,7 @@ class StreamScope:
                 "allocate_on_comm_stream=True requires previous_event (holding an event) and async_finish=True"
             )
         self.comm = comm_stream
-        self.compute = torch.cuda.current_stream()
+        self.compute = current_stream()
         self.async_finish = async_finish
         self.allocate_on_comm = allocate_on_comm_stream
         if previous_event is not None:

@@ -323,6 +323,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         mp.setattr(torch.cuda, "current_stream", lambda device=None: compute)
         mp.setattr(torch.cuda, "stream", stream_ctx)
         mp.setattr(torch.cuda, "Event", Event)
+        mp.setattr(events_mod, "_stream_of_device", None)  # (events.current_stream: torch's way, patched above)
         mp.setattr(events_mod, "_fences", {})  # (events.wait_stream caches an event per stream: one per trace)
         mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         mp.setattr(torch.cuda, "synchronize", lambda device=None: trace.add("torch.cuda.synchronize", device))

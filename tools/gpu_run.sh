@@ -17,7 +17,7 @@
 #   STEPS  the steps, in order (default "tests main main_aggressive bench"; the list is in the case below: smoke,
 #          suite, main, main_quick, catalogue, main_aggressive, rest, ll, tests, ep8 ep8_main ep4_main (8 GPUs),
 #          soak soak4 soak_base (BASE=<checkout>) soak_emul, chaos soak_chaos, gpu, gpu_core (LIMIT), soaks,
-#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, bench_rounds_internode, tma_ab, host_profile,
+#          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, bench_rounds_internode, tma_ab, host_profile, ll_ab (BASE),
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
@@ -213,6 +213,15 @@ step() {  # one named step; returns 3 for a name it does not know
                 --json "$LOGS/tma_ab_tma$sms.json"; done ;;
     # Issue 23: where each hot call's host time goes on the GPU (one rank; cProfile and the CUDA primitives alone).
     host_profile) run host_profile 300 python3 tools/host_profile.py --json "$LOGS/host_profile.json" ;;
+    # Issue 23: an A/B of the LL host path on one rank: BASE a folder holding another tree's ep_rt/ (same cubins:
+    # this tree's), runs interleaved base, new, base, new: `bench --ll-only`, then host_profile of each.
+    ll_ab) for i in 1 2; do
+             run ll_ab_base$i 200 env PYTHONPATH="${BASE:?ll_ab needs BASE}" EP_RT_CUBIN_DIR="$PWD/cubins" \
+               python3 -m ep_rt bench --ll-only --json "$LOGS/ll_ab_base$i.json"
+             run ll_ab_new$i 200 python3 -m ep_rt bench --ll-only --json "$LOGS/ll_ab_new$i.json"; done
+           run ll_ab_profile_base 200 env EP_RT_SRC="$BASE" EP_RT_CUBIN_DIR="$PWD/cubins" \
+             python3 tools/host_profile.py --json "$LOGS/ll_ab_profile_base.json"
+           run ll_ab_profile_new 200 python3 tools/host_profile.py --json "$LOGS/ll_ab_profile_new.json" ;;
     # megatron-core from carried wheels into a folder of its own (no network there), then its client test.
     megatron) run megatron_install 300 python3 -m pip install -q --no-deps --no-index --target /tmp/ep_rt_megatron_site \
                "${MEGATRON_WHEELS:-.scratch/megatron_wheels}"/*.whl

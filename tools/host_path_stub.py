@@ -34,6 +34,7 @@ import torch
 sys.path.insert(0, os.environ.get("EP_RT_SRC", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 import ep_rt  # noqa: E402
 from ep_rt import buffer as buffer_mod  # noqa: E402
+from ep_rt import events  # noqa: E402
 from ep_rt.handles import next_serial  # noqa: E402
 from ep_rt.ops import internode, intranode, layout, low_latency  # noqa: E402
 from ep_rt.runtime import abi, driver, launch, modules  # noqa: E402
@@ -188,6 +189,7 @@ def _make_launch_config(cooperative=False, cluster=1, programmatic=False):
 _PATCHES = [
     (torch.cuda, "Event", FakeEvent),
     (torch.cuda, "current_stream", _current_stream),
+    (events, "_stream_of_device", None),  # (a CUDA build of torch: events.current_stream takes torch's way, stubbed)
     (torch.cuda, "stream", _stream_ctx),
     (torch.cuda, "is_current_stream_capturing", _capturing),
     (torch, "empty", _empty),

@@ -30,7 +30,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# EP_RT_SRC: profile another tree's ep_rt (an A/B: tools/gpu_run.sh step ll_ab) with this harness.
+sys.path.insert(0, os.environ.get("EP_RT_SRC", os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _median_us(fn, n: int) -> float:

@@ -13,7 +13,7 @@ import ctypes
 
 import torch
 
-from .. import env, validate
+from .. import env, events, validate
 from ..events import EventOverlap, StreamScope
 from ..handles import next_serial
 from ..errors import BufferTooSmallError, EpRtError
@@ -361,10 +361,10 @@ class LowLatencyOp:
             # The last LL kernels ran on the comm stream, maybe not waited for (async_finish). Not during a graph
             # capture: the capturing stream must not wait on work outside the capture (captures start from a sync).
             if self.on_comm_stream and not torch.cuda.is_current_stream_capturing():
-                torch.cuda.current_stream().wait_stream(comm_stream)
+                events.wait_stream(events.current_stream(), comm_stream)
                 self.on_comm_stream = False
-            result, launch_recv = start(torch.cuda.current_stream(), True)
-            return result, EventOverlap(None), (lambda: launch_recv(torch.cuda.current_stream()))
+            result, launch_recv = start(events.current_stream(), True)
+            return result, EventOverlap(None), (lambda: launch_recv(events.current_stream()))
         scope = StreamScope(comm_stream, None, async_finish, False)
         result, launch_recv = start(comm_stream, False)
         if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send

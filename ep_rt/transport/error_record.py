@@ -45,6 +45,7 @@ class ErrorRecords:
         self.failed: dict[str, EpRtError] = {}
         self._rearm = {}
         self._ranks_per_node: dict[str, int] = {}  # slots whose messages name nodes (internode)
+        self._codes: dict[str, ctypes.c_int32] = {}  # each slot's code word, viewed once (check)
 
     def on_rearm(self, slot: str, reset_claim) -> None:
         """How to re-arm `slot` after a recoverable error: reset_claim() clears the family's device claim word."""
@@ -62,19 +63,29 @@ class ErrorRecords:
 
     def check(self, slot: str) -> EpRtError | None:
         """The error `slot` holds (a kernel's record, or one the host set), if any. A recoverable one is returned
-        once and the slot re-armed."""
-        if slot not in self.failed and self.host_ptr:
-            rec = self.record(slot)
-            err = self._decoded(slot)
-            if err is not None and rec.code in RECOVERABLE and slot in self._rearm:
-                import torch
+        once and the slot re-armed. Every call checks its parts' slots (some twice), so an unset record costs one
+        read of its code word through a view made once (a kernel writes the code last)."""
+        err = self.failed.get(slot)
+        if err is not None or not self.host_ptr:
+            return err
+        code = self._codes.get(slot)
+        if code is None:
+            code = self._codes[slot] = ctypes.c_int32.from_address(
+                self.host_ptr + RECORD_BYTES * SLOTS.index(slot) + abi.ErrorRecord.code.offset
+            )
+        if code.value == 0:
+            return None
+        rec = self.record(slot)
+        err = self._decoded(slot)
+        if err is not None and rec.code in RECOVERABLE and slot in self._rearm:
+            import torch
 
-                torch.cuda.synchronize()  # the failing kernel has finished before its claim is reset
-                self._rearm[slot]()
-                ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
-                return err
-            if err is not None:
-                self.failed[slot] = err
+            torch.cuda.synchronize()  # the failing kernel has finished before its claim is reset
+            self._rearm[slot]()
+            ctypes.memset(ctypes.addressof(rec), 0, ctypes.sizeof(rec))
+            return err
+        if err is not None:
+            self.failed[slot] = err
         return self.failed.get(slot)
 
     def raise_if_failed(self, slot: str | None = None) -> None:
@@ -108,3 +119,4 @@ class ErrorRecords:
         if self.host_ptr and self.mapped:
             driver.host_free(self.host_ptr)
         self.host_ptr = 0
+        self._codes.clear()

@@ -89,3 +89,29 @@ def test_a_hook_launches_once_and_a_held_hook_blocks_its_buffer(ll):
     with pytest.raises(Exception, match="already called"):
         hook()
     ll.low_latency_dispatch(x, idx, 8, 8)
+
+
+def test_current_stream_keeps_one_stream_object_per_stream(monkeypatch):
+    """events.current_stream: torch's two C calls, the Stream object made once per (id, device, type); a torch
+    without them takes torch.cuda.current_stream()."""
+    made = []
+
+    class FakeStream:
+        def __init__(self, stream_id, device_index, device_type):
+            made.append((stream_id, device_index, device_type))
+
+    current = {"device": 0, "stream": 5}
+    monkeypatch.setattr(events, "_device_index", lambda: current["device"])
+    monkeypatch.setattr(events, "_stream_of_device", lambda d: (current["stream"], d, 1))
+    monkeypatch.setattr(events, "_streams", {})
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    a = events.current_stream()
+    assert events.current_stream() is a and made == [(5, 0, 1)]
+    current["stream"] = 9
+    b = events.current_stream()
+    current["device"] = 1
+    c = events.current_stream()
+    assert len({id(a), id(b), id(c)}) == 3 and made == [(5, 0, 1), (9, 0, 1), (9, 1, 1)]
+    monkeypatch.setattr(events, "_stream_of_device", None)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "torch's")
+    assert events.current_stream() == "torch's"

@@ -202,3 +202,31 @@ def test_peer_may_be_gone_sees_a_recorded_or_host_timeout_and_rearms_nothing():
     host = ErrorRecords(mapped=False)
     host.fail("internode", errors.CommTimeoutError("rank 0: host timed out waiting for rank 3"))
     assert host.peer_may_be_gone()
+
+
+def test_a_recoverable_error_is_seen_once_then_the_next_one_too():
+    """check() reads each slot's code word through a view made once (the hot path): a record written after
+    that, re-armed, and written again is still seen each time, and a host-set failure wins over a clear record."""
+    from ep_rt.transport.error_record import ErrorRecords
+
+    records = ErrorRecords(mapped=False)
+    rearmed = []
+    records.on_rearm("low_latency", lambda: rearmed.append(1))
+    assert records.check("low_latency") is None  # (the view is made here)
+    for n in (1, 2):
+        rec = records.record("low_latency")
+        rec.phase, rec.rank, rec.peer, rec.detail0, rec.detail1 = 0, 0, 1, 300, 288
+        rec.code = params.EP_RT_ERR_BAD_EXPERT
+        import torch
+
+        sync = torch.cuda.synchronize
+        torch.cuda.synchronize = lambda *a: None  # (the re-arm syncs; no GPU here)
+        try:
+            assert isinstance(records.check("low_latency"), errors.EpRtError)
+        finally:
+            torch.cuda.synchronize = sync
+        assert records.check("low_latency") is None and len(rearmed) == n
+    records.fail("low_latency", errors.CommTimeoutError("rank 0: host timed out waiting for rank 1"))
+    assert isinstance(records.check("low_latency"), errors.CommTimeoutError)
+    records.destroy(collective=False)
+    assert records.check("nvl") is None
