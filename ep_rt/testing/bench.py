@@ -262,7 +262,7 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         num_tokens, hidden, num_topk, num_experts, buffer.group_size, buffer.device, 1234 + buffer.rank
     )
     selections = int((idx >= 0).sum())
-    samples = {f"{op} {what}": [] for op, _ in LL_OPS for what in ("kernel", "send", "recv", "call")}
+    samples = {f"{op} {what}": [] for op, _ in LL_OPS for what in ("kernel", "send", "recv", "call", "host")}
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
     state = {"handle": None}
 
@@ -281,15 +281,19 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         )
         return out[2]
 
-    def timed(pending, key, fn):
+    def timed(pending, key, fn, host=None):
         a, b = ev(), ev()
         a.record()
+        t0 = time.perf_counter()
         result = fn()
+        t1 = time.perf_counter()
         b.record()
         pending.append((key, a, b))
+        if host is not None:  # the call's own Python, inside the events (what of "call" is the host's)
+            host.append((t1 - t0) * 1e6)
         return result
 
-    def one_round(pending):
+    def one_round(pending, hosts):
         dist.barrier(group=buffer.group)
         torch.cuda.synchronize()
         torch.cuda._sleep(_SLEEP_CYCLES_COVER)
@@ -307,19 +311,21 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         dist.barrier(group=buffer.group)
         torch.cuda.synchronize()
         for op, _ in LL_OPS:
-            timed(pending, f"{op} call", lambda: run(op))
+            timed(pending, f"{op} call", lambda: run(op), hosts.setdefault(op, []))
         torch.cuda.synchronize()
 
     run("dispatch")
     for it in range(warmup + iters):
-        pending = []
-        one_round(pending)
+        pending, hosts = [], {}
+        one_round(pending, hosts)
         if it >= warmup:
             for key, a, b in pending:
                 samples[key].append(a.elapsed_time(b) * 1000)
+            for op, us in hosts.items():
+                samples[f"{op} host"] += us
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(profiled_iters):
-            one_round([])
+            one_round([], {})
     profiled = _profiled_ll(prof, profiled_iters)
     # Counted apart from the rounds, which interleave the three workloads in the module's counters (dispatch
     # first: the combines reuse its handle).
@@ -336,6 +342,7 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
             "experts": num_experts,
             "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
             "call": med[f"{op} call"],
+            "host": med[f"{op} host"],  # the Python of those calls (perf_counter around each)
             "profiler": profiled.get(op),
         }
         kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
@@ -394,7 +401,7 @@ def format_ll_rows(rows, rank) -> str:
     nan = {"kernel": float("nan"), "send": float("nan"), "recv": float("nan")}
     lines = [
         f"rank {rank}: {'workload':<17} {'experts':>7} {'kernel us':>10} {'GB/s':>7} {'send us':>8} "
-        f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8}"
+        f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8} {'host us':>8}"
     ]
     for r in rows:
         p, e = r["profiler"] or nan, r["events"]
@@ -402,7 +409,7 @@ def format_ll_rows(rows, rank) -> str:
             f"rank {rank}: {r['name']:<17} {r['experts']:>7} {p['kernel']:>10.1f} {r['gbps']:>7.1f} "
             f"{p['send']:>8.1f} "
             f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
-            f"{r['call']:>8.1f}"
+            f"{r['call']:>8.1f} {r.get('host', float('nan')):>8.1f}"
         )
         if "network" in r:
             lines.append(format_network(r["network"], rank))

@@ -197,6 +197,8 @@ def test_ll_without_chaos_counts_nothing_and_reports_nothing(log):
     assert buf.calls.count("dispatch") == 1 + 4 * rounds and buf.calls.count("logfmt") == 3 * rounds
     text = bench.format_ll_rows(rows, 0)
     assert len(text.splitlines()) == 1 + 3 and "network" not in text and "chaos" not in text
+    # each row says how much of its call time was the call's own Python (timed around the call)
+    assert text.splitlines()[0].endswith("call us  host us") and all(r["host"] > 0 for r in rows), rows
 
 
 class Counting:
