@@ -370,7 +370,7 @@ class LowLatencyOp:
         if launch_recv is not None:  # EP_RT_LL_TWO_KERNELS: the receive kernel starts early, behind the send
             launch_recv(comm_stream, early=True)
         self.on_comm_stream = True
-        return result, scope.finish(touched(result)), None
+        return result, scope.finish(touched(result) if async_finish else ()), None  # (only async keeps tensors)
 
     # ---- dispatch -------------------------------------------------------------------------------
     def dispatch(

@@ -237,6 +237,7 @@ LL_OPS = (("dispatch", "LL dispatch FP8"), ("combine", "LL combine BF16"), ("log
 # ep_rt_ll_combine), or a send and a receive kernel under EP_RT_LL_TWO_KERNELS.
 _ROUND_HOOK_CALLS, _ROUND_CALLS = 3, 3 + 2 + 3 + 3
 _ROUND_KERNEL_CALLS = range(5, 8)  # the whole calls timed as "kernel"
+_LOOP_WARMUP = 5  # untimed iterations of the back-to-back loop
 
 
 def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50, profiled_iters=20):
@@ -248,7 +249,11 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     * whole non-hook calls (one kernel on the comm stream, or two with EP_RT_LL_TWO_KERNELS, including the wait for
       the peers), a sleep kernel covering the host's enqueueing: "kernel" time, what DeepEP's one-kernel time
       compares to;
-    * whole calls without a covering sleep: "call" time, what a caller waits for (Python included).
+    * whole calls without a covering sleep: "call" time, what a caller waits for (Python included), right after
+      a barrier and a device sync (the CPU had been waiting), with "host" the calls' own Python.
+    After the rounds, "loop": the three calls back to back `iters` times with no barrier or sync between them, as a
+    decode loop makes them, each timed by events on the caller's stream (a call whose host is slower than the GPU
+    spans its host time; one queued behind GPU work spans its GPU time) and by perf_counter ("loop host").
     Times come from CUDA events and, in extra rounds under the torch profiler, from the kernels' own start and
     end (as DeepEP's kineto numbers: no event or launch gaps; a whole call spans send start to receive end).
     Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for both combines, as DeepEP
@@ -262,7 +267,11 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         num_tokens, hidden, num_topk, num_experts, buffer.group_size, buffer.device, 1234 + buffer.rank
     )
     selections = int((idx >= 0).sum())
-    samples = {f"{op} {what}": [] for op, _ in LL_OPS for what in ("kernel", "send", "recv", "call", "host")}
+    samples = {
+        f"{op} {what}": []
+        for op, _ in LL_OPS
+        for what in ("kernel", "send", "recv", "call", "host", "loop", "loop host")
+    }
     ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
     state = {"handle": None}
 
@@ -315,6 +324,7 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
         torch.cuda.synchronize()
 
     run("dispatch")
+    loop_pending = []
     for it in range(warmup + iters):
         pending, hosts = [], {}
         one_round(pending, hosts)
@@ -323,6 +333,20 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
                 samples[key].append(a.elapsed_time(b) * 1000)
             for op, us in hosts.items():
                 samples[f"{op} host"] += us
+    # The steady state: calls back to back (a few untimed first), one sync at the end.
+    dist.barrier(group=buffer.group)
+    torch.cuda.synchronize()
+    for it in range(_LOOP_WARMUP + iters):
+        pending, hosts = [], {}
+        for op, _ in LL_OPS:
+            timed(pending, f"{op} loop", lambda: run(op), hosts.setdefault(op, []))
+        if it >= _LOOP_WARMUP:
+            loop_pending.extend(pending)
+            for op, us in hosts.items():
+                samples[f"{op} loop host"] += us
+    torch.cuda.synchronize()
+    for key, a, b in loop_pending:
+        samples[key].append(a.elapsed_time(b) * 1000)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(profiled_iters):
             one_round([], {})
@@ -343,6 +367,8 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
             "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
             "call": med[f"{op} call"],
             "host": med[f"{op} host"],  # the Python of those calls (perf_counter around each)
+            "loop": med[f"{op} loop"],  # back to back, no barrier between calls
+            "loop_host": med[f"{op} loop host"],
             "profiler": profiled.get(op),
         }
         kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
@@ -401,7 +427,8 @@ def format_ll_rows(rows, rank) -> str:
     nan = {"kernel": float("nan"), "send": float("nan"), "recv": float("nan")}
     lines = [
         f"rank {rank}: {'workload':<17} {'experts':>7} {'kernel us':>10} {'GB/s':>7} {'send us':>8} "
-        f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8} {'host us':>8}"
+        f"{'recv us':>8} | {'events: kernel':>14} {'send':>6} {'recv':>6} | {'call us':>8} {'host us':>8} | "
+        f"{'loop us':>8} {'host us':>8}"
     ]
     for r in rows:
         p, e = r["profiler"] or nan, r["events"]
@@ -409,7 +436,8 @@ def format_ll_rows(rows, rank) -> str:
             f"rank {rank}: {r['name']:<17} {r['experts']:>7} {p['kernel']:>10.1f} {r['gbps']:>7.1f} "
             f"{p['send']:>8.1f} "
             f"{p['recv']:>8.1f} | {e['kernel']:>14.1f} {e['send']:>6.1f} {e['recv']:>6.1f} | "
-            f"{r['call']:>8.1f} {r.get('host', float('nan')):>8.1f}"
+            f"{r['call']:>8.1f} {r.get('host', float('nan')):>8.1f} | "
+            f"{r.get('loop', float('nan')):>8.1f} {r.get('loop_host', float('nan')):>8.1f}"
         )
         if "network" in r:
             lines.append(format_network(r["network"], rank))

@@ -115,3 +115,17 @@ def test_current_stream_keeps_one_stream_object_per_stream(monkeypatch):
     monkeypatch.setattr(events, "_stream_of_device", None)
     monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "torch's")
     assert events.current_stream() == "torch's"
+
+
+def test_a_dispatch_handle_carries_the_facts_handle_facts_of_would_give(ll):
+    """low_latency_dispatch builds its handle's facts directly (no pass over the entries): they must equal
+    HandleFacts.of's, which the combine's checks compare against; a replaced tensor is still refused."""
+    from ep_rt.handles import HandleFacts, with_facts
+
+    T, H, E = 8, 256, 8
+    x, idx, w = torch.zeros(4, H, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2)
+    handle = ll.low_latency_dispatch(x, idx, T, E)[2]
+    assert handle.facts == HandleFacts.of(handle, ll._ll.serial)
+    y = torch.zeros(E // 2, 2 * T, H, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"handle\[0\] is not the tensor the dispatch returned"):
+        ll.low_latency_combine(y, idx, w, with_facts(type(handle)(handle[0].clone(), *handle[1:]), handle.facts))

@@ -194,11 +194,17 @@ def test_ll_without_chaos_counts_nothing_and_reports_nothing(log):
     buf, rows = run_ll(log, chaos=False)
     assert all("network" not in r for r in rows)
     rounds = 2 + 3 + 1  # warm-up, timed, profiled
-    assert buf.calls.count("dispatch") == 1 + 4 * rounds and buf.calls.count("logfmt") == 3 * rounds
+    loop = bench._LOOP_WARMUP + 3  # the back-to-back loop: untimed, then `iters` timed
+    assert buf.calls.count("dispatch") == 1 + 4 * rounds + loop and buf.calls.count("logfmt") == 3 * rounds + loop
+    assert all(r["loop"] > 0 and r["loop_host"] > 0 for r in rows), rows
+    # the loop: after one barrier and sync, the calls back to back with no barrier or sync between them
+    what = [w for w, _ in log.entries if w in ("dispatch", "combine", "logfmt", "dist barrier", "sync")]
+    run = ["dist barrier", "sync"] + ["dispatch", "combine", "logfmt"] * loop + ["sync"]
+    assert any(what[i : i + len(run)] == run for i in range(len(what))), what
     text = bench.format_ll_rows(rows, 0)
     assert len(text.splitlines()) == 1 + 3 and "network" not in text and "chaos" not in text
     # each row says how much of its call time was the call's own Python (timed around the call)
-    assert text.splitlines()[0].endswith("call us  host us") and all(r["host"] > 0 for r in rows), rows
+    assert text.splitlines()[0].endswith("call us  host us |  loop us  host us") and all(r["host"] > 0 for r in rows)
 
 
 class Counting:
