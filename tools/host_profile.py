@@ -7,6 +7,8 @@ stub counted ~27 us of Python), so the CUDA-side operations cost the difference.
 reports, per call:
 
 * host us: perf_counter around the call, the GPU idle before it (a sync every call), median of --calls;
+* its split at the launches: the Python until the call's first kernel is launched (what delays the GPU's work), and
+  after its last launch (what runs under the kernels: an eager call's kernel overlaps it), medians;
 * the functions that took the most of it, under cProfile (tottime per call, builtins such as torch.empty,
   cuLaunchKernel and Event.record included: cProfile sees C functions called from Python);
 * the primitives alone, timed in a loop: torch.empty, an event record, a stream wait on an event, a new event,
@@ -56,6 +58,50 @@ def _host_us(call, n: int) -> float:
     return statistics.median(xs)
 
 
+def _launch_split(call, n: int, driver) -> dict:
+    """Medians of the host time until `call`'s first kernel launch returned and after its last one, with
+    driver.launch / driver.launch_ex (every ep_rt kernel launch goes through one of them) wrapped to stamp the time
+    as each returns; also the launches per call. The GPU idle before each call, as _host_us."""
+    import torch
+
+    stamps: list = []
+    real = {name: getattr(driver, name) for name in ("launch", "launch_ex")}
+
+    def stamped(fn):
+        def launch(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            stamps.append(time.perf_counter())
+            return out
+
+        return launch
+
+    before, after, launches = [], [], []
+    try:
+        for name, fn in real.items():
+            setattr(driver, name, stamped(fn))
+        for _ in range(n):
+            torch.cuda.synchronize()
+            stamps.clear()
+            t0 = time.perf_counter()
+            call()
+            t1 = time.perf_counter()
+            launches.append(len(stamps))
+            if stamps:
+                before.append((stamps[0] - t0) * 1e6)
+                after.append((t1 - stamps[-1]) * 1e6)
+    finally:
+        for name, fn in real.items():
+            setattr(driver, name, fn)
+    torch.cuda.synchronize()
+    if not before:
+        return {"launches": 0}
+    return {
+        "launches": statistics.median(launches),
+        "to_first_launch_us": statistics.median(before),
+        "after_last_launch_us": statistics.median(after),
+    }
+
+
 def _top(call, n: int, k: int) -> list[dict]:
     """The k functions with the most own time per call under cProfile."""
     import torch
@@ -103,6 +149,7 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     import torch
 
     from ep_rt import Config
+    from ep_rt.runtime import driver
     from ep_rt.testing import bench, bench_main
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -149,7 +196,11 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     ):
         for _ in range(20):
             call()
-        result["ops"][name] = {"host_us": _host_us(call, calls), "top": _top(call, max(calls // 4, 10), top)}
+        result["ops"][name] = {
+            "host_us": _host_us(call, calls),
+            **_launch_split(call, calls, driver),
+            "top": _top(call, max(calls // 4, 10), top),
+        }
     torch.cuda.synchronize()
     ll.destroy()
     ht.destroy()
@@ -161,6 +212,11 @@ def format_result(res: dict) -> str:
     lines += [f"  {k:<34} {v:8.2f}" for k, v in res["primitives"].items()]
     for name, op in res["ops"].items():
         lines.append(f"{name}: host {op['host_us']:.1f} us (GPU idle before each call, median of {res['calls']})")
+        if op.get("launches"):
+            lines.append(
+                f"  until the first launch {op['to_first_launch_us']:.1f} us, after the last "
+                f"{op['after_last_launch_us']:.1f} us ({op['launches']:g} launches a call)"
+            )
         for r in op["top"]:
             lines.append(f"  {r['own_us_per_call']:8.2f} us  x{r['calls_per_call']:<5.1f} {r['function']}")
     return "\n".join(lines)
