@@ -335,6 +335,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
             ("compute_capability", (9, 0)),
             ("multiprocessor_count", 132),
             ("memset_d8", None),
+            ("memset_d32_async", None),
             ("ctx_synchronize", None),
             ("host_free", None),
             ("mem_free", None),

@@ -182,6 +182,13 @@ def _launch_ex(config, function, grid, block, smem, stream, params_address, name
     _traced(config, function, grid, block, smem, stream, params_address)
 
 
+def _memset_d32_async(ptr, value, count, stream):
+    """Counted, and done on the CPU tensor the pointer is (what the GPU would do); not in the launch traces, which
+    hold what the kernels receive (tests/data/host_trace_golden.json records it with its stream)."""
+    COUNT["cuMemsetD32Async"] += 1
+    (ctypes.c_int32 * count).from_address(ptr)[:] = [value] * count
+
+
 def _make_launch_config(cooperative=False, cluster=1, programmatic=False):
     return types.SimpleNamespace(cooperative=bool(cooperative), cluster=int(cluster), programmatic=bool(programmatic))
 
@@ -198,6 +205,7 @@ _PATCHES = [
     (driver, "launch", _launch),
     (driver, "launch_ex", _launch_ex),
     (driver, "make_launch_config", _make_launch_config),
+    (driver, "memset_d32_async", _memset_d32_async),
     (launch, "driver_stream", lambda s: s.name),
 ]
 

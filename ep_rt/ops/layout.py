@@ -9,7 +9,7 @@ from .. import env
 from ..events import allocating_on
 from ..runtime import abi, driver, modules
 from ..runtime.call_plans import copy_struct, plan_for
-from ..runtime.launch import Launcher
+from ..runtime.launch import Launcher, driver_stream
 from ..transport.error_record import INPUT_SLOT
 
 _MAX_SMEM = 200 * 1024
@@ -97,8 +97,9 @@ class LayoutOp:
         per_rank = counts[:num_ranks]
         per_node = counts[num_ranks : num_ranks + num_nodes] if num_nodes else None
         per_expert = counts[num_ranks + num_nodes :]
-        with torch.cuda.stream(comm_stream):  # the kernel adds into the counts on the comm stream
-            counts.zero_()
+        # The kernel adds into the counts on the comm stream: zeroed there, in its order. A driver memset: torch's
+        # zero_ needed a stream context (two stream switches) and a fill kernel, ~8 us of host on an H100 (cProfile).
+        driver.memset_d32_async(counts.data_ptr(), 0, counts.numel(), driver_stream(comm_stream))
         if num_tokens > 0:
             p = self.kernel.params
             copy_struct(p, params)

@@ -116,6 +116,11 @@ def memset_d8(ptr: int, value: int, nbytes: int) -> None:
     check(_cu().cuMemsetD8(ptr, value, nbytes), "cuMemsetD8")
 
 
+def memset_d32_async(ptr: int, value: int, count: int, stream) -> None:
+    """`count` 32-bit words at `ptr` set to `value`, in the order of `stream` (a CUstream: launch.driver_stream)."""
+    check(_cu().cuMemsetD32Async(ptr, value, count, stream), "cuMemsetD32Async")
+
+
 def ctx_synchronize() -> None:
     """Wait for all work of the current context (a memset included) to finish."""
     check(_cu().cuCtxSynchronize(), "cuCtxSynchronize")

@@ -96,12 +96,18 @@ def test_cached_dispatch_has_no_topk():
 
 
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_layout_kernel_gets_the_width(dtype):
+def test_layout_kernel_gets_the_width(dtype, monkeypatch):
+    from ep_rt.ops import layout as layout_mod
+
+    zeroed = []  # (the counts are zeroed on the comm stream by a driver memset: stood in for here)
+    monkeypatch.setattr(layout_mod, "driver_stream", lambda stream: stream)
+    monkeypatch.setattr(layout_mod.driver, "memset_d32_async", lambda *args: zeroed.append(args))
     op = object.__new__(LayoutOp)
     op.kernel, op.num_sms = FakeLauncher(abi.LayoutParams), 4
     idx = torch.zeros(10, 3, dtype=dtype)
     op(idx, 8, 2, None, None)
     assert op.kernel.params.topk_idx == idx.data_ptr() and op.kernel.params.topk_idx_bits == dtype.itemsize * 8
+    assert zeroed == [(op.kernel.params.num_tokens_per_rank, 0, 2 + 8, None)]  # every count word, before the kernel
 
 
 class FakeLLLauncher(FakeLauncher):
