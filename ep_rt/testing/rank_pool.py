@@ -21,7 +21,16 @@ import weakref
 import torch
 import torch.multiprocessing as mp
 
-from .spawn import _end, _hang_report, capped, default_backend, dump_stacks, free_port, setup_rank
+from .spawn import (
+    _end,
+    _hang_report,
+    capped,
+    default_backend,
+    dump_stacks,
+    free_port,
+    release_cached_gpu_memory,
+    setup_rank,
+)
 
 
 class RankError(RuntimeError):
@@ -143,6 +152,8 @@ class RankPool:
         self.timeout_s, self.error_grace_s = timeout_s, error_grace_s
         self._broken: str | None = None
         self._seq = 0
+        if device == "cuda":
+            release_cached_gpu_memory()
         ctx = mp.get_context("spawn")
         self._results = ctx.SimpleQueue()
         self._commands = [ctx.SimpleQueue() for _ in range(num_ranks)]

@@ -41,6 +41,13 @@ def capped(timeout_s: float) -> float:
     return min(timeout_s, float(cap)) if cap else timeout_s
 
 
+def release_cached_gpu_memory() -> None:
+    """Give the caching allocator's free blocks back to the driver before ranks start on the same GPU: tests that
+    ran in this process earlier can hold GiBs that the ranks (several on one GPU) then lack."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def setup_rank(rank, num_ranks, num_gpus, port, backend, env) -> None:
     """What a spawned rank does before any work: its environment, stack dumps on STACK_SIGNAL, its GPU (rank %
     num_gpus; none with num_gpus 0, a CPU rank) and the process group."""
@@ -84,6 +91,7 @@ def run_ranks(
     if num_gpus == 0:
         raise RuntimeError("no CUDA GPU visible")
     backend = backend or default_backend(num_ranks, num_gpus)
+    release_cached_gpu_memory()
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     procs = mp.start_processes(
