@@ -356,6 +356,9 @@ say "tree digest $DIGEST = commit $COMMIT's; cubins up to date"
 {
   nvidia-smi --query-gpu=index,name,driver_version,pci.bus_id --format=csv
   nvidia-smi topo -m
+  # The host, for comparing host times between attempts (the same code's Python took 1.8x longer on one H100
+  # machine than on another, 2026-12-06): CPU model, cores this run may use, load when the attempt began.
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//') | cores $(nproc) | load $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 -c "import torch, cuda.bindings, importlib.metadata as m; from ep_rt.runtime import driver; from ep_rt.transport import nvshmem; v = lambda n: next((d.version for d in m.distributions() if d.metadata['Name'] == n), 'none'); print('torch', torch.__version__, '| cuda-bindings', cuda.bindings.__version__, '| driver', driver.driver_version(), '| nvshmem-cu12', v('nvidia-nvshmem-cu12'), '| nvshmem-cu13', v('nvidia-nvshmem-cu13'), '| host library flavour', nvshmem.host_flavour(), '| EP_RT_CUBIN_FLAVOUR', __import__('os').environ.get('EP_RT_CUBIN_FLAVOUR', 'unset'), '| pytest-benchmark', m.version('pytest-benchmark'))"
 } >> "$LOGS/env.txt" 2>&1
 

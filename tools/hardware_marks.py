@@ -89,3 +89,58 @@ def stale_problems(marks, entries, hint):
         elif path is None and sha in by_sha:
             problems.append(f"{where}: names the bytes of the shipped {by_sha[sha]} but claims no path: set its path")
     return problems
+
+
+FAMILY_NAMES = {"layout": "layout", "intranode": "intranode", "low_latency": "LL", "internode": "internode"}
+ARCHS = ("sm_80", "sm_90", "sm_100")
+
+
+def _families(entries):
+    """'layout; intranode safe, tma; LL default' for these entries, families in FAMILY_NAMES order."""
+    parts = []
+    for family, name in FAMILY_NAMES.items():
+        variants = sorted(e["variant"] for e in entries if e["family"] == family)
+        if variants:
+            parts.append(name if variants == ["default"] else f"{name} {', '.join(variants)}")
+    return "; ".join(parts)
+
+
+def _gpus(entries, marks):
+    """The GPU models named by the marks of these entries (H100, H200, ...), sorted."""
+    names = set()
+    for e in entries:
+        for m in marks:
+            if m.get("path") == e["path"] and m.get("sha256") == e["sha256"]:
+                names.update(re.findall(r"\b([A-Z]\d{2,3})\b", str(m.get("machine"))))
+    return ", ".join(sorted(names))
+
+
+def ran_table(entries, marks) -> str:
+    """The README's table of which shipped cubins ran on a GPU: per flavour and arch, the families (and variants)
+    whose shipped bytes carry a mark, with the GPUs the marks name, and those built only."""
+    lines = ["| flavour | " + " | ".join(ARCHS) + " |", "|---" * (len(ARCHS) + 1) + "|"]
+    for flavour in sorted({e["flavour"] for e in entries}, reverse=True):
+        cells = []
+        for arch in ARCHS:
+            here = [e for e in entries if e["flavour"] == flavour and e["arch"] == arch]
+            ran = [e for e in here if marked(e, marks)]
+            built = [e for e in here if not marked(e, marks)]
+            cell = []
+            if ran:
+                cell.append(f"**ran** ({_gpus(ran, marks)}): {_families(ran)}")
+            if built:
+                cell.append(f"built only: {_families(built)}")
+            cells.append(". ".join(cell) or "none")
+        lines.append(f"| {flavour} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    import sys
+
+    cubins = Path(__file__).resolve().parent.parent / "cubins"
+    manifest = json.loads((cubins / "manifest.json").read_text(encoding="utf-8"))
+    doc, problems = load(cubins)
+    if problems or sys.argv[1:] != ["--table"]:
+        sys.exit("\n".join(problems) or "usage: python tools/hardware_marks.py --table")
+    print(ran_table(manifest["cubins"], doc["marks"]))

@@ -241,7 +241,19 @@ _LOOP_WARMUP = 5  # untimed iterations of the back-to-back loop
 
 
 def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, warmup=10, iters=50, profiled_iters=20):
-    """LL dispatch (FP8), combine and LogFMT combine (medians). Each round runs:
+    """LL dispatch (FP8), combine and LogFMT combine (medians) at one shape: bench_ll_shapes for one expert count."""
+    return bench_ll_shapes(buffer, (num_experts,), num_tokens, hidden, num_topk, warmup, iters, profiled_iters)
+
+
+def bench_ll_shapes(
+    buffer, expert_counts, num_tokens=128, hidden=7168, num_topk=8, warmup=10, iters=50, profiled_iters=20
+):
+    """LL dispatch (FP8), combine and LogFMT combine (medians), each expert count in turn; its rows in that order.
+    Every timing of every shape comes before the first profiler session: kineto leaves CUPTI attached after a
+    session ends (pytorch/pytorch#144455: no cuptiFinalize unless TEARDOWN_CUPTI=1), which made each CUDA call
+    slower after it (a second shape measured after the first's profile had 1.6-2.1x its host time, 2026-12-06).
+
+    Each round runs:
 
     * the hook halves, DeepEP's method: the send kernel, then ~200 us of other GPU work (DeepEP runs a GEMM) so
       the peers' data has landed, then the receive kernel (the hook);
@@ -254,44 +266,50 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
     After the rounds, "loop": the three calls back to back `iters` times with no barrier or sync between them, as a
     decode loop makes them, each timed by events on the caller's stream (a call whose host is slower than the GPU
     spans its host time; one queued behind GPU work spans its GPU time) and by perf_counter ("loop host").
-    Times come from CUDA events and, in extra rounds under the torch profiler, from the kernels' own start and
-    end (as DeepEP's kineto numbers: no event or launch gaps; a whole call spans send start to receive end).
+    Times come from CUDA events and, in extra rounds under the torch profiler (profiled_iters of them; 0: none),
+    from the kernels' own start and end (as DeepEP's kineto numbers: no event or launch gaps; a whole call spans
+    send start to receive end).
     Bandwidth in DeepEP's LL formula over this rank's valid selections (bf16 bytes for both combines, as DeepEP
     reports LogFMT) divided by the kernel time (the profiler's when available). With the chaos cubins each row also
     has "network": the operations per call (network_ops_per_call, over `iters` untimed calls after the rounds)."""
-    import torch.distributed as dist
-    from torch.profiler import ProfilerActivity, profile
+    workloads = [_LLWorkload(buffer, num_tokens, hidden, num_topk, e) for e in expert_counts]
+    medians = [w.time(warmup, iters) for w in workloads]
+    rows = []
+    for w, med in zip(workloads, medians):
+        profiled = w.profile(profiled_iters) if profiled_iters else {}
+        rows += w.rows(med, profiled, iters)
+    return rows
 
-    T = num_tokens
-    x, idx, w, y, y_castable = ll_inputs(
-        num_tokens, hidden, num_topk, num_experts, buffer.group_size, buffer.device, 1234 + buffer.rank
-    )
-    selections = int((idx >= 0).sum())
-    samples = {
-        f"{op} {what}": []
-        for op, _ in LL_OPS
-        for what in ("kernel", "send", "recv", "call", "host", "loop", "loop host")
-    }
-    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-    state = {"handle": None}
 
-    def run(op, hook=False):
+class _LLWorkload:
+    """One LL shape's inputs and calls, as bench_ll_shapes times them."""
+
+    def __init__(self, buffer, num_tokens, hidden, num_topk, num_experts):
+        self.buffer, self.T, self.hidden, self.num_experts = buffer, num_tokens, hidden, num_experts
+        self.x, self.idx, self.w, self.y, self.y_castable = ll_inputs(
+            num_tokens, hidden, num_topk, num_experts, buffer.group_size, buffer.device, 1234 + buffer.rank
+        )
+        self.handle = None
+
+    def run(self, op, hook=False):
+        buffer = self.buffer
         if op == "dispatch":
-            out = buffer.low_latency_dispatch(x, idx, T, num_experts, return_recv_hook=hook)
-            state["handle"] = out[2]
+            out = buffer.low_latency_dispatch(self.x, self.idx, self.T, self.num_experts, return_recv_hook=hook)
+            self.handle = out[2]
             return out[4]
         out = buffer.low_latency_combine(
-            y_castable if op == "logfmt" else y,
-            idx,
-            w,
-            state["handle"],
+            self.y_castable if op == "logfmt" else self.y,
+            self.idx,
+            self.w,
+            self.handle,
             use_logfmt=op == "logfmt",
             return_recv_hook=hook,
         )
         return out[2]
 
+    @staticmethod
     def timed(pending, key, fn, host=None):
-        a, b = ev(), ev()
+        a, b = _event(), _event()
         a.record()
         t0 = time.perf_counter()
         result = fn()
@@ -302,81 +320,107 @@ def bench_ll(buffer, num_tokens=128, hidden=7168, num_topk=8, num_experts=288, w
             host.append((t1 - t0) * 1e6)
         return result
 
-    def one_round(pending, hosts):
-        dist.barrier(group=buffer.group)
+    def one_round(self, pending, hosts):
+        import torch.distributed as dist
+
+        group, run, timed = self.buffer.group, self.run, self.timed
+        dist.barrier(group=group)
         torch.cuda.synchronize()
         torch.cuda._sleep(_SLEEP_CYCLES_COVER)
         for op, _ in LL_OPS:
             hook = timed(pending, f"{op} send", lambda: run(op, hook=True))
             torch.cuda._sleep(_SLEEP_CYCLES_GAP)
             timed(pending, f"{op} recv", hook)
-        dist.barrier(group=buffer.group)
+        dist.barrier(group=group)
         torch.cuda.synchronize()
         torch.cuda._sleep(_SLEEP_CYCLES_COVER)
         run("dispatch")
         run("combine")
         for op, _ in LL_OPS:
             timed(pending, f"{op} kernel", lambda: run(op))
-        dist.barrier(group=buffer.group)
+        dist.barrier(group=group)
         torch.cuda.synchronize()
         for op, _ in LL_OPS:
             timed(pending, f"{op} call", lambda: run(op), hosts.setdefault(op, []))
         torch.cuda.synchronize()
 
-    run("dispatch")
-    loop_pending = []
-    for it in range(warmup + iters):
-        pending, hosts = [], {}
-        one_round(pending, hosts)
-        if it >= warmup:
-            for key, a, b in pending:
-                samples[key].append(a.elapsed_time(b) * 1000)
-            for op, us in hosts.items():
-                samples[f"{op} host"] += us
-    # The steady state: calls back to back (a few untimed first), one sync at the end.
-    dist.barrier(group=buffer.group)
-    torch.cuda.synchronize()
-    for it in range(_LOOP_WARMUP + iters):
-        pending, hosts = [], {}
-        for op, _ in LL_OPS:
-            timed(pending, f"{op} loop", lambda: run(op), hosts.setdefault(op, []))
-        if it >= _LOOP_WARMUP:
-            loop_pending.extend(pending)
-            for op, us in hosts.items():
-                samples[f"{op} loop host"] += us
-    torch.cuda.synchronize()
-    for key, a, b in loop_pending:
-        samples[key].append(a.elapsed_time(b) * 1000)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(profiled_iters):
-            one_round([], {})
-    profiled = _profiled_ll(prof, profiled_iters)
-    # Counted apart from the rounds, which interleave the three workloads in the module's counters (dispatch
-    # first: the combines reuse its handle).
-    network = {op: network_ops_per_call(buffer, "low_latency", functools.partial(run, op), iters) for op, _ in LL_OPS}
+    def time(self, warmup, iters) -> dict:
+        """Medians (us) of every timed quantity: the rounds, then the back-to-back loop."""
+        import torch.distributed as dist
 
-    med = {k: statistics.median(v) for k, v in samples.items()}
-    fp8_bytes = selections * (hidden + hidden // 128 * 4 + 16)
-    bf16_bytes = selections * hidden * 2
-    rows = []
-    for op, name in LL_OPS:
-        nbytes = fp8_bytes if op == "dispatch" else bf16_bytes
-        row = {
-            "name": name,
-            "experts": num_experts,
-            "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
-            "call": med[f"{op} call"],
-            "host": med[f"{op} host"],  # the Python of those calls (perf_counter around each)
-            "loop": med[f"{op} loop"],  # back to back, no barrier between calls
-            "loop_host": med[f"{op} loop host"],
-            "profiler": profiled.get(op),
+        samples = {
+            f"{op} {what}": []
+            for op, _ in LL_OPS
+            for what in ("kernel", "send", "recv", "call", "host", "loop", "loop host")
         }
-        kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
-        row["gbps"] = nbytes / kernel / 1e3
-        if network[op] is not None:
-            row["network"] = network[op]
-        rows.append(row)
-    return rows
+        self.run("dispatch")
+        for it in range(warmup + iters):
+            pending, hosts = [], {}
+            self.one_round(pending, hosts)
+            if it >= warmup:
+                for key, a, b in pending:
+                    samples[key].append(a.elapsed_time(b) * 1000)
+                for op, us in hosts.items():
+                    samples[f"{op} host"] += us
+        # The steady state: calls back to back (a few untimed first), one sync at the end.
+        dist.barrier(group=self.buffer.group)
+        torch.cuda.synchronize()
+        loop_pending = []
+        for it in range(_LOOP_WARMUP + iters):
+            pending, hosts = [], {}
+            for op, _ in LL_OPS:
+                self.timed(pending, f"{op} loop", lambda: self.run(op), hosts.setdefault(op, []))
+            if it >= _LOOP_WARMUP:
+                loop_pending.extend(pending)
+                for op, us in hosts.items():
+                    samples[f"{op} loop host"] += us
+        torch.cuda.synchronize()
+        for key, a, b in loop_pending:
+            samples[key].append(a.elapsed_time(b) * 1000)
+        return {k: statistics.median(v) for k, v in samples.items()}
+
+    def profile(self, rounds) -> dict:
+        """The kernels' own durations over `rounds` rounds under the torch profiler (_profiled_ll)."""
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(rounds):
+                self.one_round([], {})
+        return _profiled_ll(prof, rounds)
+
+    def rows(self, med, profiled, iters) -> list:
+        # The network counts apart from the rounds, which interleave the three workloads in the module's counters
+        # (dispatch first: the combines reuse its handle).
+        network = {
+            op: network_ops_per_call(self.buffer, "low_latency", functools.partial(self.run, op), iters)
+            for op, _ in LL_OPS
+        }
+        selections = int((self.idx >= 0).sum())
+        fp8_bytes = selections * (self.hidden + self.hidden // 128 * 4 + 16)
+        bf16_bytes = selections * self.hidden * 2
+        rows = []
+        for op, name in LL_OPS:
+            nbytes = fp8_bytes if op == "dispatch" else bf16_bytes
+            row = {
+                "name": name,
+                "experts": self.num_experts,
+                "events": {k: med[f"{op} {k}"] for k in ("kernel", "send", "recv")},
+                "call": med[f"{op} call"],
+                "host": med[f"{op} host"],  # the Python of those calls (perf_counter around each)
+                "loop": med[f"{op} loop"],  # back to back, no barrier between calls
+                "loop_host": med[f"{op} loop host"],
+                "profiler": profiled.get(op),
+            }
+            kernel = row["profiler"]["kernel"] if row["profiler"] else row["events"]["kernel"]
+            row["gbps"] = nbytes / kernel / 1e3
+            if network[op] is not None:
+                row["network"] = network[op]
+            rows.append(row)
+        return rows
+
+
+def _event():
+    return torch.cuda.Event(enable_timing=True)
 
 
 def _ll_calls(kernels) -> list | None:

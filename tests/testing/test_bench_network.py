@@ -53,6 +53,7 @@ def log(monkeypatch):
 
     @contextlib.contextmanager
     def no_profiler(**kwargs):
+        log.add("profiler")
         yield SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: [])))
 
     monkeypatch.setattr(torch.cuda, "Event", lambda enable_timing=False: StandInEvent(log))
@@ -250,3 +251,18 @@ def test_the_line_under_a_row_rounds_a_mean_and_keeps_whole_counts():
     assert bench.format_network(counts, 3) == (
         "rank 3:   network per call: 1904 put-with-signal, 64.5 signal, 0 quiet, 2 fence, 14.20 MB, 5.6 us charged"
     )
+
+
+def test_every_shape_is_timed_before_the_first_profiler_session(log):
+    """kineto leaves CUPTI attached after a profiler session (pytorch/pytorch#144455), slowing every later CUDA call:
+    bench_ll_shapes takes every host and call time of every shape before it profiles any."""
+    buf = StandInBuffer(log, "low_latency", chaos=False)
+    rows = bench.bench_ll_shapes(buf, (8, 4), num_tokens=4, hidden=128, num_topk=2, warmup=2, iters=3, profiled_iters=1)
+    assert [r["experts"] for r in rows] == [8, 8, 8, 4, 4, 4]
+    whats = [what for what, _ in log.entries]
+    first_profile = whats.index("profiler")
+    assert whats.count("profiler") == 2
+    rounds, loop = 2 + 3, bench._LOOP_WARMUP + 3  # each shape's timed rounds (warm-up included) and its loop
+    assert whats[:first_profile].count("dispatch") == 2 * (1 + 4 * rounds + loop)
+    assert whats[first_profile:].count("dispatch") == 2 * 4  # after it: one profiled round per shape, nothing else
+    assert all(r["host"] > 0 and r["loop_host"] > 0 for r in rows)

@@ -832,6 +832,7 @@ REPO_MARKED = {
     "cu13/sm_90/aggressive/intranode.cubin",
     "cu13/sm_90/safe/intranode.cubin",
     "cu13/sm_90/tma/intranode.cubin",
+    "cu12/sm_90/tma/intranode.cubin",
     "cu12/sm_90/safe/internode.cubin",
     "cu12/sm_90/aggressive/internode.cubin",
     "cu12/sm_90/chaos/internode.cubin",
