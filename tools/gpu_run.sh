@@ -182,7 +182,8 @@ step() {  # one named step; returns 3 for a name it does not know
              -m "not bench and not soak and not ll_nodes" ${CORE_FILES:-tests/gpu/test_cubins_gpu.py \
              tests/gpu/test_layout_gpu.py tests/gpu/test_low_latency_cases_gpu.py tests/gpu/test_low_latency_gpu.py \
              tests/gpu/test_intranode_cases_gpu.py tests/gpu/test_intranode_gpu.py tests/gpu/test_reliability_gpu.py \
-             tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py tests/gpu/test_no_sync_gpu.py} ;;
+             tests/gpu/test_topk_idx_bits_gpu.py tests/gpu/test_cli_gpu.py tests/gpu/test_no_sync_gpu.py \
+             tests/gpu/test_buffer_memory_gpu.py} ;;
     soaks) run soaks 540 python3 -m pytest -q -rs -m soak tests/gpu ;;
     soak_ht) run soak_ht 300 python3 -m pytest -q -rs -m soak tests/gpu/test_reliability_gpu.py ;;
     # Issue 25 item 1: a million LL calls and 100,000 HT calls, memory, fds and CUDA events sampled (LIMIT_CALLS).

@@ -23,7 +23,7 @@ API = {
 # The Buffer and its other face: deep_ep_runtime.py is `Buffer.runtime` (DeepEP's C++ runtime methods), answered from
 # the Buffer's own state, so it shares the Buffer's private names; call_guard.py wraps the Buffer's calls (threads,
 # interrupts) and reads a few of its names.
-TOP = {"ep_rt", "ep_rt.buffer", "ep_rt.deep_ep_runtime", "ep_rt.buffer_plan", "ep_rt.call_guard"}
+TOP = {"ep_rt", "ep_rt.buffer", "ep_rt.deep_ep_runtime", "ep_rt.buffer_plan", "ep_rt.buffer_memory", "ep_rt.call_guard"}
 # What each wing may import, downward only. cli is the top: it may use anything.
 # "interface" is runtime/abi.py alone, the mirrors of params.h: it imports nothing of ep_rt, so every wing but the
 # reference may name the kernel interface's constants (errors.py decodes error records by their names).
