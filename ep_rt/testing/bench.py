@@ -31,10 +31,11 @@ class BenchRow:
     num_sms: int
     kernel_us: float
     notify_us: float
-    call_us: float
-    host_us: float
+    call_us: float  # lined up: the Python before the first launch runs under a sleep, as when the host is ahead
+    host_us: float  # the call's Python, waits included, with the GPU idle when it starts (no line-up)
     gbps: float
     num_recv: int
+    caller_us: float = float("nan")  # events around those calls: the host's Python, waits and kernels in a row
 
 
 class KernelTimer:
@@ -178,8 +179,10 @@ def bench_ht(
                 for k, v in got.items():
                     samples.setdefault(k, []).extend(v)
                 calls.append(call_us)
-        # Host time without the line-up (whose sleep a dispatch would wait through for its counts).
-        hosts = [one_call(name, it, lined_up=False)[2] for it in range(iters)]
+        # Without the line-up (whose sleep a dispatch would wait through for its counts), the GPU idle when each
+        # call starts: its host time, and its events (what a caller waits for from the call's first line).
+        unlined = [one_call(name, it, lined_up=False) for it in range(iters)]
+        hosts, callers = [u[2] for u in unlined], [u[1] for u in unlined]
         kernel_name = "combine" if name.startswith("combine") else "dispatch"
         kernel_us = statistics.median(samples[kernel_name])
         notify_us = statistics.median(samples["notify"]) if "notify" in samples else 0.0
@@ -196,6 +199,7 @@ def bench_ht(
                 statistics.median(hosts),
                 bytes_moved / kernel_us / 1e3,
                 num_recv,
+                statistics.median(callers),
             )
         )
     return rows
@@ -204,12 +208,12 @@ def bench_ht(
 def format_rows(rows, rank) -> str:
     lines = [
         f"rank {rank}: {'workload':<14} {'SMs':>4} {'kernel us':>10} {'GB/s':>8} {'notify us':>10} "
-        f"{'call us':>9} {'host us':>8} {'recv tokens':>11}"
+        f"{'call us':>9} {'host us':>8} {'caller us':>10} {'recv tokens':>11}"
     ]
     for r in rows:
         lines.append(
             f"rank {rank}: {r.name:<14} {r.num_sms:>4} {r.kernel_us:>10.1f} {r.gbps:>8.1f} "
-            f"{r.notify_us:>10.1f} {r.call_us:>9.1f} {r.host_us:>8.1f} {r.num_recv:>11}"
+            f"{r.notify_us:>10.1f} {r.call_us:>9.1f} {r.host_us:>8.1f} {r.caller_us:>10.1f} {r.num_recv:>11}"
         )
     return "\n".join(lines)
 
@@ -249,9 +253,9 @@ def bench_ll_shapes(
     buffer, expert_counts, num_tokens=128, hidden=7168, num_topk=8, warmup=10, iters=50, profiled_iters=20
 ):
     """LL dispatch (FP8), combine and LogFMT combine (medians), each expert count in turn; its rows in that order.
-    Every timing of every shape comes before the first profiler session: kineto leaves CUPTI attached after a
-    session ends (pytorch/pytorch#144455: no cuptiFinalize unless TEARDOWN_CUPTI=1), which made each CUDA call
-    slower after it (a second shape measured after the first's profile had 1.6-2.1x its host time, 2026-12-06).
+    Every timing of every shape comes before the first profiler session, so no session can touch a timing (kineto
+    may leave CUPTI attached after one ends: pytorch/pytorch#144455). That was suspected of the 256-expert rows'
+    higher host times, and refuted: they stayed higher with no session before them (2026-12-06, 7e4c572).
 
     Each round runs:
 

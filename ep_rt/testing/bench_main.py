@@ -15,7 +15,10 @@ FORMULAS = {
     "ht kernel_us": "median of CUDA events around the dispatch (notify excluded, as DeepEP reports it) or combine "
     "kernel, L2 flushed and the ranks' GPUs lined up before each call",
     "ht call_us": "median of events on the caller's stream around the whole Python call (notify and the host's "
-    "wait for the receive count included); host_us: the call's host time without the line-up",
+    "wait for the receive count included), the ranks lined up by a sleep that also covers the Python before the "
+    "call's first launch (a host running ahead of the GPU); host_us: the call's host time without the line-up; "
+    "caller_us: events around those calls, the GPU idle when each starts: the Python, the waits and the kernels in "
+    "a row, what a caller waits for from the call's first line",
     "ht gbps": "received rows x hidden x 2 bytes / kernel time (FP8 dispatch: x (1 + 4/128) / 2, the FP8 row "
     "and its f32 scales)",
     "ll kernel_us": "send start to receive end of a whole call, from the kernels' own profiler times (DeepEP's "
