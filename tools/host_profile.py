@@ -164,7 +164,20 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     def ll_combine():
         ll.low_latency_combine(y, idx, w, state["h"])
 
+    # The benchmark's other LL shape (256 experts), whose host times in `python -m ep_rt bench` were 1.5-2x the
+    # 288-expert ones (2026-12-06, not explained); then 288 again: if only 256 is slower, the shape is the cause,
+    # if 288 is slower again too, the order is.
+    E2 = 256
+    x2, idx2, w2, y2, _ = bench.ll_inputs(T, hidden, 8, E2, num_ranks, dev, 4321 + rank)
+
+    def ll_dispatch_256():
+        state["h2"] = ll.low_latency_dispatch(x2, idx2, T, E2)[2]
+
+    def ll_combine_256():
+        ll.low_latency_combine(y2, idx2, w2, state["h2"])
+
     ll_dispatch()
+    ll_dispatch_256()
     ht = bench_main.ht_buffer(num_ranks, 24)
     hx, _, hidx, hw = bench.ht_inputs(4096, 7168, 8, 256, dev)[0]
     config = Config(24, 6, 256, 6, 128)
@@ -189,6 +202,9 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     for name, call in (
         ("LL dispatch FP8", ll_dispatch),
         ("LL combine BF16", ll_combine),
+        ("LL dispatch FP8, 256 experts", ll_dispatch_256),
+        ("LL combine BF16, 256 experts", ll_combine_256),
+        ("LL dispatch FP8, again after 256", ll_dispatch),
         ("HT get_dispatch_layout", ht_layout),
         ("HT dispatch BF16", ht_dispatch),
         ("HT cached dispatch", ht_cached),
