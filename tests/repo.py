@@ -2,11 +2,22 @@
 a test's depth in the tests/ tree never decides what it reads. And the test ids pytest collects there (the tests
 of the GPU tests' items and of the steps that select them)."""
 
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def load_tool(file_name: str, module_name: str):
+    """tools/<file_name> loaded as a fresh module named module_name (registered in sys.modules, where a tool's
+    dataclasses look their module up)."""
+    spec = importlib.util.spec_from_file_location(module_name, REPO / "tools" / file_name)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def collect_ids(*args) -> list:

@@ -1,12 +1,11 @@
 """ep_rt/runtime/abi.py (ctypes mirrors) against params.h: the manifest's recorded layouts, and the header itself."""
 
 import ctypes
-import importlib.util
 import sys
 
 import pytest
 
-from ..repo import REPO
+from ..repo import REPO, load_tool
 
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -19,14 +18,7 @@ SRC = REPO / "kernels_src"
 HEADER = SRC / "include" / "ep_rt" / "params.h"
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("_build_cubins", REPO / "tools" / "build_cubins.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_cubins = _load_tool()
+build_cubins = load_tool("build_cubins.py", "_build_cubins")
 
 
 def mirror_structs():

@@ -1,17 +1,13 @@
 """The README's table of which shipped cubins ran on a GPU is what tools/hardware_marks.py --table prints from the
 manifest and the marks, so a mark added or lost (a rebuilt cubin) without the README changing fails here."""
 
-import importlib.util
 import json
 
-from ..repo import REPO
+from ..repo import REPO, load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("hardware_marks", REPO / "tools" / "hardware_marks.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("hardware_marks.py", "hardware_marks")
 
 
 def test_the_readme_holds_the_current_table():

@@ -2,18 +2,13 @@
 (ep_rt/deepep_hints.py) give the sizes issue 22 quotes for DeepEP (0.35, 0.35 and 0.88 GiB of NVL buffer at hidden
 7168 for 16, 64 and 160 ranks)."""
 
-import importlib.util
-
 from ep_rt import config_tables, deepep_hints
 
-from ..repo import REPO
+from ..repo import REPO, load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("hint_table", REPO / "tools" / "hint_table.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_tool("hint_table.py", "hint_table")
 
 
 def test_the_readme_holds_the_current_table():

@@ -1,20 +1,16 @@
 """tools/host_profile.py's split of a call's host time at its kernel launches (the tool itself runs on a GPU; its
 timing helper runs here with the launches and the device sync stood in for)."""
 
-import importlib.util
 import time
 import types
 
 import torch
 
-from tests.host_path_tools import repo_root
+from tests.repo import load_tool
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("host_profile", repo_root() / "tools" / "host_profile.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("host_profile.py", "host_profile")
 
 
 def test_the_split_times_the_python_before_the_first_launch_and_after_the_last(monkeypatch):

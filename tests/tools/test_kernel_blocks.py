@@ -2,7 +2,6 @@
 cubin and kernel in cubins/manifest.json by tools/build_cubins.py, and checked there by --check. The runtime takes
 them from the manifest (tests/runtime/test_launch_blocks.py)."""
 
-import importlib.util
 import json
 import re
 import shutil
@@ -12,20 +11,13 @@ import sys
 
 import pytest
 
-from ..repo import REPO
+from ..repo import REPO, load_tool
 
 SRC, CUBINS = REPO / "kernels_src", REPO / "cubins"
 TOOL = REPO / "tools" / "build_cubins.py"
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location("_build_cubins_blocks", TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-build_cubins = _load_tool()
+build_cubins = load_tool("build_cubins.py", "_build_cubins_blocks")
 
 
 def launch_bounds_by_hand(family):

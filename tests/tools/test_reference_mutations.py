@@ -3,22 +3,15 @@ is generated from that list (same mutations, same order, every semantic one reco
 really runs a mutant against the tests (one mutation end to end, on a single test; the whole list takes minutes,
 so the full run is the tool's, recorded in the doc)."""
 
-import importlib.util
-import sys
-
 import pytest
 
-from ..repo import REPO
+from ..repo import REPO, load_tool
 
 DOC = REPO / "docs" / "REFERENCE_MUTATIONS.md"
 
 
 def _tool():
-    spec = importlib.util.spec_from_file_location("_mutate_reference", REPO / "tools" / "mutate_reference.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (its dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_tool("mutate_reference.py", "_mutate_reference")
 
 
 mr = _tool()
