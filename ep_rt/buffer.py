@@ -10,7 +10,7 @@ from typing import Optional, Tuple, Union
 import torch
 import torch.distributed as dist
 
-from . import buffer_plan, call_guard, config as config_mod, config_file, env, validate
+from . import buffer_memory, buffer_plan, call_guard, config as config_mod, config_file, env, validate
 from .config import Config
 from .deep_ep_runtime import DeepEPRuntime
 from .errors import EpRtError
@@ -322,7 +322,9 @@ class Buffer:
             setup.plan.timeout_s,
             self._errors,
             self.enable_shrink,
-            control_start=_symmetric_layout(self.num_rdma_bytes, topo)[0] if setup.plan.shared_symmetric else None,
+            control_start=buffer_memory.shared_symmetric_layout(self.num_rdma_bytes, topo.num_ranks, topo.num_nodes)[0]
+            if setup.plan.shared_symmetric
+            else None,
         )
 
     def _symmetric(self, session, topo, family: str):
@@ -339,7 +341,7 @@ class Buffer:
                 self._shared_sym = self._own(
                     SymmetricBuffer(
                         session,
-                        _symmetric_layout(self.num_rdma_bytes, topo)[1],
+                        buffer_memory.shared_symmetric_layout(self.num_rdma_bytes, topo.num_ranks, topo.num_nodes)[1],
                         R,
                         self.device,
                         error_slot=(buffer_plan.INTERNODE, buffer_plan.LOW_LATENCY),
@@ -1233,16 +1235,6 @@ class Buffer:
         return self.combine(
             x, handle, topk_weights, bias, config, previous_event, async_finish, allocate_on_comm_stream
         )
-
-
-def _symmetric_layout(num_rdma_bytes: int, topo) -> tuple[int, int]:
-    """The symmetric buffer both modes share: (where the LL op's control area starts, right after the internode
-    op's; the whole allocation)."""
-    from .ops.internode import InternodeOp
-    from .ops.low_latency import LowLatencyOp
-
-    start = InternodeOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks, topo.num_nodes)
-    return start, LowLatencyOp.symmetric_bytes(num_rdma_bytes, topo.num_ranks, control_start=start)
 
 
 def _internode_cubin(device_index: int, flavour):

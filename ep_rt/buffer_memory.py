@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from . import buffer_plan
 from .runtime import abi
-from .transport import internode_layout, ll_layout, nvl_layout
+from .transport import nvl_layout
 
 DEEPEP_WORKSPACE_BYTES = 32 * 1024 * 1024  # NUM_WORKSPACE_BYTES in DeepEP V1's csrc/kernels/configs.cuh
 DEEPEP_MAX_NVL_PEERS = 8
@@ -35,15 +35,27 @@ def deepep_device_bytes(num_nvl_bytes: int, num_rdma_bytes: int) -> dict:
     return {**parts, "total": sum(parts.values())}
 
 
+def shared_symmetric_layout(num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> tuple[int, int]:
+    """The symmetric buffer both modes share: (where the LL op's control area starts, right after the internode
+    op's; the whole allocation)."""
+    from .ops.internode import InternodeOp
+    from .ops.low_latency import LowLatencyOp
+
+    start = InternodeOp.symmetric_bytes(num_rdma_bytes, num_ranks, num_nodes)
+    return start, LowLatencyOp.symmetric_bytes(num_rdma_bytes, num_ranks, control_start=start)
+
+
 def symmetric_bytes(plan: buffer_plan.BufferPlan, num_rdma_bytes: int, num_ranks: int, num_nodes: int) -> int:
     """The symmetric allocations of a Buffer with this plan, as Buffer._symmetric makes them: one buffer both
     modes share, or the internode op's and the LL op's apart."""
-    internode_end = internode_layout.control_offsets(num_rdma_bytes, num_ranks, num_nodes)["end"]
+    from .ops.internode import InternodeOp
+    from .ops.low_latency import LowLatencyOp
+
     if plan.shared_symmetric:
-        return ll_layout.control_offsets(internode_end, num_ranks)["end"]
-    total = internode_end if plan.ht == buffer_plan.INTERNODE else 0
+        return shared_symmetric_layout(num_rdma_bytes, num_ranks, num_nodes)[1]
+    total = InternodeOp.symmetric_bytes(num_rdma_bytes, num_ranks, num_nodes) if plan.ht == buffer_plan.INTERNODE else 0
     if plan.low_latency:
-        total += ll_layout.control_offsets(num_rdma_bytes, num_ranks)["end"]
+        total += LowLatencyOp.symmetric_bytes(num_rdma_bytes, num_ranks)
     return total
 
 
