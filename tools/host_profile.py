@@ -12,7 +12,9 @@ reports, per call:
 * the functions that took the most of it, under cProfile (tottime per call, builtins such as torch.empty,
   cuLaunchKernel and Event.record included: cProfile sees C functions called from Python);
 * the primitives alone, timed in a loop: torch.empty, an event record, a stream wait on an event, a new event,
-  torch.cuda.current_stream(), a ctypes memmove of 512 bytes (ep_rt's kernel launches are in the cProfile rows).
+  torch.cuda.current_stream(), a ctypes memmove of 512 bytes (ep_rt's kernel launches are in the cProfile rows),
+  and beside them candidates for a leaner LL path (_candidates: a fence through the driver, one allocation for
+  three outputs).
 
 cProfile's own cost inflates every figure under it; the shares are what to read there, not the sums.
 
@@ -141,7 +143,54 @@ def _primitives(device, n: int) -> dict:
         "torch.cuda.current_stream()": _median_us(torch.cuda.current_stream, n),
         "ctypes.memmove 512 B": _median_us(lambda: ctypes.memmove(dst, src, 512), n),
     }
+    out.update(_candidates(device, side, n))
     torch.cuda.synchronize()
+    return out
+
+
+def _candidates(device, side, n: int) -> dict:
+    """What a leaner LL host path could use instead, timed beside what it uses now (not used by ep_rt yet):
+    a stream-to-stream fence through torch (ep_rt's events.wait_stream: Event.record + Stream.wait_event) and
+    through the driver (cuEventRecord + cuStreamWaitEvent, event and stream objects made once); the LL dispatch's
+    three handle outputs as three torch.empty against one torch.empty and three typed views of it."""
+    import torch
+    from cuda.bindings import driver as cu
+
+    from ep_rt import events
+
+    cur = torch.cuda.current_stream(device)
+    err, raw = cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
+    if int(err) != 0:
+        return {}
+    s_cur, s_side = cu.CUstream(cur.cuda_stream), cu.CUstream(side.cuda_stream)
+
+    def driver_fence():
+        cu.cuEventRecord(raw, s_cur)
+        cu.cuStreamWaitEvent(s_side, raw, 0)
+
+    L, RT, R = 288, 128, 1
+
+    def three_empty():
+        torch.empty(L, RT, dtype=torch.int32, device=device)
+        torch.empty(L, R, dtype=torch.int64, device=device)
+        torch.empty(L, dtype=torch.int32, device=device)
+
+    a, b = L * R * 8, L * R * 8 + L * RT * 4
+
+    def one_empty_three_views():
+        base = torch.empty(b + L * 4, dtype=torch.uint8, device=device)
+        base[:a].view(torch.int64).view(L, R)
+        base[a:b].view(torch.int32).view(L, RT)
+        base[b:].view(torch.int32)
+
+    out = {
+        "fence: events.wait_stream (torch)": _median_us(lambda: events.wait_stream(side, cur), n),
+        "fence: cuEventRecord + cuStreamWaitEvent": _median_us(driver_fence, n),
+        "3 x torch.empty (LL handle outputs)": _median_us(three_empty, n),
+        "1 x torch.empty + 3 typed views": _median_us(one_empty_three_views, n),
+    }
+    torch.cuda.synchronize()
+    cu.cuEventDestroy(raw)
     return out
 
 
