@@ -157,11 +157,10 @@ def _candidates(device, side, n: int) -> dict:
     from cuda.bindings import driver as cu
 
     from ep_rt import events
+    from ep_rt.runtime.driver import check
 
     cur = torch.cuda.current_stream(device)
-    err, raw = cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING)
-    if int(err) != 0:
-        return {}
+    raw = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
     s_cur, s_side = cu.CUstream(cur.cuda_stream), cu.CUstream(side.cuda_stream)
 
     def driver_fence():
@@ -190,7 +189,7 @@ def _candidates(device, side, n: int) -> dict:
         "1 x torch.empty + 3 typed views": _median_us(one_empty_three_views, n),
     }
     torch.cuda.synchronize()
-    cu.cuEventDestroy(raw)
+    check(cu.cuEventDestroy(raw), "cuEventDestroy")
     return out
 
 

@@ -126,6 +126,9 @@ class NodesPool:
     net_timeout_s: int = 40  # EP_RT_NET_TIMEOUT_S (the internode kernels' waits)
     aggressive: bool = False
     chaos: bool = False
+    # The least a case of this pool is given before the pool gives up on it (0: case_timeout_s's own): for pools
+    # whose ranks spend longer in the CPU reference than in any wait.
+    case_deadline_s: float = 0.0
 
     @property
     def peer_timeout_s(self) -> int:
