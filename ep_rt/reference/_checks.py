@@ -63,6 +63,15 @@ def _check_masked(masked_ranks, R):
     return masked
 
 
+def _check_ranks(ranks, R):
+    """A set of ranks to compute results for, each in [0, R), at least one."""
+    chosen = set(int(r) for r in ranks)
+    bad = sorted(r for r in chosen if not 0 <= r < R)
+    if bad or not chosen:
+        raise ValueError(f"ranks must be one or more ranks in [0, {R}), got {sorted(chosen)}")
+    return chosen
+
+
 def _pack_range(begin, count):
     return (int(begin) << 32) | int(count)
 

@@ -26,7 +26,15 @@ Differences to the GPU that tests must respect:
 
 import torch
 
-from ._checks import _check_experts, _check_masked, _check_per_rank, _check_tensor, _check_topk_idx, _pack_range
+from ._checks import (
+    _check_experts,
+    _check_masked,
+    _check_per_rank,
+    _check_ranks,
+    _check_tensor,
+    _check_topk_idx,
+    _pack_range,
+)
 from .fp8 import per_token_cast_to_fp8
 from .logfmt import LOGFMT_DIVISION, logfmt_roundtrip
 
@@ -179,7 +187,9 @@ def _position_in_block(topk_idx, num_experts):
     return torch.where(flat >= 0, pos, torch.full_like(pos, -1)).reshape(N, K)
 
 
-def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, masked_ranks=(), use_logfmt=False):
+def low_latency_combine(
+    expert_outs, topk_idxs, topk_weights, dispatch_results, masked_ranks=(), use_logfmt=False, ranks=None
+):
     """Simulates an LL combine on all R = len(expert_outs) ranks (weighted sum, unlike HT combine).
 
     expert_outs[r]: bf16 [L, R*T, H] in rank r's packed receive layout (dispatch_results[r]).
@@ -195,6 +205,9 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
         combined_x[t] = bf16(acc)
     Returns per rank {"combined_x": bf16 [N_me, H]}; for a rank in masked_ranks combined_x is None
     (its tokens were never dispatched; its result is undefined on the GPU).
+    ranks: compute combined_x only for these ranks (default: every rank); the others get None. Each rank's sum
+    reads only the inputs above, so a test rank that checks its own output need not pay for all R (R x the work:
+    16 ranks sharing one GPU spent minutes here).
     """
     if not isinstance(expert_outs, (list, tuple)) or len(expert_outs) < 1:
         raise ValueError("expert_outs must be a non-empty list with one entry per rank")
@@ -203,6 +216,7 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
     _check_per_rank(topk_weights, "topk_weights", R)
     _check_per_rank(dispatch_results, "dispatch_results", R)
     masked = _check_masked(masked_ranks, R)
+    wanted = set(range(R)) if ranks is None else _check_ranks(ranks, R)
 
     _check_tensor(expert_outs[0], "expert_outs[0]", torch.bfloat16, 3)
     L, RT, H = expert_outs[0].shape
@@ -239,7 +253,7 @@ def low_latency_combine(expert_outs, topk_idxs, topk_weights, dispatch_results, 
     ys = [logfmt_roundtrip(o) if use_logfmt else o for o in expert_outs]
     results = []
     for me in range(R):
-        if me in masked:
+        if me in masked or me not in wanted:
             results.append({"combined_x": None})
             continue
         idx, w = topk_idxs[me], topk_weights[me]

@@ -165,7 +165,9 @@ def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: f
         ref_in = [
             to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
         ]
-        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked)[rank]["combined_x"]
+        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked, ranks=(rank,))[rank][
+            "combined_x"
+        ]
         status = torch.zeros(R, dtype=torch.int32, device=buf.device)
         buf.low_latency_query_mask_buffer(status)
         out["mask"] = status.tolist()

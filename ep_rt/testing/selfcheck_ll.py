@@ -200,7 +200,7 @@ def logfmt_error_bound(ref_in, idxs, ws, dispatch_results, me: int) -> torch.Ten
     reference's combine run over the slacks, 1% up for the bf16 roundings of slack and sum)."""
     slack_in = [(_logfmt_term_slack(y) * 1.01).to(torch.bfloat16) for y in ref_in]
     abs_ws = [w.abs() for w in ws]
-    slack = reference_ll.low_latency_combine(slack_in, idxs, abs_ws, dispatch_results)[me]["combined_x"]
+    slack = reference_ll.low_latency_combine(slack_in, idxs, abs_ws, dispatch_results, ranks=(me,))[me]["combined_x"]
     return slack.float() * 1.01
 
 
@@ -336,7 +336,9 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
         ref_in = [
             to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
         ]
-        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=case.use_logfmt)[me]["combined_x"]
+        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=case.use_logfmt, ranks=(me,))[me][
+            "combined_x"
+        ]
         x = to_packed(ys[me], handle[0], handle[1], T)
         out = torch.empty(xs[me].size(0), H, dtype=torch.bfloat16, device=dev) if case.out else None
         if case.zero_copy:
@@ -403,7 +405,7 @@ def run_ll_graph(buffer, seed: int, replays: int = 5) -> Checker:
         ref_in = [
             to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
         ]
-        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want)[me]["combined_x"]
+        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, ranks=(me,))[me]["combined_x"]
         # New inputs into the captured tensors; the layout is deterministic, so the expert outputs can be
         # placed before the replay runs the dispatch that produces that layout.
         x_in.copy_(xs[me])

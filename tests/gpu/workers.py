@@ -355,7 +355,7 @@ def ll_shrink(rank, num_ranks):
             to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T)
             for r in range(num_ranks)
         ]
-        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked)[0]["combined_x"]
+        ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, masked_ranks=masked, ranks=(0,))[0]["combined_x"]
         torch.cuda.synchronize()
         result["combine_ok"] = bool(torch.equal(combined.view(torch.int16), ref.view(torch.int16)))
         result["rows"] = n

@@ -292,6 +292,25 @@ def test_combine_random_matches_loop():
         assert_eq(out[me]["combined_x"], _loop_combine(outs, idx, w, disp, me))
 
 
+def test_combine_for_chosen_ranks_only():
+    """ranks=(me,): rank me's sum as the hand loop computes it, every other rank None (what a test rank that
+    checks only its own output asks for)."""
+    g = torch.Generator().manual_seed(1)
+    Rr, Ee, Tt, Hh, K = 4, 8, 3, 128, 3
+    ns = (3, 2, 0, 3)
+    idx = [torch.randint(-1, Ee, (n, K), generator=g) for n in ns]
+    xs = [torch.randn(n, Hh, generator=g).to(bf16) for n in ns]
+    w = [torch.rand(n, K, generator=g) for n in ns]
+    disp = ll.low_latency_dispatch(xs, idx, Tt, Ee, use_fp8=False)
+    outs = [torch.randn(Ee // Rr, Rr * Tt, Hh, generator=g).to(bf16) for _ in range(Rr)]
+    for me in range(Rr):
+        out = ll.low_latency_combine(outs, idx, w, disp, ranks=(me,))
+        assert [o["combined_x"] is None for o in out] == [r != me for r in range(Rr)]
+        assert_eq(out[me]["combined_x"], _loop_combine(outs, idx, w, disp, me))
+    both = ll.low_latency_combine(outs, idx, w, disp, masked_ranks=(1,), ranks=(0, 1))
+    assert both[1]["combined_x"] is None and both[2]["combined_x"] is None and both[0]["combined_x"] is not None
+
+
 def test_combine_logfmt_applies_roundtrip():
     disp = hand_dispatch(use_fp8=False)
     g = torch.Generator().manual_seed(1)
@@ -513,6 +532,8 @@ def _combine_args():
         (lambda a: a.update(topk_idxs=[Tn([[1, 2], [2, 3], [-1, 0]], i64), IDX[1]]), ValueError, "does not match"),
         (lambda a: a.update(dispatch_results=a["dispatch_results"][:1]), ValueError, "one entry per rank"),
         (lambda a: a.update(masked_ranks=(-1,)), ValueError, "masked_ranks"),
+        (lambda a: a.update(ranks=(2,)), ValueError, r"ranks must be one or more ranks in \[0, 2\)"),
+        (lambda a: a.update(ranks=()), ValueError, "ranks must be one or more"),
     ],
 )
 def test_combine_validation(mutate, exc, match):
