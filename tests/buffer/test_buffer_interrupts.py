@@ -20,6 +20,15 @@ from .. import host_trace
 from .test_buffer_threads import _in_host_wait
 
 
+@pytest.fixture(autouse=True)
+def _sigint_raises_keyboardinterrupt():
+    """Python's own SIGINT handler for each test: a process started in the background by a non-interactive shell
+    inherits SIGINT ignored, and then _thread.interrupt_main does nothing (the wait ran to its host timeout)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _events_after(trace, start: int, kind: str):
     return [e for e in trace.events[start:] if e[0] == kind or (kind == "launch" and e[0] == "launch_ex")]
 
