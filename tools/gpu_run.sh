@@ -150,13 +150,16 @@ step() {  # one named step; returns 3 for a name it does not know
     # 2x4, 4x2, each over P2P and chaos (8 cases each, ~90 s a pool: the 2-rank times of those cases, about 6 s,
     # x 14 for 8 ranks, as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16,
     # ll16_chaos: 2x8 (16 processes, 4 cases): ll16's first attempt (20261206T204437Z) took 68, 161 and 59 s for
-    # the first three and its graph case hit the then 180 s case deadline in the CPU reference: ~500 s now.
+    # the first three and its graph case hit the then 180 s case deadline in the reference, then on the GPU; the
+    # 2x8 pools now run it on the CPU (about 0.6 s a round per rank on the CPU machine, one thread), after ll16's
+    # first part checks that the CPU and the GPU reference agree bit for bit (ll_reference_devices, ~20 s).
     ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
     ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
-    ll16)  run ll16 570 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
+    ll16)  run ll_reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py
+           run ll16 540 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     ll16_chaos) run ll16_chaos 570 python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;

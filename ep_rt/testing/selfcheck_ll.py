@@ -291,8 +291,13 @@ def check_logfmt_combined(chk: Checker, what: str, got, ref, bound, bf16_channel
             chk.failures.append(f"{what}: {message()}")
 
 
-def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
+def run_ll_case(buffer, case: LLCase, seed: int, reference_device=None) -> Checker:
+    """One case on this rank, every round against ep_rt.reference_ll. reference_device: where the inputs are made
+    and the reference runs (default the Buffer's GPU; "cpu" where many ranks share one GPU, whose thousands of small
+    reference ops and syncs per rank then queue behind every other rank's: 16 ranks spent minutes there). The
+    reference is the same elementwise arithmetic on either device (bit-exact); LogFMT cases keep their tolerance."""
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
+    rdev = dev if reference_device is None else torch.device(reference_device)
     chk = Checker(case)
     T, H, E = case.max_tokens, case.hidden, case.num_experts
     L = E // R
@@ -300,13 +305,14 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
     wait_stats = torch.zeros(R, dtype=torch.int64, device=dev) if case.stats else None
     for rnd in range(case.rounds):
         s = seed * 31 + rnd
-        xs, idxs, ws = ll_inputs(case, s, R, dev)
+        xs, idxs, ws = ll_inputs(case, s, R, rdev)
         want = reference_ll.low_latency_dispatch(
             xs, idxs, T, E, use_fp8=case.use_fp8, round_scale=case.round_scale, use_ue8m0=case.use_ue8m0
         )
+        x_me, idx_me, w_me = xs[me].to(dev), idxs[me].to(dev), ws[me].to(dev)
         recv, count, handle, event, hook = buffer.low_latency_dispatch(
-            xs[me],
-            idxs[me],
+            x_me,
+            idx_me,
             T,
             E,
             cumulative_local_expert_recv_stats=stats,
@@ -332,21 +338,21 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
 
         # Combine: outputs defined per (l, source, token), placed at each side's own packed rows.
         make_outputs = logfmt_expert_outputs if case.use_logfmt else expert_outputs
-        ys = [make_outputs(s, r, L, R, T, H, dev) for r in range(R)]
+        ys = [make_outputs(s, r, L, R, T, H, rdev) for r in range(R)]
         ref_in = [
             to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
         ]
         ref = reference_ll.low_latency_combine(ref_in, idxs, ws, want, use_logfmt=case.use_logfmt, ranks=(me,))[me][
             "combined_x"
         ]
-        x = to_packed(ys[me], handle[0], handle[1], T)
-        out = torch.empty(xs[me].size(0), H, dtype=torch.bfloat16, device=dev) if case.out else None
+        x = to_packed(ys[me], handle[0].to(rdev), handle[1].to(rdev), T).to(dev)  # at the kernel's own rows
+        out = torch.empty(x_me.size(0), H, dtype=torch.bfloat16, device=dev) if case.out else None
         if case.zero_copy:
             buffer.get_next_low_latency_combine_buffer(handle).copy_(x)
         combined, event, hook = buffer.low_latency_combine(
             x,
-            idxs[me],
-            ws[me],
+            idx_me,
+            w_me,
             handle,
             use_logfmt=case.use_logfmt,
             zero_copy=case.zero_copy,
@@ -361,7 +367,7 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
         if out is not None:
             chk.equal("combine returns out", [combined.data_ptr() == out.data_ptr()], [True])
         if case.use_logfmt:
-            bf16_channels = logfmt_bf16_channels(H, dev)
+            bf16_channels = logfmt_bf16_channels(H, rdev)
             check_logfmt_combined(
                 chk,
                 f"round {rnd} combined_x",
@@ -378,15 +384,17 @@ def run_ll_case(buffer, case: LLCase, seed: int) -> Checker:
     return chk
 
 
-def run_ll_graph(buffer, seed: int, replays: int = 5) -> Checker:
-    """Capture dispatch + combine in one CUDA graph; replay with new inputs copied in, check every replay."""
+def run_ll_graph(buffer, seed: int, replays: int = 5, reference_device=None) -> Checker:
+    """Capture dispatch + combine in one CUDA graph; replay with new inputs copied in, check every replay
+    (reference_device: as run_ll_case's)."""
     case = LLCase("cuda graph", num_tokens=64, max_tokens=64, hidden=2048, num_experts=16)
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
+    rdev = dev if reference_device is None else torch.device(reference_device)
     T, H, E = case.max_tokens, case.hidden, case.num_experts
     L = E // R
     chk = Checker(case)
-    xs, idxs, ws = ll_inputs(case, seed, R, dev)
-    x_in, idx_in, w_in = xs[me].clone(), idxs[me].clone(), ws[me].clone()
+    xs, idxs, ws = ll_inputs(case, seed, R, rdev)
+    x_in, idx_in, w_in = (t[me].to(dev).clone() for t in (xs, idxs, ws))  # the captured inputs, refilled per replay
     y_in = torch.zeros(L, R * T, H, dtype=torch.bfloat16, device=dev)
     # Warm up (both buffers), then capture.
     for _ in range(2):
@@ -399,9 +407,9 @@ def run_ll_graph(buffer, seed: int, replays: int = 5) -> Checker:
         combined, _, _ = buffer.low_latency_combine(y_in, idx_in, w_in, handle)
     for rep in range(replays):
         s = seed * 17 + rep
-        xs, idxs, ws = ll_inputs(case, s, R, dev)
+        xs, idxs, ws = ll_inputs(case, s, R, rdev)
         want = reference_ll.low_latency_dispatch(xs, idxs, T, E)
-        ys = [expert_outputs(s, r, L, R, T, H, dev) for r in range(R)]
+        ys = [expert_outputs(s, r, L, R, T, H, rdev) for r in range(R)]
         ref_in = [
             to_packed(ys[r], want[r]["packed_recv_src_info"], want[r]["packed_recv_layout_range"], T) for r in range(R)
         ]

@@ -38,6 +38,11 @@ from .conftest import (
 
 @dataclass(frozen=True)
 class Pool(NodesPool):
+    # Where the ranks run the reference: "cpu" for 16 ranks on one GPU, whose thousands of small reference ops and
+    # syncs per rank queued behind the other 15 ranks' (the first 2x8 run's graph case spent over 180 s there, with
+    # every rank's stack in the reference's combine, attempt 20261206T204437Z); None: the GPU, as everywhere else.
+    reference_device: str | None = None
+
     @property
     def peer_timeout_s(self) -> int:
         return self.timeout_s  # the LL kernels' waits, remote peers' too
@@ -72,13 +77,13 @@ POOLS = {
     "2x4-chaos": Pool(8, 4, EIGHT, timeout_s=90, chaos=True),
     "4x2": Pool(8, 2, EIGHT, timeout_s=60),
     "4x2-chaos": Pool(8, 2, EIGHT, timeout_s=90, chaos=True),
-    "2x8": Pool(16, 8, SIXTEEN, timeout_s=120, case_deadline_s=420),
-    "2x8-chaos": Pool(16, 8, SIXTEEN, timeout_s=180, chaos=True, case_deadline_s=420),
+    "2x8": Pool(16, 8, SIXTEEN, timeout_s=120, case_deadline_s=420, reference_device="cpu"),
+    "2x8-chaos": Pool(16, 8, SIXTEEN, timeout_s=180, chaos=True, case_deadline_s=420, reference_device="cpu"),
 }
-# 2x8's case deadline is for the ranks' CPU reference (each rank computes every rank's, per replay in the graph
-# case: R^2 work on 16 processes sharing the host's cores), not for the kernels' waits, which keep timeout_s: its
-# graph case was still in the reference on every rank at the 180 s default (attempt 20261206T204437Z), its fp8 case
-# took 161 s.
+# 2x8's case deadline is for the ranks' reference (each rank computes every rank's dispatch, per replay in the graph
+# case), not for the kernels' waits, which keep timeout_s: on the GPU, before the reference moved to the CPU and the
+# combine reference to the rank's own output, its graph case was still in the reference on every rank at the 180 s
+# default (attempt 20261206T204437Z) and its fp8 case took 161 s.
 ITEMS = pool_items(POOLS)
 
 pytestmark = [pytest.mark.ll_nodes, gpus(1)]
@@ -95,7 +100,7 @@ def test_low_latency_on_nodes(ll_node_pools, pool_name, case, capsys):
     spec = POOLS[pool_name]
     pool = ll_node_pools.get(pool_name)
     seed = case_seed()
-    args = (case, seed, spec.cases)
+    args = (case, seed, spec.cases, spec.reference_device)
     timeout_s = max(case_timeout_s(spec.timeout_s), spec.case_deadline_s)
     results = run_case(pool, workers.ll_case, workers.LL_CASES_BUFFER, *args, timeout_s=timeout_s)
     log_case_notes(capsys, results, f"[{pool_name}] {case}")

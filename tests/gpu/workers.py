@@ -125,22 +125,24 @@ LL_GRAPH_CASE = "cuda graph replays"
 LL_AFTER_CLEAN_CASE = "after clean"
 
 
-def ll_case(rank, num_ranks, name, seed, sized_for=None):
+def ll_case(rank, num_ranks, name, seed, sized_for=None, reference_device=None):
     """One case of `ll_suite` by name (LL_GRAPH_CASE, LL_AFTER_CLEAN_CASE: its graph replays, its round after
     clean_low_latency_buffer) on this rank's kept low-latency Buffer, sized for the cases named in sized_for (the
-    pool's; None: every case): checks, failures and notes, and the transport the Buffer runs (the pool's
-    environment: its cubin variant and how many of its peers are on other nodes)."""
+    pool's; None: every case), the reference on reference_device (None: the GPU): checks, failures and notes, and
+    the transport the Buffer runs (the pool's environment: its cubin variant and how many of its peers are on other
+    nodes)."""
     from ep_rt.testing import selfcheck_ll
 
     buf = rank_cache(LL_CASES_BUFFER, lambda: ll_buffer(num_ranks, case_names=sized_for))
+    where = {} if reference_device is None else {"reference_device": reference_device}
     if name == LL_GRAPH_CASE:
-        chk = selfcheck_ll.run_ll_graph(buf, seed)
+        chk = selfcheck_ll.run_ll_graph(buf, seed, **where)
     elif name == LL_AFTER_CLEAN_CASE:
         buf.clean_low_latency_buffer(128, 1024, 32)
-        chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed)
+        chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed, **where)
     else:
         (case,) = checker.select(selfcheck_ll.ll_cases(num_ranks), [name])
-        chk = selfcheck_ll.run_ll_case(buf, case, seed)
+        chk = selfcheck_ll.run_ll_case(buf, case, seed, **where)
     return {"checks": chk.checks, "failures": chk.failures, "notes": list(chk.notes), **ll_transport(buf)}
 
 

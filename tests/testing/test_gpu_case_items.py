@@ -177,7 +177,7 @@ class _StandInBuffer:
         self.note("clean")
 
 
-def _stand_in_case(buf, case, seed, *args):
+def _stand_in_case(buf, case, seed, *args, **kwargs):
     name = case if isinstance(case, str) else case.name
     buf.note(f"case {name} {seed}")
     chk = checker.Checker(case)
@@ -204,7 +204,7 @@ def _install_stand_ins(rank, num_ranks, log_dir, failing):
     selfcheck_ht.run_case = _stand_in_case
     selfcheck_ht.run_graph_case = lambda buf, seed: _stand_in_case(buf, workers.GRAPH_CASE, seed)
     selfcheck_ll.run_ll_case = _stand_in_case
-    selfcheck_ll.run_ll_graph = lambda buf, seed: _stand_in_case(buf, workers.LL_GRAPH_CASE, seed)
+    selfcheck_ll.run_ll_graph = lambda buf, seed, **where: _stand_in_case(buf, workers.LL_GRAPH_CASE, seed, **where)
     # What the LL Buffer would say of its transport under this rank's environment (the pool's)
     workers.ll_transport = lambda buf: {
         "variant": "chaos" if env.chaos_transport() else "default",
