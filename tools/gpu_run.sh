@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos, reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -151,15 +151,16 @@ step() {  # one named step; returns 3 for a name it does not know
     # x 14 for 8 ranks, as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16,
     # ll16_chaos: 2x8 (16 processes, 4 cases): ll16's first attempt (20261206T204437Z) took 68, 161 and 59 s for
     # the first three and its graph case hit the then 180 s case deadline in the reference, then on the GPU; the
-    # 2x8 pools now run it on the CPU (about 0.6 s a round per rank on the CPU machine, one thread), after ll16's
-    # first part checks that the CPU and the GPU reference agree bit for bit (ll_reference_devices, ~20 s).
+    # 2x8 pools (these and internode16_*) now run it on the CPU (about 0.6 s a round per rank on the CPU machine,
+    # one thread). reference_devices: the CPU and the GPU references agree bit for bit (LL and HT; run it with the
+    # first 2x8 step of an attempt).
     ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
     ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
-    ll16)  run ll_reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py
-           run ll16 540 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
+    reference_devices) run reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py ;;
+    ll16)  run ll16 570 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     ll16_chaos) run ll16_chaos 570 python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;

@@ -188,14 +188,31 @@ def _as_dispatch_x(x, dtype: str):
     return fp8, scales
 
 
-def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE) -> Checker:
-    """One full round on this rank: layout, dispatch, cached dispatch, combine; each against the reference."""
+def on_device(x, device):
+    """x (a tensor, dispatch's (fp8, scales) pair, or None) on `device`, strides kept (column-major scales stay so)."""
+    if isinstance(x, tuple):
+        return tuple(on_device(t, device) for t in x)
+    return None if x is None else x.to(device)
+
+
+def reference_device_of(buffer, reference_device):
+    """Where a check makes its inputs and runs the reference: reference_device, or by default the Buffer's GPU.
+    "cpu" where many ranks share one GPU: their thousands of small reference ops and syncs per rank queue behind
+    every other rank's there. The references are elementwise arithmetic in a fixed order (integer prefix sums,
+    f32 adds and multiplies, the fp8 cast), the same bits on either device (tests/gpu/test_reference_devices_gpu.py)."""
+    return buffer.device if reference_device is None else torch.device(reference_device)
+
+
+def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE, reference_device=None) -> Checker:
+    """One full round on this rank: layout, dispatch, cached dispatch, combine; each against the reference
+    (inputs made and the reference run on reference_device_of(buffer, reference_device))."""
     from .. import Config
 
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
+    rdev = reference_device_of(buffer, reference_device)
     chk = Checker(case)
-    xs, idxs, weights = mode.inputs(case, seed, R, dev)
-    x, topk_idx, topk_w = xs[me], idxs[me], weights[me]
+    xs, idxs, weights = mode.inputs(case, seed, R, rdev)
+    x, topk_idx, topk_w = on_device(xs[me], dev), idxs[me].to(dev), weights[me].to(dev)
     has_topk = case.num_topk > 0
 
     # Layout (with the case's stream options too).
@@ -209,7 +226,7 @@ def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE) -> Checker:
     )
     if case.async_finish:
         event.current_stream_wait()
-    ref_layout = mode.layout(topk_idx, case.num_experts, R)
+    ref_layout = mode.layout(idxs[me], case.num_experts, R)
     for name, got, want in zip(
         ("num_tokens_per_rank", "num_tokens_per_rdma_rank", "num_tokens_per_expert", "is_token_in_rank"),
         (per_rank, per_node, per_expert, in_rank),
@@ -264,7 +281,7 @@ def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE) -> Checker:
     chk.equal("cached_dispatch.recv_x_scales", cs, mine["recv_x_scales"], rows=n)
     chk.equal("cached_dispatch returns no topk/handle", [v is None for v in rest[:4]], [True] * 4)
 
-    check_combine(buffer, case, chk, seed, xs, ref, handle, config, mode.combine)
+    check_combine(buffer, case, chk, seed, xs, ref, handle, config, mode.combine, rdev)
     return chk
 
 
@@ -284,16 +301,19 @@ def combine_inputs(case: Case, seed: int, xs, ref, device):
     return comb_xs, comb_ws, biases
 
 
-def check_combine(buffer, case: Case, chk: Checker, seed: int, xs, ref, handle, config, reference_combine) -> None:
-    """Combine with the case's stream options against reference_combine (intranode or internode), bit for bit."""
-    me = buffer.rank
-    comb_xs, comb_ws, biases = combine_inputs(case, seed, xs, ref, buffer.device)
+def check_combine(
+    buffer, case: Case, chk: Checker, seed: int, xs, ref, handle, config, reference_combine, reference_device=None
+) -> None:
+    """Combine with the case's stream options against reference_combine (intranode or internode), bit for bit
+    (its inputs made, and the reference run, on reference_device: by default the Buffer's GPU)."""
+    me, dev = buffer.rank, buffer.device
+    comb_xs, comb_ws, biases = combine_inputs(case, seed, xs, ref, reference_device_of(buffer, reference_device))
     prev = buffer.capture() if case.previous_event else None
     combined, combined_w, event = buffer.combine(
-        comb_xs[me],
+        comb_xs[me].to(dev),
         handle,
-        topk_weights=comb_ws[me],
-        bias=biases[me],
+        topk_weights=on_device(comb_ws[me], dev),
+        bias=on_device(biases[me], dev),
         config=config,
         previous_event=prev,
         async_finish=case.async_finish,
@@ -328,6 +348,7 @@ def run_graph_case(
     mode: Mode = INTRANODE,
     case: Case = GRAPH_CASE,
     eager_case: Case = Case("eager between replays", num_tokens=200),
+    reference_device=None,
 ) -> Checker:
     """Layout, num_worst_tokens dispatch, cached dispatch and combine captured in one CUDA graph, replayed with
     new routing and data copied in; every replay checked against the reference. An eager round (`eager_case`)
@@ -335,11 +356,12 @@ def run_graph_case(
     from .. import Config
 
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
+    rdev = reference_device_of(buffer, reference_device)
     N, H, E, W = case.num_tokens, case.hidden, case.num_experts, case.num_tokens * R
     config = Config(case.num_sms, 6, 256, 6, 128)
     chk = Checker(case)
-    xs, idxs, ws = mode.inputs(case, seed, R, dev)
-    x_in, idx_in, w_in = xs[me].clone(), idxs[me].clone(), ws[me].clone()
+    xs, idxs, ws = mode.inputs(case, seed, R, rdev)
+    x_in, idx_in, w_in = (t[me].to(dev).clone() for t in (xs, idxs, ws))  # the captured inputs, refilled per replay
     y_in = torch.zeros(W, H, dtype=torch.bfloat16, device=dev)
     bias_in = torch.zeros(N, H, dtype=torch.bfloat16, device=dev)
 
@@ -368,9 +390,9 @@ def run_graph_case(
     recv_x, recv_idx, recv_w, handle, cached_x, combined, combined_w = out
     for rep in range(replays):
         s = seed * 31 + rep
-        xs, idxs, ws = mode.inputs(case, s, R, dev)
+        xs, idxs, ws = mode.inputs(case, s, R, rdev)
         ref = mode.dispatch(xs, idxs, ws, E, case.num_sms, 1, W)
-        ys, biases = replay_inputs(s, R, W, N, H, dev)
+        ys, biases = replay_inputs(s, R, W, N, H, rdev)
         ref_c = mode.combine(ys, ref, [ref[r]["recv_topk_weights"] for r in range(R)], biases)[me]
         x_in.copy_(xs[me])
         idx_in.copy_(idxs[me])
@@ -388,7 +410,7 @@ def run_graph_case(
         chk.equal(f"replay {rep} combined_x", combined, ref_c["combined_x"])
         chk.equal(f"replay {rep} combined_topk_weights", combined_w, ref_c["combined_topk_weights"])
         if rep == 1:  # an eager round between replays
-            eager = run_case(buffer, eager_case, seed * 31 + 99, mode)
+            eager = run_case(buffer, eager_case, seed * 31 + 99, mode, reference_device)
             chk.checks += eager.checks
             chk.failures += [f"eager between replays: {f}" for f in eager.failures]
     del graph

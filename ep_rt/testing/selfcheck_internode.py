@@ -80,15 +80,21 @@ def mode(G: int) -> Mode:
     return Mode(G=G, route=lambda case, idxs, num_ranks, seed: _route(case, idxs, num_ranks, G, seed))
 
 
-def run_case(buffer, case: Case, seed: int, G: int) -> Checker:
-    return selfcheck_ht.run_case(buffer, case, seed, mode(G))
+def run_case(buffer, case: Case, seed: int, G: int, reference_device=None) -> Checker:
+    return selfcheck_ht.run_case(buffer, case, seed, mode(G), reference_device)
 
 
-def run_graph_case(buffer, seed: int, G: int, replays: int = 3) -> Checker:
+def run_graph_case(buffer, seed: int, G: int, replays: int = 3, reference_device=None) -> Checker:
     """selfcheck_ht's CUDA-graph case (num_worst_tokens dispatch, cached dispatch and combine, replayed with fresh
-    routing and data, an eager round between replays) on nodes of G ranks."""
+    routing and data, an eager round between replays) on nodes of G ranks (reference_device: as run_case's)."""
     R = buffer.group_size
     case = Case("cuda graph", num_tokens=256, hidden=1024, num_experts=16 * R, num_worst_tokens=True, bias="one")
     return selfcheck_ht.run_graph_case(
-        buffer, seed, replays, mode(G), case, replace(case, name="eager between replays", num_worst_tokens=False)
+        buffer,
+        seed,
+        replays,
+        mode(G),
+        case,
+        replace(case, name="eager between replays", num_worst_tokens=False),
+        reference_device,
     )

@@ -129,6 +129,10 @@ class NodesPool:
     # The least a case of this pool is given before the pool gives up on it (0: case_timeout_s's own): for pools
     # whose ranks spend longer in the CPU reference than in any wait.
     case_deadline_s: float = 0.0
+    # Where the ranks make the inputs and run the reference: "cpu" for 16 ranks on one GPU, whose thousands of small
+    # reference ops and syncs per rank queued behind the other 15 ranks' there (the first 2x8 LL run's graph case
+    # spent over 180 s in the reference, every rank's stack in its combine, attempt 20261206T204437Z); None: the GPU.
+    reference_device: str | None = None
 
     @property
     def peer_timeout_s(self) -> int:

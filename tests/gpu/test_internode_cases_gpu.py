@@ -48,7 +48,9 @@ SIXTEEN = workers.INTERNODE_SIXTEEN_CASES + (workers.GRAPH_CASE,)
 # transport, which waits longer for each put.
 FOUR, FOUR_CHAOS = dict(timeout_s=20, net_timeout_s=40), dict(timeout_s=30, net_timeout_s=90)
 EIGHT_RANKS, EIGHT_CHAOS = dict(timeout_s=60, net_timeout_s=120), dict(timeout_s=60, net_timeout_s=180)
-SIXTEEN_RANKS = dict(timeout_s=120, net_timeout_s=240, max_shape=workers.INTERNODE_SIXTEEN_SHAPE)
+SIXTEEN_RANKS = dict(
+    timeout_s=120, net_timeout_s=240, max_shape=workers.INTERNODE_SIXTEEN_SHAPE, reference_device="cpu"
+)  # (16 ranks on one GPU: the reference on the CPU, NodesPool.reference_device)
 SIXTEEN_CHAOS = dict(SIXTEEN_RANKS, net_timeout_s=360)
 
 # In the order they run, one pool's ranks at a time: the default variant (step internode_cases), then the aggressive
@@ -85,7 +87,7 @@ def test_internode_case(internode_pools, pool_name, case):
     spec = POOLS[pool_name]
     pool = internode_pools.get(pool_name)
     seed = case_seed()
-    args = (spec.ranks_per_node, case, seed, spec.max_shape)
+    args = (spec.ranks_per_node, case, seed, spec.max_shape, spec.reference_device)
     timeout_s = case_timeout_s(spec.net_timeout_s)
     results = run_case(pool, workers.internode_case, workers.INTERNODE_CASES_BUFFER, *args, timeout_s=timeout_s)
     want = {"nodes": spec.num_ranks // spec.ranks_per_node, "aggressive": spec.aggressive, "chaos": spec.chaos}

@@ -38,11 +38,6 @@ from .conftest import (
 
 @dataclass(frozen=True)
 class Pool(NodesPool):
-    # Where the ranks run the reference: "cpu" for 16 ranks on one GPU, whose thousands of small reference ops and
-    # syncs per rank queued behind the other 15 ranks' (the first 2x8 run's graph case spent over 180 s there, with
-    # every rank's stack in the reference's combine, attempt 20261206T204437Z); None: the GPU, as everywhere else.
-    reference_device: str | None = None
-
     @property
     def peer_timeout_s(self) -> int:
         return self.timeout_s  # the LL kernels' waits, remote peers' too

@@ -452,10 +452,11 @@ INTERNODE_SIXTEEN_CASES = (
 INTERNODE_SIXTEEN_SHAPE = (4096, 2048)
 
 
-def internode_case(rank, num_ranks, ranks_per_node, name, seed, max_shape=None):
+def internode_case(rank, num_ranks, ranks_per_node, name, seed, max_shape=None, reference_device=None):
     """One case of `internode_suite` by name (GRAPH_CASE: its CUDA-graph replays) on this rank's kept internode
-    Buffer, sized as internode_suite's for max_shape (None: its default). Returns the checks, failures, the
-    number of nodes and the variant the rank runs under (the pool's environment)."""
+    Buffer, sized as internode_suite's for max_shape (None: its default), the reference on reference_device (None:
+    the GPU). Returns the checks, failures, the number of nodes and the variant the rank runs under (the pool's
+    environment)."""
     from ep_rt import env
     from ep_rt.testing import selfcheck_internode as sci
 
@@ -463,10 +464,10 @@ def internode_case(rank, num_ranks, ranks_per_node, name, seed, max_shape=None):
     shape = () if max_shape is None else (max_shape,)
     buf = rank_cache(INTERNODE_CASES_BUFFER, lambda: internode_buffer(rank, num_ranks, G, *shape))
     if name == GRAPH_CASE:
-        chk = sci.run_graph_case(buf, seed, G)
+        chk = sci.run_graph_case(buf, seed, G, reference_device=reference_device)
     else:
         (case,) = checker.select(sci.internode_cases(num_ranks, G), [name])
-        chk = sci.run_case(buf, case, seed, G)
+        chk = sci.run_case(buf, case, seed, G, reference_device)
     return {
         "checks": chk.checks,
         "failures": chk.failures,

@@ -143,6 +143,17 @@ def _check_pools(pools: dict, params):
         assert env["EP_RT_RANKS_PER_NODE"] == str(G) and env["EP_RT_CHAOS_TRANSPORT"] == str(int(pool.chaos)), name
 
 
+def test_only_the_16_rank_pools_run_the_reference_on_the_cpu():
+    """16 ranks sharing one GPU make their inputs and run the reference on the CPU (NodesPool.reference_device);
+    every other pool keeps it on the GPU, as the one-node suites do."""
+    from tests.gpu import test_internode_cases_gpu as internode, test_low_latency_nodes_gpu as ll
+
+    for pools in (internode.POOLS, ll.POOLS):
+        where = {name: p.reference_device for name, p in pools.items()}
+        assert where == {name: ("cpu" if p.num_ranks == 16 else None) for name, p in pools.items()}, where
+        assert any(p.num_ranks == 16 for p in pools.values())
+
+
 def test_case_ids_are_safe_and_refuse_clashes():
     from tests.gpu.conftest import case_ids
 
@@ -317,7 +328,7 @@ def _install_internode_stand_ins(rank, num_ranks, log_dir, failing):
         return buf
 
     workers.internode_buffer = buffer
-    sci.run_graph_case = lambda buf, seed, G: _stand_in_case(buf, workers.GRAPH_CASE, seed)
+    sci.run_graph_case = lambda buf, seed, G, **where: _stand_in_case(buf, workers.GRAPH_CASE, seed, **where)
 
 
 def test_the_internode_case_test_on_cpu_ranks(tmp_path, monkeypatch):
@@ -416,20 +427,23 @@ def test_the_workers_size_their_buffers_for_the_pools_cases(monkeypatch):
         shapes.append(shape)
         return SimpleNamespace(topology=SimpleNamespace(num_nodes=num_ranks // G))
 
-    def one_check(buf, case, seed, G):
+    where = []
+
+    def one_check(buf, case, seed, G, reference_device=None):
+        where.append(reference_device)
         chk = checker.Checker(case)
         chk.checks += 1
         return chk
 
     monkeypatch.setattr(workers, "internode_buffer", fake_internode_buffer)
     monkeypatch.setattr(sci, "run_case", one_check)
-    for max_shape in (workers.INTERNODE_SIXTEEN_SHAPE, None):
+    for max_shape, device in ((workers.INTERNODE_SIXTEEN_SHAPE, "cpu"), (None, None)):
         try:
-            res = workers.internode_case(0, 16, 8, "bf16 uniform", 5, max_shape)
+            res = workers.internode_case(0, 16, 8, "bf16 uniform", 5, max_shape, device)
         finally:
             rank_pool.rank_forget(workers.INTERNODE_CASES_BUFFER)
         assert res["nodes"] == 2 and res["checks"] == 1 and not res["failures"], res
-    assert shapes == [(workers.INTERNODE_SIXTEEN_SHAPE,), ()]
+    assert shapes == [(workers.INTERNODE_SIXTEEN_SHAPE,), ()] and where == ["cpu", None]
 
 
 def test_ll_transport_names_the_variant_and_the_peers_on_other_nodes():

@@ -61,6 +61,9 @@ class ReferenceBuffer:
         )
 
     def combine(self, x, handle, topk_weights=None, bias=None, **_):
+        if self.combine_world is None:  # (run_graph_case's warm-up and capture: not checked)
+            n = self.world[0][self.rank].size(0)
+            return torch.zeros(n, x.size(1), dtype=torch.bfloat16), topk_weights, None
         comb_xs, comb_ws, biases = self.combine_world
         out = self.mode.combine(comb_xs, self.ref, comb_ws if topk_weights is not None else None, biases)
         return out[self.rank]["combined_x"], out[self.rank]["combined_topk_weights"], None
@@ -86,17 +89,21 @@ def cpu_harness(monkeypatch):
     return use
 
 
-def _run(cpu_harness, mode, R, case, corrupt=None, rank=1):
+def _run(cpu_harness, mode, R, case, corrupt=None, rank=1, reference_device=None):
     buf = cpu_harness(ReferenceBuffer(mode, R, rank, corrupt))
     real = mode.inputs
+    buf.input_devices = set()
 
-    def inputs(*a, **k):  # the stand-in sees every rank's (routed) inputs
-        buf.world = real(*a, **k)
+    def inputs(case, seed, num_ranks, device):  # the stand-in sees every rank's (routed) inputs
+        buf.input_devices.add(str(device))
+        buf.world = real(case, seed, num_ranks, device)
         return buf.world
 
     object.__setattr__(mode, "inputs", inputs)  # on this instance only (Mode is frozen)
     try:
-        return selfcheck_ht.run_case(buf, case, 7, mode)
+        chk = selfcheck_ht.run_case(buf, case, 7, mode, reference_device)
+        assert buf.input_devices == {"cpu"}  # (the stand-in's device and the named one: both the CPU here)
+        return chk
     finally:
         object.__delattr__(mode, "inputs")
 
@@ -108,9 +115,10 @@ CASES = [
 ]
 
 
+@pytest.mark.parametrize("where", [None, "cpu"])  # the Buffer's device, or the reference on a named one
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_intranode_wiring_passes_the_reference(cpu_harness, case):
-    chk = _run(cpu_harness, selfcheck_ht.Mode(), 2, case)
+def test_intranode_wiring_passes_the_reference(cpu_harness, case, where):
+    chk = _run(cpu_harness, selfcheck_ht.Mode(), 2, case, reference_device=where)
     assert chk.checks >= 20 and not chk.failures, chk.failures
 
 
@@ -119,8 +127,9 @@ def test_intranode_wiring_passes_the_reference(cpu_harness, case):
     CASES + [Case("span nodes", routing="span_nodes", num_tokens=16, hidden=128, num_experts=16)],
     ids=lambda c: c.name,
 )
-def test_internode_wiring_passes_the_reference(cpu_harness, case):
-    chk = _run(cpu_harness, selfcheck_internode.mode(2), 4, case)
+@pytest.mark.parametrize("where", [None, "cpu"])
+def test_internode_wiring_passes_the_reference(cpu_harness, case, where):
+    chk = _run(cpu_harness, selfcheck_internode.mode(2), 4, case, reference_device=where)
     assert chk.checks >= 24 and not chk.failures, chk.failures
 
 
@@ -140,6 +149,38 @@ def test_a_corrupted_handle_field_is_named(cpu_harness, mode, R, field):
 
 
 def test_a_corrupted_recv_x_is_caught_in_dispatch_and_cached_dispatch(cpu_harness):
-    chk = _run(cpu_harness, selfcheck_internode.mode(2), 4, CASES[0], corrupt="recv_x")
+    chk = _run(cpu_harness, selfcheck_internode.mode(2), 4, CASES[0], corrupt="recv_x", reference_device="cpu")
     names = {f.split(":")[0] for f in chk.failures}
     assert {"dispatch.recv_x", "cached_dispatch.recv_x"} <= names, chk.failures
+
+
+def test_the_graph_case_runs_its_replays_with_the_reference_on_the_cpu(cpu_harness, monkeypatch):
+    """run_graph_case with reference_device: inputs and references made there, every replay's refill copied into
+    the captured tensors, the eager round between replays too. No CUDA graph here (its replays change nothing), so
+    the replays' checks find the outputs of the capture: the run must get through all of them and count them."""
+    import contextlib
+
+    class NoGraph:
+        def replay(self):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", NoGraph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g: contextlib.nullcontext())
+    mode = selfcheck_internode.mode(2)
+    buf = cpu_harness(ReferenceBuffer(mode, 4, 2))
+    real, devices = mode.inputs, set()
+
+    def inputs(case, seed, num_ranks, device):
+        devices.add(str(device))
+        buf.world = real(case, seed, num_ranks, device)
+        return buf.world
+
+    object.__setattr__(mode, "inputs", inputs)
+    try:
+        case = Case("cuda graph", num_tokens=16, hidden=128, num_experts=16, num_worst_tokens=True, bias="one")
+        chk = selfcheck_ht.run_graph_case(
+            buf, 3, 2, mode, case, Case("eager", num_tokens=12, hidden=128, num_experts=16), reference_device="cpu"
+        )
+    finally:
+        object.__delattr__(mode, "inputs")
+    assert devices == {"cpu"} and chk.checks >= 2 * 7 + 20, chk.checks
