@@ -152,8 +152,9 @@ step() {  # one named step; returns 3 for a name it does not know
     # ll16_chaos: 2x8 (16 processes, 4 cases): ll16's first attempt (20261206T204437Z) took 68, 161 and 59 s for
     # the first three and its graph case hit the then 180 s case deadline in the reference, then on the GPU; the
     # 2x8 pools (these and internode16_*) now run it on the CPU (about 0.6 s a round per rank on the CPU machine,
-    # one thread). reference_devices: the CPU and the GPU references agree bit for bit (LL and HT; run it with the
-    # first 2x8 step of an attempt).
+    # one thread); its first attempt (20261206T222145Z, 16 torch threads per rank) took 283.7 s for bf16 and ran
+    # out of time in fp8; each rank now takes its share of the cores (not run yet). reference_devices: the CPU and
+    # the GPU references agree bit for bit (LL and HT; 13 passed in 20261206T222145Z).
     ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;

@@ -132,6 +132,7 @@ class NodesPool:
     # Where the ranks make the inputs and run the reference: "cpu" for 16 ranks on one GPU, whose thousands of small
     # reference ops and syncs per rank queued behind the other 15 ranks' there (the first 2x8 LL run's graph case
     # spent over 180 s in the reference, every rank's stack in its combine, attempt 20261206T204437Z); None: the GPU.
+    # Each rank then takes its share of the cores (workers.share_cpu_threads).
     reference_device: str | None = None
 
     @property
