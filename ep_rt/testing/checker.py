@@ -26,6 +26,15 @@ def expert_recv_counts(idxs, rank: int, num_local_experts: int, device) -> torch
     return want
 
 
+def reference_device_of(buffer, reference_device):
+    """Where a check makes its inputs and runs the reference: reference_device, or by default the Buffer's GPU.
+    "cpu" where many ranks share one GPU: their thousands of small reference ops and syncs per rank queue behind
+    every other rank's there. The references are elementwise arithmetic in a fixed order (integer prefix sums,
+    f32 adds and multiplies, the fp8 cast), the same bits on either device (tests/gpu/test_reference_devices_gpu.py;
+    LogFMT's log2/exp2 aside, which its tolerance covers)."""
+    return buffer.device if reference_device is None else torch.device(reference_device)
+
+
 def _bits(t):
     """The same bytes as integers of the same width, so equal bits compare equal (NaN payloads, -0.0 too)."""
     return (

@@ -12,7 +12,7 @@ from typing import Callable, Optional
 import torch
 
 from .. import reference, topk_idx_t
-from .checker import Checker
+from .checker import Checker, reference_device_of
 
 
 def as_topk_idx_t(t):
@@ -193,14 +193,6 @@ def on_device(x, device):
     if isinstance(x, tuple):
         return tuple(on_device(t, device) for t in x)
     return None if x is None else x.to(device)
-
-
-def reference_device_of(buffer, reference_device):
-    """Where a check makes its inputs and runs the reference: reference_device, or by default the Buffer's GPU.
-    "cpu" where many ranks share one GPU: their thousands of small reference ops and syncs per rank queue behind
-    every other rank's there. The references are elementwise arithmetic in a fixed order (integer prefix sums,
-    f32 adds and multiplies, the fp8 cast), the same bits on either device (tests/gpu/test_reference_devices_gpu.py)."""
-    return buffer.device if reference_device is None else torch.device(reference_device)
 
 
 def run_case(buffer, case: Case, seed: int, mode: Mode = INTRANODE, reference_device=None) -> Checker:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .. import reference_ll
-from .checker import Checker
+from .checker import Checker, reference_device_of
 
 
 @dataclass(frozen=True)
@@ -292,12 +292,10 @@ def check_logfmt_combined(chk: Checker, what: str, got, ref, bound, bf16_channel
 
 
 def run_ll_case(buffer, case: LLCase, seed: int, reference_device=None) -> Checker:
-    """One case on this rank, every round against ep_rt.reference_ll. reference_device: where the inputs are made
-    and the reference runs (default the Buffer's GPU; "cpu" where many ranks share one GPU, whose thousands of small
-    reference ops and syncs per rank then queue behind every other rank's: 16 ranks spent minutes there). The
-    reference is the same elementwise arithmetic on either device (bit-exact); LogFMT cases keep their tolerance."""
+    """One case on this rank, every round against ep_rt.reference_ll, its inputs made and the reference run on
+    checker.reference_device_of(buffer, reference_device)."""
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
-    rdev = dev if reference_device is None else torch.device(reference_device)
+    rdev = reference_device_of(buffer, reference_device)
     chk = Checker(case)
     T, H, E = case.max_tokens, case.hidden, case.num_experts
     L = E // R
@@ -389,7 +387,7 @@ def run_ll_graph(buffer, seed: int, replays: int = 5, reference_device=None) -> 
     (reference_device: as run_ll_case's)."""
     case = LLCase("cuda graph", num_tokens=64, max_tokens=64, hidden=2048, num_experts=16)
     R, me, dev = buffer.group_size, buffer.rank, buffer.device
-    rdev = dev if reference_device is None else torch.device(reference_device)
+    rdev = reference_device_of(buffer, reference_device)
     T, H, E = case.max_tokens, case.hidden, case.num_experts
     L = E // R
     chk = Checker(case)
