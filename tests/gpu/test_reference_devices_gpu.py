@@ -11,6 +11,7 @@ import torch
 
 from ep_rt import reference_ll
 from ep_rt.testing import selfcheck_ht, selfcheck_internode
+from ep_rt.testing.checker import Checker
 from ep_rt.testing.selfcheck_ht import Case
 from ep_rt.testing.selfcheck_ll import LLCase, expert_outputs, ll_inputs, to_packed
 
@@ -28,28 +29,20 @@ CASES = [
 ]
 
 
-def _bits(t):
-    if t.dtype in (torch.bfloat16, torch.float8_e4m3fn):
-        return t.view(torch.uint8 if t.element_size() == 1 else torch.int16)
-    return t.view(torch.int32) if t.dtype == torch.float32 else t
-
-
 def _same(what, cpu, gpu):
+    """The GPU reference's value bit for bit the CPU one's (Checker.equal: dtype, shape, then every bit), through
+    tuples and lists of them; plain values (counts) equal."""
     if isinstance(cpu, (tuple, list)):
         assert isinstance(gpu, (tuple, list)) and len(cpu) == len(gpu), what
         for k, (c, g) in enumerate(zip(cpu, gpu)):
             _same(f"{what}[{k}]", c, g)
         return
-    if not isinstance(cpu, torch.Tensor) and cpu is not None:
+    if cpu is not None and not isinstance(cpu, torch.Tensor):
         assert cpu == gpu, f"{what}: {cpu} on the CPU, {gpu} on the GPU"
         return
-    if cpu is None or gpu is None:
-        assert cpu is None and gpu is None, what
-        return
-    gpu = gpu.cpu()
-    assert cpu.dtype == gpu.dtype and cpu.shape == gpu.shape, what
-    differ = int((_bits(cpu) != _bits(gpu)).sum())
-    assert differ == 0, f"{what}: {differ} elements differ between the CPU and the GPU reference"
+    chk = Checker(what)
+    chk.equal(what, gpu, cpu)
+    assert not chk.failures, f"the CPU and the GPU reference differ: {chk.failures}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

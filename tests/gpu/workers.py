@@ -144,15 +144,15 @@ def ll_case(rank, num_ranks, name, seed, sized_for=None, reference_device=None):
 
     buf = rank_cache(LL_CASES_BUFFER, lambda: ll_buffer(num_ranks, case_names=sized_for))
     share_cpu_threads(num_ranks, reference_device)
-    where = {} if reference_device is None else {"reference_device": reference_device}
     if name == LL_GRAPH_CASE:
-        chk = selfcheck_ll.run_ll_graph(buf, seed, **where)
+        chk = selfcheck_ll.run_ll_graph(buf, seed, reference_device=reference_device)
     elif name == LL_AFTER_CLEAN_CASE:
         buf.clean_low_latency_buffer(128, 1024, 32)
-        chk = selfcheck_ll.run_ll_case(buf, selfcheck_ll.LLCase("after clean_low_latency_buffer"), seed, **where)
+        after_clean = selfcheck_ll.LLCase("after clean_low_latency_buffer")
+        chk = selfcheck_ll.run_ll_case(buf, after_clean, seed, reference_device)
     else:
         (case,) = checker.select(selfcheck_ll.ll_cases(num_ranks), [name])
-        chk = selfcheck_ll.run_ll_case(buf, case, seed, **where)
+        chk = selfcheck_ll.run_ll_case(buf, case, seed, reference_device)
     return {"checks": chk.checks, "failures": chk.failures, "notes": list(chk.notes), **ll_transport(buf)}
 
 
