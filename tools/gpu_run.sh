@@ -150,11 +150,12 @@ step() {  # one named step; returns 3 for a name it does not know
     # 2x4, 4x2, each over P2P and chaos (8 cases each, ~90 s a pool: the 2-rank times of those cases, about 6 s,
     # x 14 for 8 ranks, as the internode cases grew 4x from 4 to 8 ranks, plus the start): ~360 s. ll16,
     # ll16_chaos: 2x8 (16 processes, 4 cases): ll16's first attempt (20261206T204437Z) took 68, 161 and 59 s for
-    # the first three and its graph case hit the then 180 s case deadline in the reference, then on the GPU; the
-    # 2x8 pools (these and internode16_*) now run it on the CPU (about 0.6 s a round per rank on the CPU machine,
-    # one thread); its first attempt (20261206T222145Z, 16 torch threads per rank) took 283.7 s for bf16 and ran
-    # out of time in fp8; each rank now takes its share of the cores (not run yet). reference_devices: the CPU and
-    # the GPU references agree bit for bit (LL and HT; 13 passed in 20261206T222145Z).
+    # the first three and its graph case hit the then 180 s case deadline in the reference (since cut to the
+    # rank's own combine output). The 2x8 pools (these and internode16_*) run the reference on the GPU unless
+    # EP_RT_TEST_REFERENCE_DEVICE=cpu: with the CPU reference (20261206T222145Z, 16 torch threads per rank) bf16
+    # took 283.7 s and fp8 ran out of time; each rank now takes its share of the cores there (not run yet).
+    # reference_devices: the CPU and the GPU references agree bit for bit (LL and HT; 13 passed in
+    # 20261206T222145Z).
     ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
@@ -343,6 +344,7 @@ CUBINS_RC=$?
   echo "tree digest (of the files here): ${DIGEST:-none} (tools/tree_digest.py exit $DIGEST_RC)"
   cat "$LOGS/tree_digest.err"
   echo "skipped paths: ${SKIP:-none}"; echo "steps: $STEPS"
+  echo "EP_RT_TEST_REFERENCE_DEVICE (the 16-rank pools' reference): ${EP_RT_TEST_REFERENCE_DEVICE:-unset (gpu)}"
   echo "tools/build_cubins.py --check (exit $CUBINS_RC):"; cat "$LOGS/cubin_check.txt"
 } > "$LOGS/env.txt" 2>&1
 say "attempt $ATTEMPT: commit $COMMIT, steps: $STEPS"

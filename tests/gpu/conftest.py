@@ -114,6 +114,17 @@ def log_case_notes(capsys, results, what: str) -> None:
 # ---- per-case pools on emulated nodes (test_internode_cases_gpu.py, test_low_latency_nodes_gpu.py) ----------
 
 
+def sixteen_rank_reference_device() -> str | None:
+    """Where the 16-rank pools run the reference: EP_RT_TEST_REFERENCE_DEVICE, "gpu" (the default: None) or "cpu".
+    Measured on 2x8 LL bf16 (one H100): 68 s with the GPU reference (attempt 20261206T204437Z), 283.7 s with the
+    CPU one while every rank ran torch's default of one thread per core (20261206T222145Z); the CPU reference with
+    each rank's share of the cores has not run on a GPU host, hence the switch rather than a new default."""
+    value = os.environ.get("EP_RT_TEST_REFERENCE_DEVICE", "gpu").strip().lower()
+    if value not in ("gpu", "cpu"):
+        raise ValueError(f"EP_RT_TEST_REFERENCE_DEVICE must be 'gpu' or 'cpu', not {value!r}")
+    return None if value == "gpu" else "cpu"
+
+
 @dataclass(frozen=True)
 class NodesPool:
     """One pool of ranks sharing the GPU as nodes of ranks_per_node (EP_RT_RANKS_PER_NODE: peers on other nodes
@@ -129,10 +140,8 @@ class NodesPool:
     # The least a case of this pool is given before the pool gives up on it (0: case_timeout_s's own): for pools
     # whose ranks spend longer in the CPU reference than in any wait.
     case_deadline_s: float = 0.0
-    # Where the ranks make the inputs and run the reference: "cpu" for 16 ranks on one GPU, whose thousands of small
-    # reference ops and syncs per rank queued behind the other 15 ranks' there (the first 2x8 LL run's graph case
-    # spent over 180 s in the reference, every rank's stack in its combine, attempt 20261206T204437Z); None: the GPU.
-    # Each rank then takes its share of the cores (workers.share_cpu_threads).
+    # Where the ranks make the inputs and run the reference (None: the GPU; "cpu": each rank then takes its share of
+    # the cores, workers.share_cpu_threads). The 16-rank pools take sixteen_rank_reference_device().
     reference_device: str | None = None
 
     @property

@@ -30,6 +30,7 @@ from .conftest import (
     gpus,
     pool_items,
     run_case,
+    sixteen_rank_reference_device,
 )
 
 
@@ -49,8 +50,11 @@ SIXTEEN = workers.INTERNODE_SIXTEEN_CASES + (workers.GRAPH_CASE,)
 FOUR, FOUR_CHAOS = dict(timeout_s=20, net_timeout_s=40), dict(timeout_s=30, net_timeout_s=90)
 EIGHT_RANKS, EIGHT_CHAOS = dict(timeout_s=60, net_timeout_s=120), dict(timeout_s=60, net_timeout_s=180)
 SIXTEEN_RANKS = dict(
-    timeout_s=120, net_timeout_s=240, max_shape=workers.INTERNODE_SIXTEEN_SHAPE, reference_device="cpu"
-)  # (16 ranks on one GPU: the reference on the CPU, NodesPool.reference_device)
+    timeout_s=120,
+    net_timeout_s=240,
+    max_shape=workers.INTERNODE_SIXTEEN_SHAPE,
+    reference_device=sixteen_rank_reference_device(),
+)
 SIXTEEN_CHAOS = dict(SIXTEEN_RANKS, net_timeout_s=360)
 
 # In the order they run, one pool's ranks at a time: the default variant (step internode_cases), then the aggressive

@@ -33,6 +33,7 @@ from .conftest import (
     log_case_notes,
     pool_items,
     run_case,
+    sixteen_rank_reference_device,
 )
 
 
@@ -62,6 +63,7 @@ EIGHT = (
     workers.LL_AFTER_CLEAN_CASE,
 )
 SIXTEEN = ("bf16", "fp8", "int32 topk_idx, hooks, bf16", workers.LL_GRAPH_CASE)
+SIXTEEN_REFERENCE = sixteen_rank_reference_device()
 
 # In the order they run, one pool's ranks at a time (EP_RT_TIMEOUT_S grows with the ranks sharing the GPU and under
 # the chaos transport, which waits longer for each put).
@@ -72,13 +74,15 @@ POOLS = {
     "2x4-chaos": Pool(8, 4, EIGHT, timeout_s=90, chaos=True),
     "4x2": Pool(8, 2, EIGHT, timeout_s=60),
     "4x2-chaos": Pool(8, 2, EIGHT, timeout_s=90, chaos=True),
-    "2x8": Pool(16, 8, SIXTEEN, timeout_s=120, case_deadline_s=420, reference_device="cpu"),
-    "2x8-chaos": Pool(16, 8, SIXTEEN, timeout_s=180, chaos=True, case_deadline_s=420, reference_device="cpu"),
+    "2x8": Pool(16, 8, SIXTEEN, timeout_s=120, case_deadline_s=420, reference_device=SIXTEEN_REFERENCE),
+    "2x8-chaos": Pool(
+        16, 8, SIXTEEN, timeout_s=180, chaos=True, case_deadline_s=420, reference_device=SIXTEEN_REFERENCE
+    ),
 }
 # 2x8's case deadline is for the ranks' reference (each rank computes every rank's dispatch, per replay in the graph
-# case), not for the kernels' waits, which keep timeout_s: on the GPU, before the reference moved to the CPU and the
-# combine reference to the rank's own output, its graph case was still in the reference on every rank at the 180 s
-# default (attempt 20261206T204437Z) and its fp8 case took 161 s.
+# case), not for the kernels' waits, which keep timeout_s: on the GPU, before the combine reference was cut to the
+# rank's own output, its graph case was still in the reference on every rank at the 180 s default (attempt
+# 20261206T204437Z) and its fp8 case took 161 s.
 ITEMS = pool_items(POOLS)
 
 pytestmark = [pytest.mark.ll_nodes, gpus(1)]

@@ -143,15 +143,28 @@ def _check_pools(pools: dict, params):
         assert env["EP_RT_RANKS_PER_NODE"] == str(G) and env["EP_RT_CHAOS_TRANSPORT"] == str(int(pool.chaos)), name
 
 
-def test_only_the_16_rank_pools_run_the_reference_on_the_cpu():
-    """16 ranks sharing one GPU make their inputs and run the reference on the CPU (NodesPool.reference_device);
-    every other pool keeps it on the GPU, as the one-node suites do."""
-    from tests.gpu import test_internode_cases_gpu as internode, test_low_latency_nodes_gpu as ll
+def test_only_the_16_rank_pools_may_run_the_reference_on_the_cpu(monkeypatch):
+    """16 ranks sharing one GPU run the reference where EP_RT_TEST_REFERENCE_DEVICE says (the GPU by default); every
+    other pool keeps it on the GPU, as the one-node suites do; a value other than gpu or cpu is refused."""
+    import importlib
 
-    for pools in (internode.POOLS, ll.POOLS):
-        where = {name: p.reference_device for name, p in pools.items()}
-        assert where == {name: ("cpu" if p.num_ranks == 16 else None) for name, p in pools.items()}, where
-        assert any(p.num_ranks == 16 for p in pools.values())
+    from tests.gpu import conftest, test_internode_cases_gpu as internode, test_low_latency_nodes_gpu as ll
+
+    for value, sixteen in ((None, None), ("gpu", None), ("CPU", "cpu")):
+        if value is None:
+            monkeypatch.delenv("EP_RT_TEST_REFERENCE_DEVICE", raising=False)
+        else:
+            monkeypatch.setenv("EP_RT_TEST_REFERENCE_DEVICE", value)
+        for module in (internode, ll):
+            pools = importlib.reload(module).POOLS
+            where = {name: p.reference_device for name, p in pools.items()}
+            assert where == {name: (sixteen if p.num_ranks == 16 else None) for name, p in pools.items()}, where
+            assert any(p.num_ranks == 16 for p in pools.values())
+    monkeypatch.setenv("EP_RT_TEST_REFERENCE_DEVICE", "cuda:1")
+    with pytest.raises(ValueError, match="'gpu' or 'cpu'"):
+        conftest.sixteen_rank_reference_device()
+    monkeypatch.delenv("EP_RT_TEST_REFERENCE_DEVICE")
+    importlib.reload(internode), importlib.reload(ll)
 
 
 def test_case_ids_are_safe_and_refuse_clashes():
