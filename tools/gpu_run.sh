@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos, reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -162,9 +162,9 @@ step() {  # one named step; returns 3 for a name it does not know
     ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     reference_devices) run reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py ;;
-    ll16)  run ll16 570 python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
+    ll16)  run ll16 "${LIMIT_LL16:-570}" python3 -m pytest -q -rs --durations=10 -m "sixteen and not chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
-    ll16_chaos) run ll16_chaos 570 python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
+    ll16_chaos) run ll16_chaos "${LIMIT_LL16:-570}" python3 -m pytest -q -rs --durations=10 -m "sixteen and chaos" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     tests) run tests 540 python3 -m pytest -q -rs -m "not bench and not soak and not pypi" tests ;;  # no PyPI there
     ep8)   run ep8 540 python3 -m pytest -q -rs tests/gpu/test_ep8_gpu.py ;;  # needs 8 GPUs (issue 5)
