@@ -77,7 +77,7 @@ def _launch_split(call, n: int, driver) -> dict:
 
         return launch
 
-    before, after, launches = [], [], []
+    before, between, after, launches = [], [], [], []
     try:
         for name, fn in real.items():
             setattr(driver, name, stamped(fn))
@@ -90,6 +90,7 @@ def _launch_split(call, n: int, driver) -> dict:
             launches.append(len(stamps))
             if stamps:
                 before.append((stamps[0] - t0) * 1e6)
+                between.append((stamps[-1] - stamps[0]) * 1e6)
                 after.append((t1 - stamps[-1]) * 1e6)
     finally:
         for name, fn in real.items():
@@ -100,6 +101,8 @@ def _launch_split(call, n: int, driver) -> dict:
     return {
         "launches": statistics.median(launches),
         "to_first_launch_us": statistics.median(before),
+        # an HT dispatch's host wait for the notify's counts and its allocations lie here
+        "first_to_last_launch_us": statistics.median(between),
         "after_last_launch_us": statistics.median(after),
     }
 
@@ -227,7 +230,7 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     ll_dispatch()
     ll_dispatch_256()
     ht = bench_main.ht_buffer(num_ranks, 24)
-    hx, _, hidx, hw = bench.ht_inputs(4096, 7168, 8, 256, dev)[0]
+    hx, hx_fp8, hidx, hw = bench.ht_inputs(4096, 7168, 8, 256, dev)[0]
     config = Config(24, 6, 256, 6, 128)
     per_rank, _, per_expert, in_rank, _ = ht.get_dispatch_layout(hidx, 256)
     args = dict(num_tokens_per_rank=per_rank, is_token_in_rank=in_rank, num_tokens_per_expert=per_expert, config=config)
@@ -238,6 +241,12 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
     def ht_dispatch():
         out = ht.dispatch(hx, topk_idx=hidx, topk_weights=hw, **args)
         state["recv"], state["recv_w"], state["ht"] = out[0], out[2], out[4]
+
+    def ht_dispatch_fp8():
+        # issue 23: this call's host time was 256 us against 143 for BF16 (bench_cli, 20261206T204301Z), with only
+        # ~3 us more Python under the CPU stub; the launch split says whether the rest is before the notify, in the
+        # wait for its counts and the allocations, or after the dispatch's launch
+        ht.dispatch(hx_fp8, topk_idx=hidx, topk_weights=hw, **args)
 
     def ht_cached():
         ht.dispatch(hx, handle=state["ht"], config=config)
@@ -255,6 +264,7 @@ def profile_rank(rank: int, num_ranks: int, calls: int, top: int) -> dict:
         ("LL dispatch FP8, again after 256", ll_dispatch),
         ("HT get_dispatch_layout", ht_layout),
         ("HT dispatch BF16", ht_dispatch),
+        ("HT dispatch FP8", ht_dispatch_fp8),
         ("HT cached dispatch", ht_cached),
         ("HT combine BF16", ht_combine),
     ):
@@ -278,7 +288,8 @@ def format_result(res: dict) -> str:
         lines.append(f"{name}: host {op['host_us']:.1f} us (GPU idle before each call, median of {res['calls']})")
         if op.get("launches"):
             lines.append(
-                f"  until the first launch {op['to_first_launch_us']:.1f} us, after the last "
+                f"  until the first launch {op['to_first_launch_us']:.1f} us, from it to the last "
+                f"{op.get('first_to_last_launch_us', 0.0):.1f} us, after the last "
                 f"{op['after_last_launch_us']:.1f} us ({op['launches']:g} launches a call)"
             )
         for r in op["top"]:

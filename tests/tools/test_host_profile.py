@@ -37,6 +37,7 @@ def test_the_split_times_the_python_before_the_first_launch_and_after_the_last(m
     split = tool._launch_split(call, 5, driver)
     assert split["launches"] == 2 and launched == ["launch", "ex"] * 5
     assert 3000 <= split["to_first_launch_us"] < 3000 + 2500, split
+    assert 1000 <= split["first_to_last_launch_us"] < 1000 + 2500, split
     assert 6000 <= split["after_last_launch_us"] < 6000 + 2500, split
     assert (driver.launch, driver.launch_ex) == real  # the driver's functions are given back
     assert tool._launch_split(lambda: None, 3, driver) == {"launches": 0}
