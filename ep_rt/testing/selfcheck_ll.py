@@ -149,9 +149,10 @@ def to_packed(y: torch.Tensor, src_info: torch.Tensor, layout_range: torch.Tenso
     """Place y[l, s, t] at the packed rows that (src_info, layout_range) describe; other rows are zero."""
     L, R = layout_range.shape
     out = torch.zeros(L, R * T, y.size(-1), dtype=y.dtype, device=y.device)
+    ranges = layout_range.tolist()  # one read of the ranges, not one device sync per block
     for l in range(L):
         for s in range(R):
-            begin, n = int(layout_range[l, s]) >> 32, int(layout_range[l, s]) & 0xFFFFFFFF
+            begin, n = ranges[l][s] >> 32, ranges[l][s] & 0xFFFFFFFF
             if n:
                 t = src_info[l, begin : begin + n].long()
                 out[l, begin : begin + n] = y[l, s, t]
