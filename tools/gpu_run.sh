@@ -20,7 +20,7 @@
 #          soak_ht, soak_calls (LIMIT_CALLS), cu12, retest (RETEST="pytest ids"), doctor, server, cli, bench_cli, bench_rounds, bench_rounds_internode, tma_ab, host_profile, ll_ab (BASE),
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
-#          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), internode_main internode_aggressive
+#          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
 #          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
@@ -324,6 +324,14 @@ step() {  # one named step; returns 3 for a name it does not know
                PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
                python3 -m pytest -q -rs "$t"; done ;;
+    # cu12_marked: the per-case modules' pools selected by a marker expression (CU12_MARK, e.g. "sixteen and chaos")
+    # in CU12_FILES under the cu12 flavour with the carried cu12 host library: the emulated layouts and variants in
+    # the cu12 flavour without one pool start per case (issue 21 asks for both flavours on every layout).
+    cu12_marked) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
+             run cu12_marked "${LIMIT_CU12:-540}" env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
+               EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
+               python3 -m pytest -q -rs --durations=10 -m "${CU12_MARK:?cu12_marked needs CU12_MARK}" \
+               ${CU12_FILES:?cu12_marked needs CU12_FILES} ;;
     bench) run bench 300 python3 -m pytest -q -m bench tests/bench --benchmark-columns=min,median,max,rounds \
              --benchmark-json="$LOGS/bench.json" ;;
     *) return 3 ;;

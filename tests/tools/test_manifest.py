@@ -826,6 +826,7 @@ REPO_MARKED = {
     "cu13/sm_90/default/low_latency.cubin",
     "cu12/sm_90/default/low_latency.cubin",
     "cu13/sm_90/chaos/low_latency.cubin",
+    "cu12/sm_90/chaos/low_latency.cubin",
     "cu12/sm_90/aggressive/intranode.cubin",
     "cu12/sm_90/default/layout.cubin",
     "cu12/sm_90/safe/intranode.cubin",
