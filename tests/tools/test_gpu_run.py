@@ -80,7 +80,9 @@ def test_an_unknown_step_or_a_missing_setting_refuses_before_any_step(tmp_path):
     assert rc == 2 and "step 'no_such_step' is unknown" in text and "=== doctor" not in text
     rc, text = _run(tmp_path, "abc1234", _here(), STEPS="retest")  # retest needs RETEST
     assert rc == 2 and "step 'retest'" in text
-    assert len(_attempts(tmp_path)) == 2  # two attempts, two folders
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="cu12_marked", CU12_FILES="tests/gpu")  # and CU12_MARK
+    assert rc == 2 and "step 'cu12_marked'" in text and "CU12_MARK" in text
+    assert len(_attempts(tmp_path)) == 3  # three attempts, three folders
 
 
 def test_steps_are_recorded_ok_failed_and_timed_out(tmp_path):
