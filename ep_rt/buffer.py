@@ -8,7 +8,6 @@ import warnings
 from typing import Optional, Tuple, Union
 
 import torch
-import torch.distributed as dist
 
 from . import buffer_memory, buffer_plan, call_guard, config as config_mod, config_file, env, validate
 from .config import Config
@@ -22,7 +21,7 @@ from .ops.intranode import IntranodeOp
 from .ops.layout import LayoutOp
 from .ops.mode_switch import ModeSwitch
 from .runtime import driver, modules
-from .transport import agreement
+from .transport import agreement, collective
 from .transport.error_record import INPUT_SLOT, ErrorRecords
 from .transport.host_wait import settle_after_interrupt
 from .transport.nvl import NvlBuffer
@@ -87,7 +86,7 @@ class Buffer:
         same sizes and modes, which are compared first and refused on every rank if they differ).
 
         Arguments:
-            group: the torch.distributed process group of the expert-parallel ranks.
+            group: the torch.distributed process group of the expert-parallel ranks (None with `comm`).
             num_nvl_bytes: the NVL buffer size in bytes (a multiple of 128) for high-throughput calls; size it with
                 Config.get_nvl_buffer_size_hint. 0: no intranode buffer.
             num_rdma_bytes: the RDMA buffer size in bytes (a multiple of 128) for the low-latency mode
@@ -104,7 +103,8 @@ class Buffer:
                 garbage-collected.
             enable_shrink: the low-latency mode's shrink mode: a rank that stops answering is masked instead of
                 failing the calls (low_latency_*_mask_buffer).
-            comm: an mpi4py communicator in place of `group`; not implemented, raises NotImplementedError.
+            comm: an mpi4py communicator in place of `group` (used only when `group` is None, as DeepEP): the
+                setup's collectives go through its allgather and Barrier; `self.group` is then None.
             timeout_s (ep_rt): how long a kernel or host wait waits for a peer before raising CommTimeoutError;
                 default EP_RT_TIMEOUT_S (100 s). Internode waits use EP_RT_NET_TIMEOUT_S (default 3 x this).
 
@@ -116,14 +116,17 @@ class Buffer:
         self._nvl = self._ll = self._ht = self._layout = self._modes = None
         self.destroyed = False
         if group is None and comm is not None:
-            raise buffer_plan.not_yet("mpi4py communicators (comm=); pass a torch.distributed process group")
-        validate.process_group(group)
+            members = collective.MpiGroup(comm)  # (collective over comm: every rank's COMM_WORLD number)
+        else:
+            validate.process_group(group)
+            members = group
         buffer_plan.check_arguments(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, use_fabric)
         validate.cuda_available()
         self.num_qps_per_rank = num_qps_per_rank
-        self.rank = dist.get_rank(group)
+        self.rank = collective.rank(members)
         self.group = group
-        self.group_size = dist.get_world_size(group)
+        self.group_size = collective.size(members)
+        self._members = members  # the group's collectives: `group`, or `comm` wrapped (transport.collective)
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
         self.low_latency_mode = low_latency_mode
@@ -141,7 +144,7 @@ class Buffer:
         self.comm_stream = torch.cuda.Stream(device=self.device, priority=-1)
         timeout = buffer_plan.timeout_of(timeout_s, env.timeout_s)
 
-        self.topology = topo = Topology.gather(group, driver.pci_bus_id(self.device_index))
+        self.topology = topo = Topology.gather(members, driver.pci_bus_id(self.device_index))
         # Before the first collective allocation: every rank's local preparation (the plan included), and the inputs
         # that decide sizes, layouts, modes and the NVSHMEM world, compared over the group (raises on every rank if
         # they differ or any rank failed; transport.agreement).
@@ -156,10 +159,10 @@ class Buffer:
         )
         shared = agreement.buffer_values(args, topo)
         shared["EP_RT_TOPK_IDX_BITS (ep_rt.topk_idx_t)"] = str(validate.topk_idx_t)
-        setup = agreement.exchange(group, shared, lambda: self._prepare(group, topo, timeout, **args))
+        setup = agreement.exchange(members, shared, lambda: self._prepare(members, topo, timeout, **args))
         self._plan = plan = setup.plan
         try:
-            self._build(plan, setup, group, topo, num_nvl_bytes)
+            self._build(plan, setup, members, topo, num_nvl_bytes)
         except BaseException:  # an error, a peer that never came, Ctrl-C: the caller never gets this Buffer
             self._abandon_construction()
             raise
@@ -276,7 +279,7 @@ class Buffer:
         from .transport.nvshmem import NvshmemSession
 
         if self._session is None:
-            self._session = self._own(NvshmemSession(self.group, setup.nvshmem, topo))
+            self._session = self._own(NvshmemSession(self._members, setup.nvshmem, topo))
             self.nvshmem_qp_depth = self._session.qp_depth
         module = modules.load_entry(self.device_index, setup.entries[kind])
         self._session.register(module)

@@ -18,7 +18,7 @@ RAIL, FULL = "rail", "full"  # NVSHMEM worlds (transport.nvshmem_world)
 
 _NOT_YET = (
     "ep_rt does not implement {what} yet (this release covers high-throughput dispatch and combine within and "
-    "across nodes over a torch.distributed process group, and the low-latency mode)"
+    "across nodes over a torch.distributed process group or an mpi4py communicator, and the low-latency mode)"
 )
 
 

@@ -31,3 +31,44 @@ class FakeGroup:
         self.gathers.append(obj)
         for r in range(self.size):
             table[r] = obj if r == self.rank else peers[r]
+
+
+class FakeComm:
+    """A stand-in for an mpi4py communicator, one rank of `size` (Buffer(None, ..., comm=...)): each allgather takes
+    the next entry of `calls` as FakeGroup.all_gather_object does (the first is transport.collective.MpiGroup's
+    gather of every rank's MPI.COMM_WORLD number) and returns the table; Barrier counts."""
+
+    def __init__(self, rank: int, size: int, calls=()):
+        self.rank, self.size = rank, size
+        self.calls = [c if c == MIRROR else list(c) for c in calls]
+        self.gathers = []  # this rank's contribution to each allgather, in order
+        self.barriers = 0
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def allgather(self, obj):
+        if not self.calls:
+            raise AssertionError(f"rank {self.rank}: an allgather nobody expected (contributing {obj!r})")
+        peers = self.calls.pop(0)
+        if peers == MIRROR:
+            peers = [obj] * self.size
+        self.gathers.append(obj)
+        return [obj if r == self.rank else peers[r] for r in range(self.size)]
+
+    def Barrier(self):
+        self.barriers += 1
+
+
+def fake_mpi4py(monkeypatch, world_rank: int) -> None:
+    """`from mpi4py import MPI` gives a module whose COMM_WORLD says this process is `world_rank`."""
+    import sys
+    import types
+
+    world = types.SimpleNamespace(Get_rank=lambda: world_rank)
+    package = types.ModuleType("mpi4py")
+    package.MPI = types.SimpleNamespace(COMM_WORLD=world)
+    monkeypatch.setitem(sys.modules, "mpi4py", package)

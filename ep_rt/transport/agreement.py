@@ -120,7 +120,7 @@ def exchange(group, values: Mapping, prepare: Callable[[], object] | None = None
     """Collective over `group`: run `prepare()` (this rank's local preparation; it may raise), contribute `values`
     (plus, when prepare returns a (values, result) pair, its values) and the error, compare every rank's, and raise
     on every rank when they differ or any rank failed. Returns prepare's result."""
-    import torch.distributed as dist
+    from . import collective
 
     mine = dict(values)
     result, error = None, None
@@ -131,9 +131,8 @@ def exchange(group, values: Mapping, prepare: Callable[[], object] | None = None
     except Exception as e:  # shipped to the peers, re-raised below
         error = e
     contribution = {"values": mine, "error": None if error is None else (type(error).__name__, str(error))}
-    table = [None] * dist.get_world_size(group)
-    dist.all_gather_object(table, contribution, group=group)
-    problem = verdict(table, dist.get_rank(group))
+    table = collective.all_gather_object(group, contribution)
+    problem = verdict(table, collective.rank(group))
     if problem is not None:
         raise problem from error
     if error is not None:

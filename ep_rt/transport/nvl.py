@@ -16,12 +16,11 @@ from __future__ import annotations
 import ctypes
 
 import torch
-import torch.distributed as dist
 
 from ..errors import EpRtError
 from ..runtime import abi, driver, modules
 from ..runtime.launch import Launcher
-from . import nvl_layout
+from . import collective, nvl_layout
 from .error_record import ErrorRecords
 from .device_view import device_tensor
 from .host_wait import settle_after_interrupt, wait_for_token
@@ -77,8 +76,7 @@ class NvlBuffer:
         errors.on_rearm(SLOT, self._reset_error_claim)
 
         handle = driver.ipc_get_handle(self.local_ptr)
-        gathered = [None] * topology.num_ranks
-        dist.all_gather_object(gathered, handle, group=group)
+        gathered = collective.all_gather_object(group, handle)
         if gathered[topology.rank] != handle:
             raise EpRtError("IPC handle exchange returned a different handle for this rank")
         for local, r in enumerate(topology.local_ranks):

@@ -16,11 +16,10 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch.distributed as dist
 
 from .. import env
 from ..errors import EpRtError
-from . import network_settings, nvshmem_dist, nvshmem_world
+from . import collective, network_settings, nvshmem_dist, nvshmem_world
 from .nvshmem_deadline import CollectiveDeadline
 
 _UNIQUEID_BYTES, _ATTR_BYTES = 128, 144
@@ -139,14 +138,13 @@ def init(group, world: nvshmem_world.NvshmemWorld, identity: tuple, topology) ->
         _state["users"] += 1
         return joined
     lib = _lib()
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    rank = collective.rank(group)
     mine = None
     if rank in nvshmem_world.root_ranks(world.kind, topology):
         uid = ctypes.create_string_buffer(_UNIQUEID_BYTES)
         ret = lib.nvshmemx_get_uniqueid(uid)
         mine = uid.raw if ret == 0 else ("error", f"nvshmemx_get_uniqueid failed ({ret}) on rank {rank}")
-    shared = [None] * size
-    dist.all_gather_object(shared, mine, group=group)  # a root's failure is seen by every rank, not only its own
+    shared = collective.all_gather_object(group, mine)  # a root's failure is seen by every rank, not only its own
     chosen = shared[world.root]
     if not isinstance(chosen, bytes):
         raise EpRtError(chosen[1] if isinstance(chosen, tuple) else f"rank {world.root} sent no NVSHMEM unique id")
@@ -166,7 +164,7 @@ def init(group, world: nvshmem_world.NvshmemWorld, identity: tuple, topology) ->
             for turn in range(turns):
                 if turn == topology.local_rank:
                     ret = lib.nvshmemx_hostlib_init_attr(_INIT_WITH_UNIQUEID, attr)
-                dist.barrier(group=group)
+                collective.barrier(group)
     if ret != 0:
         raise EpRtError(f"NVSHMEM initialisation failed ({ret}); see NVSHMEM's messages above")
     _state.update(users=1, world=world, identity=identity)
@@ -255,7 +253,7 @@ def prepare(
     NVSHMEM's version rule for the cubin linked against `device_version`."""
     place = network_settings.HostPlace.from_topology(topology)
     plan = network_settings.plan(num_qps_per_rank, allow_nvlink, allow_mnnvl, topology.single_host, place=place)
-    identity = (tuple(dist.get_global_rank(group, r) for r in range(topology.num_ranks)), topology.node_size)
+    identity = (tuple(collective.global_rank(group, r) for r in range(topology.num_ranks)), topology.node_size)
     world = world_for(wanted, identity, topology)
     check_compatible(device_version, plan.ibgda_peers)  # the rule is stricter where IBGDA carries remote peers
     return Preparation(plan, world, identity, _state["users"] == 0)

@@ -32,12 +32,11 @@ class Topology:
         of some raising while the others wait in the Buffer's next collective)."""
         import os
 
-        import torch.distributed as dist
+        from . import collective
 
         me = (socket.gethostname(), bus_id, os.environ.get("EP_RT_RANKS_PER_NODE", "").strip())
-        table = [None] * dist.get_world_size(group)
-        dist.all_gather_object(table, me, group=group)
-        return cls.from_gathered(dist.get_rank(group), table)
+        table = collective.all_gather_object(group, me)
+        return cls.from_gathered(collective.rank(group), table)
 
     @classmethod
     def from_gathered(cls, rank: int, table: list) -> "Topology":
@@ -121,11 +120,10 @@ class Topology:
         """Collective: every pair of distinct GPUs within each node must be NVLink peers. Each rank checks its
         own node with NVML (it sees only its host's GPUs); every rank raises if any rank found a problem, so no
         rank is left waiting in a later collective."""
-        import torch.distributed as dist
+        from . import collective
 
         problems = [] if env.skip_topology_check() else nvlink_problems([self.bus_ids[r] for r in self.local_ranks])
-        found = [None] * self.num_ranks
-        dist.all_gather_object(found, problems, group=group)
+        found = collective.all_gather_object(group, problems)
         union = sorted({p for ps in found for p in ps})
         if union:
             raise TopologyError(

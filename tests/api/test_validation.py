@@ -185,7 +185,7 @@ def test_buffer_without_group_names_the_group_not_mpi4py():
             Buffer(group, 0)
         assert isinstance(e.value, EpRtError) and isinstance(e.value, ValueError)
         assert "comm" not in str(e.value) and "mpi4py" not in str(e.value)
-    with pytest.raises(NotImplementedError, match="mpi4py"):
+    with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
         Buffer(None, 0, comm=object())
 
 

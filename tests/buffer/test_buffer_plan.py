@@ -46,7 +46,8 @@ def plan(
             dict(use_fabric=True),
             NotImplementedError,
             "ep_rt does not implement fabric (MNNVL) memory handles yet (this release covers high-throughput dispatch and "
-            "combine within and across nodes over a torch.distributed process group, and the low-latency mode)",
+            "combine within and across nodes over a torch.distributed process group or an mpi4py communicator, and the "
+            "low-latency mode)",
         ),
         (dict(num_nvl_bytes=100), ValueError, "num_nvl_bytes must be a non-negative multiple of 128, got 100"),
         (dict(num_nvl_bytes=-128), ValueError, "num_nvl_bytes must be a non-negative multiple of 128, got -128"),
@@ -86,12 +87,9 @@ def test_check_arguments_accepts_what_buffer_accepts():
 
 
 def test_the_not_yet_error_names_what():
-    e = bp.not_yet("mpi4py communicators (comm=); pass a torch.distributed process group")
+    e = bp.not_yet("fabric (MNNVL) memory handles")
     assert isinstance(e, NotImplementedError)
-    assert str(e).startswith(
-        "ep_rt does not implement mpi4py communicators (comm=); pass a torch.distributed "
-        "process group yet (this release covers"
-    )
+    assert str(e).startswith("ep_rt does not implement fabric (MNNVL) memory handles yet (this release covers")
 
 
 # ---- timeout_of -------------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from ep_rt.ops.low_latency import LowLatencyOp
 from ep_rt.transport import nvshmem, nvshmem_world as nw
 from ep_rt.transport.topology import Topology
 
-from ..fake_dist import MIRROR, FakeGroup
+from ..fake_dist import MIRROR, FakeComm, FakeGroup, fake_mpi4py
 
 
 class Allocated(Exception):
@@ -120,3 +120,63 @@ def test_the_world_a_buffer_asks_for(no_gpu, low_latency_mode, rail_supported, k
         assert (w.members, w.my_pe, w.pe_base, w.pe_stride) == ((2, 10), 1, 0, 1)
     else:
         assert (w.npes, w.my_pe, w.pe_base, w.pe_stride) == (16, 10, 2, 8)
+
+
+def _torch_distributed_untouched(monkeypatch):
+    def untouched(*a, **k):
+        raise AssertionError("torch.distributed was called for a Buffer made over an mpi4py communicator")
+
+    for name in ("get_rank", "get_world_size", "all_gather_object", "barrier", "get_global_rank"):
+        monkeypatch.setattr(torch.distributed, name, untouched)
+
+
+def test_an_mpi4py_communicator_carries_the_comparison(no_gpu):
+    """Buffer(None, ..., comm=c), as TensorRT-LLM makes DeepEP's: the comparison over the ranks goes through
+    c.allgather (torch.distributed is never called), and a peer with other sizes is still refused on every rank."""
+    use_topology(no_gpu, 0, 1, 4)
+    _torch_distributed_untouched(no_gpu)
+    fake_mpi4py(no_gpu, world_rank=0)
+
+    class Peers(FakeComm):
+        def allgather(self, obj):
+            if isinstance(obj, dict):  # the comparison: rank 2 asks for another NVL size
+                other = {"values": {**obj["values"], "num_nvl_bytes": 1 << 21}, "error": None}
+                self.calls = [[obj, obj, other, obj]]
+            return super().allgather(obj)
+
+    comm = Peers(0, 4, calls=[[0, 1, 2, 3]])
+    with pytest.raises(RankMismatchError, match=r"num_nvl_bytes: 1048576 on ranks 0-1, 3; 2097152 on rank 2"):
+        buffer_mod.Buffer(None, 1 << 20, comm=comm)
+    assert len(comm.gathers) == 2  # the COMM_WORLD numbers, then the comparison
+
+
+def test_an_mpi4py_buffer_asks_for_its_world_by_comm_world_numbers(no_gpu):
+    """The NVSHMEM world and its identity come from the communicator: ranks numbered as in MPI.COMM_WORLD."""
+    use_topology(no_gpu, 1, 1, 2)
+    _torch_distributed_untouched(no_gpu)
+    fake_mpi4py(no_gpu, world_rank=5)
+    comm = FakeComm(1, 2, calls=[[4, 5], MIRROR])
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def prepare(group, topology, wanted, device_version, num_qps, allow_nvlink, allow_mnnvl):
+        from ep_rt.transport import collective
+
+        seen.append((collective.rank(group), [collective.global_rank(group, r) for r in range(2)]))
+        raise Stop
+
+    no_gpu.setattr(nvshmem, "prepare", prepare)
+    with pytest.raises(Stop):
+        buffer_mod.Buffer(None, 0, 1 << 20, low_latency_mode=True, comm=comm)
+    assert seen == [(1, [4, 5])]
+
+
+def test_group_wins_over_comm_as_in_deepep(no_gpu):
+    use_topology(no_gpu, 1, 1, 4)
+    FakeGroup(1, 4, calls=[MIRROR]).install(no_gpu)
+    comm = FakeComm(1, 4)  # any allgather on it fails (no calls expected)
+    with pytest.raises(ValueError, match="num_rdma_bytes is for the low-latency mode"):
+        buffer_mod.Buffer(object(), 1 << 20, 1 << 20, comm=comm)
+    assert comm.gathers == [] and comm.barriers == 0

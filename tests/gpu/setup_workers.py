@@ -78,3 +78,52 @@ def worlds(rank, num_ranks, ranks_per_node):
     ht.destroy()
     ll.destroy()
     return got
+
+
+def over_a_communicator(rank, num_ranks, seed):
+    """Buffer(None, ..., comm=c), as TensorRT-LLM makes DeepEP's: c an mpi4py-like communicator whose allgather and
+    Barrier go over this process group's gloo world, with mpi4py itself stood in (MPI.COMM_WORLD numbers the ranks
+    as the world does; no MPI here). The setup's collectives take the communicator's path; then one high-throughput
+    case and one low-latency case, each bit-exact with the reference."""
+    import sys
+    import types
+
+    from ep_rt import Config
+    from ep_rt.testing import selfcheck_ht, selfcheck_ll
+
+    class GlooComm:
+        gathers = barriers = 0
+
+        def Get_rank(self):
+            return dist.get_rank()
+
+        def Get_size(self):
+            return dist.get_world_size()
+
+        def allgather(self, obj):
+            self.gathers += 1
+            table = [None] * dist.get_world_size()
+            dist.all_gather_object(table, obj)
+            return table
+
+        def Barrier(self):
+            self.barriers += 1
+            dist.barrier()
+
+    package = types.ModuleType("mpi4py")
+    package.MPI = types.SimpleNamespace(COMM_WORLD=types.SimpleNamespace(Get_rank=dist.get_rank))
+    sys.modules["mpi4py"] = package
+    comm = GlooComm()
+    ht = selfcheck_ht.Case("bf16 uniform", num_tokens=1024, hidden=2048)
+    ll = selfcheck_ll.LLCase("fp8")
+    nvl = Config(24).get_nvl_buffer_size_hint(ht.hidden * 2, num_ranks, ht.num_tokens)
+    rdma = Buffer.get_low_latency_rdma_size_hint(ll.max_tokens, ll.hidden, num_ranks, ll.num_experts)
+    buf = Buffer(None, nvl, rdma, low_latency_mode=True, num_qps_per_rank=4, explicitly_destroy=True, comm=comm)
+    out = {"group": buf.group, "rank": buf.rank, "size": buf.group_size, "setup_gathers": comm.gathers, "cases": []}
+    for name, chk in (
+        (ht.name, selfcheck_ht.run_case(buf, ht, seed)),
+        (f"LL {ll.name}", selfcheck_ll.run_ll_case(buf, ll, seed + 1)),
+    ):
+        out["cases"].append((name, chk.checks, chk.failures))
+    buf.destroy()
+    return out

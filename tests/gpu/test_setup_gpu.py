@@ -26,3 +26,20 @@ def test_worlds_of_low_latency_and_high_throughput_buffers():
         assert r["ht_shares"], rank
         if rank < 2:
             assert r["sub"] is not None and "NVSHMEM is initialised once per process" in r["sub"], r["sub"]
+
+
+@gpus(1)
+def test_a_buffer_made_over_an_mpi4py_style_communicator_works():
+    """Buffer(None, ..., comm=c) (DeepEP's comm=, which TensorRT-LLM passes): the setup gathers over c, and an HT and
+    an LL case are bit-exact (c's collectives ride the gloo world; mpi4py is stood in: no MPI on the GPU machine)."""
+    import random
+
+    seed = random.SystemRandom().randrange(1 << 30)
+    env = {"EP_RT_TIMEOUT_S": "20"}
+    results = run_ranks(setup_workers.over_a_communicator, 2, args=(seed,), env=env, timeout_s=300)
+    for rank, r in enumerate(results):
+        assert (r["group"], r["rank"], r["size"]) == (None, rank, 2), r
+        assert r["setup_gathers"] >= 4, r  # COMM_WORLD numbers, topology, agreement, IPC handles, NVSHMEM id, ...
+        assert [name for name, _, _ in r["cases"]] == ["bf16 uniform", "LL fp8"], r["cases"]
+        for name, checks, failures in r["cases"]:
+            assert checks > 0 and not failures, (rank, name, failures[:5], f"seed {seed}")

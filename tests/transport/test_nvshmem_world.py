@@ -172,7 +172,7 @@ def test_init_in_turns_starts_nvshmem_in_its_rails_turn_and_takes_every_barrier(
     t = emulated(rank, 2, 2)
     order = []
     FakeGroup(rank, 4, calls=[[uid(b"rail0"), uid(b"rail1"), None, None]]).install(monkeypatch)
-    monkeypatch.setattr(nvshmem.dist, "barrier", lambda group=None: order.append("barrier"))
+    monkeypatch.setattr(torch.distributed, "barrier", lambda group=None: order.append("barrier"))
     lib = FakeLib()
     lib.nvshmemx_hostlib_init_attr = lambda flags, attr: order.append("init") or 0
     monkeypatch.setattr(nvshmem, "_lib", lambda: lib)
