@@ -115,13 +115,16 @@ class Buffer:
         self._parts = []  # transports, in construction order; destroyed in reverse (see _release)
         self._nvl = self._ll = self._ht = self._layout = self._modes = None
         self.destroyed = False
-        if group is None and comm is not None:
-            members = collective.MpiGroup(comm)  # (collective over comm: every rank's COMM_WORLD number)
+        over_comm = group is None and comm is not None
+        if over_comm:
+            collective.check_communicator(comm)
         else:
             validate.process_group(group)
-            members = group
         buffer_plan.check_arguments(num_nvl_bytes, num_rdma_bytes, low_latency_mode, num_qps_per_rank, use_fabric)
         validate.cuda_available()
+        # (the communicator's first collective, every rank's COMM_WORLD number, after the local checks, as a group's
+        # first collective is)
+        members = collective.MpiGroup(comm) if over_comm else group
         self.num_qps_per_rank = num_qps_per_rank
         self.rank = collective.rank(members)
         self.group = group

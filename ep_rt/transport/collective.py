@@ -19,20 +19,27 @@ class MpiGroup:
     launcher did)."""
 
     def __init__(self, comm):
-        missing = [m for m in _MPI_METHODS if not callable(getattr(comm, m, None))]
-        if missing:
-            raise TypeError(
-                f"comm must be an mpi4py communicator (with {', '.join(_MPI_METHODS)}); {type(comm).__name__} "
-                f"lacks {', '.join(missing)}"
-            )
+        MPI = check_communicator(comm)
         self.comm = comm
         self.rank = int(comm.Get_rank())
         self.size = int(comm.Get_size())
-        try:
-            from mpi4py import MPI
-        except ImportError as e:  # a communicator without its package: not something mpi4py hands out
-            raise TypeError("comm= needs mpi4py importable in this process (pip install mpi4py)") from e
         self.global_ranks = tuple(int(r) for r in comm.allgather(int(MPI.COMM_WORLD.Get_rank())))
+
+
+def check_communicator(comm):
+    """Local (no collective): that `comm` has what an mpi4py communicator has and mpi4py is importable; returns
+    mpi4py's MPI module."""
+    missing = [m for m in _MPI_METHODS if not callable(getattr(comm, m, None))]
+    if missing:
+        raise TypeError(
+            f"comm must be an mpi4py communicator (with {', '.join(_MPI_METHODS)}); {type(comm).__name__} "
+            f"lacks {', '.join(missing)}"
+        )
+    try:
+        from mpi4py import MPI
+    except ImportError as e:  # a communicator without its package: not something mpi4py hands out
+        raise TypeError("comm= needs mpi4py importable in this process (pip install mpi4py)") from e
+    return MPI
 
 
 def rank(group) -> int:

@@ -180,3 +180,15 @@ def test_group_wins_over_comm_as_in_deepep(no_gpu):
     with pytest.raises(ValueError, match="num_rdma_bytes is for the low-latency mode"):
         buffer_mod.Buffer(object(), 1 << 20, 1 << 20, comm=comm)
     assert comm.gathers == [] and comm.barriers == 0
+
+
+def test_a_communicators_first_collective_comes_after_the_local_checks(no_gpu):
+    """Bad arguments are refused before the communicator's first allgather (as before a group's first collective),
+    and what is not a communicator before anything else."""
+    fake_mpi4py(no_gpu, world_rank=0)
+    comm = FakeComm(0, 2)  # any allgather on it fails (no calls expected)
+    with pytest.raises(ValueError, match="num_nvl_bytes must be a non-negative multiple of 128"):
+        buffer_mod.Buffer(None, 100, comm=comm)
+    assert comm.gathers == []
+    with pytest.raises(TypeError, match="comm must be an mpi4py communicator"):
+        buffer_mod.Buffer(None, 100, comm=object())
