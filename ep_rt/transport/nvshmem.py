@@ -16,7 +16,6 @@ import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from .. import env
 from ..errors import EpRtError
 from . import collective, network_settings, nvshmem_dist, nvshmem_world
