@@ -23,25 +23,27 @@ class FakeGroup:
         return self
 
     def all_gather_object(self, table, obj, group=None):
+        table[:] = self.next_table(obj, "all_gather_object")
+
+    def next_table(self, obj, what: str) -> list:
+        """The next gather's table: the next entry of `calls` with this rank's own entry `obj`, recorded."""
         if not self.calls:
-            raise AssertionError(f"rank {self.rank}: an all_gather_object nobody expected (contributing {obj!r})")
+            raise AssertionError(f"rank {self.rank}: an {what} nobody expected (contributing {obj!r})")
         peers = self.calls.pop(0)
         if peers == MIRROR:
             peers = [obj] * self.size
         self.gathers.append(obj)
-        for r in range(self.size):
-            table[r] = obj if r == self.rank else peers[r]
+        return [obj if r == self.rank else peers[r] for r in range(self.size)]
 
 
-class FakeComm:
+class FakeComm(FakeGroup):
     """A stand-in for an mpi4py communicator, one rank of `size` (Buffer(None, ..., comm=...)): each allgather takes
     the next entry of `calls` as FakeGroup.all_gather_object does (the first is transport.collective.MpiGroup's
-    gather of every rank's MPI.COMM_WORLD number) and returns the table; Barrier counts."""
+    gather of every rank's MPI.COMM_WORLD number) and returns the table; Barrier counts. (Not installed into
+    torch.distributed: a Buffer over a communicator never calls it.)"""
 
     def __init__(self, rank: int, size: int, calls=()):
-        self.rank, self.size = rank, size
-        self.calls = [c if c == MIRROR else list(c) for c in calls]
-        self.gathers = []  # this rank's contribution to each allgather, in order
+        super().__init__(rank, size, calls)
         self.barriers = 0
 
     def Get_rank(self):
@@ -51,13 +53,7 @@ class FakeComm:
         return self.size
 
     def allgather(self, obj):
-        if not self.calls:
-            raise AssertionError(f"rank {self.rank}: an allgather nobody expected (contributing {obj!r})")
-        peers = self.calls.pop(0)
-        if peers == MIRROR:
-            peers = [obj] * self.size
-        self.gathers.append(obj)
-        return [obj if r == self.rank else peers[r] for r in range(self.size)]
+        return self.next_table(obj, "allgather")
 
     def Barrier(self):
         self.barriers += 1
