@@ -17,7 +17,11 @@ Re-recorded for issue 22 item 2 (one symmetric buffer for both modes), after che
 latency" changed, and only so: one symmetric allocation (num_rdma_bytes, the internode control area, then the LL
 one) instead of two, so the LL control offsets grow by the internode control area's size and one nvshmem free goes;
 an ep_rt_ll_barrier on the comm stream before the first LL call after the HT calls (ops/mode_switch.py); an event
-recorded after each LL receive hook (where a later HT call's comm stream waits).
+recorded after each LL receive hook (where a later HT call's comm stream waits). Re-recorded for issue 23 item 2
+(events.wait_stream's fence through the driver), after checking that the new trace equals the old one once each
+driver.record_and_wait(event, waitee, waiter) reads as Event.record(waitee) + Stream.wait_event(waiter), the one
+Event.record and driver.make_event that make each stream's fence event are taken out, and driver.make_stream events
+(one more: the compute stream's CUstream, now made at its first fence) are left out of the comparison.
 
     python -m tests.host_trace            # print the differences against the golden trace (none: exit 0)
     python -m tests.host_trace --write    # record the golden trace (only from code whose behaviour is the reference)
@@ -256,6 +260,8 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         def record(self, stream=None):
             trace.add("Event.record", stream)
 
+        cuda_event = 0x30  # (events.wait_stream hands it to the driver's calls: stubbed below)
+
     def entry(family, nvshmem_linked):
         return {
             "family": family,
@@ -351,6 +357,8 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         mp.setattr(driver, "ipc_open_handle", rec("ipc_open_handle", fake_ptr))
         mp.setattr(driver, "host_alloc_mapped", host_alloc_mapped)
         mp.setattr(driver, "make_stream", lambda handle: trace.add("driver.make_stream", handle) or handle)
+        mp.setattr(driver, "make_event", lambda handle: trace.add("driver.make_event", handle) or handle)
+        mp.setattr(driver, "record_and_wait", lambda ev, s, w: trace.add("driver.record_and_wait", ev, s, w))
         mp.setattr(driver, "make_launch_config", make_launch_config)
         mp.setattr(driver, "launch", lambda *a: do_launch("launch", None, *a))
         mp.setattr(driver, "launch_ex", lambda c, *a: do_launch("launch_ex", c, *a))

@@ -84,9 +84,18 @@ class FakeEvent:
         COUNT["torch.cuda.Event()"] += 1
         self.stream = None
 
+    cuda_event = 0x3333
+
     def record(self, stream=None):
         COUNT["Event.record"] += 1
         self.stream = stream if stream is not None else COMPUTE
+
+
+def _record_and_wait(event, waitee, waiter):
+    """events.wait_stream's fence through the driver (streams by name: launch.driver_stream is stubbed)."""
+    COUNT["cuEventRecord + cuStreamWaitEvent"] += 1
+    if S.trace is not None:
+        S.trace.append({"wait": [waiter, waitee]})
 
 
 def _current_stream(device=None):
@@ -207,6 +216,8 @@ _PATCHES = [
     (driver, "make_launch_config", _make_launch_config),
     (driver, "memset_d32_async", _memset_d32_async),
     (launch, "driver_stream", lambda s: s.name),
+    (driver, "make_event", lambda handle: handle),
+    (driver, "record_and_wait", _record_and_wait),
 ]
 
 

@@ -13,8 +13,8 @@ reports, per call:
   cuLaunchKernel and Event.record included: cProfile sees C functions called from Python);
 * the primitives alone, timed in a loop: torch.empty, an event record, a stream wait on an event, a new event,
   torch.cuda.current_stream(), a ctypes memmove of 512 bytes (ep_rt's kernel launches are in the cProfile rows),
-  and beside them candidates for a leaner LL path (_candidates: a fence through the driver, one allocation for
-  three outputs).
+  and beside them ways of the LL path (_candidates: the fence as ep_rt makes it, as it made it through torch, and
+  raw; one allocation for three outputs).
 
 cProfile's own cost inflates every figure under it; the shares are what to read there, not the sums.
 
@@ -152,10 +152,11 @@ def _primitives(device, n: int) -> dict:
 
 
 def _candidates(device, side, n: int) -> dict:
-    """What a leaner LL host path could use instead, timed beside what it uses now (not used by ep_rt yet):
-    a stream-to-stream fence through torch (ep_rt's events.wait_stream: Event.record + Stream.wait_event) and
-    through the driver (cuEventRecord + cuStreamWaitEvent, event and stream objects made once); the LL dispatch's
-    three handle outputs as three torch.empty against one torch.empty and three typed views of it."""
+    """Ways of the LL host path timed beside each other: the stream-to-stream fence as ep_rt makes it
+    (events.wait_stream: cuEventRecord + cuStreamWaitEvent on a reused torch-made event, since the twenty-fifth
+    session), as it made it before (torch's Event.record + Stream.wait_event on a reused event) and through raw
+    driver calls with no Python around them; the LL dispatch's three handle outputs as three torch.empty against one
+    torch.empty and three typed views of it."""
     import torch
     from cuda.bindings import driver as cu
 
@@ -165,10 +166,15 @@ def _candidates(device, side, n: int) -> dict:
     cur = torch.cuda.current_stream(device)
     raw = check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate")
     s_cur, s_side = cu.CUstream(cur.cuda_stream), cu.CUstream(side.cuda_stream)
+    torch_event = torch.cuda.Event()
 
     def driver_fence():
         cu.cuEventRecord(raw, s_cur)
         cu.cuStreamWaitEvent(s_side, raw, 0)
+
+    def torch_fence():
+        torch_event.record(cur)
+        side.wait_event(torch_event)
 
     L, RT, R = 288, 128, 1
 
@@ -186,8 +192,9 @@ def _candidates(device, side, n: int) -> dict:
         base[b:].view(torch.int32)
 
     out = {
-        "fence: events.wait_stream (torch)": _median_us(lambda: events.wait_stream(side, cur), n),
-        "fence: cuEventRecord + cuStreamWaitEvent": _median_us(driver_fence, n),
+        "fence: events.wait_stream (ep_rt's, through the driver)": _median_us(lambda: events.wait_stream(side, cur), n),
+        "fence: torch Event.record + Stream.wait_event (ep_rt's before)": _median_us(torch_fence, n),
+        "fence: cuEventRecord + cuStreamWaitEvent (raw)": _median_us(driver_fence, n),
         "3 x torch.empty (LL handle outputs)": _median_us(three_empty, n),
         "1 x torch.empty + 3 typed views": _median_us(one_empty_three_views, n),
     }

@@ -211,6 +211,24 @@ def make_stream(handle: int):
     return _cu().CUstream(handle)
 
 
+def make_event(handle: int):
+    """The CUevent of a CUDA event made elsewhere (torch.cuda.Event's cuda_event, which owns it)."""
+    return _cu().CUevent(handle)
+
+
+def record_and_wait(event, waitee, waiter) -> None:
+    """`waiter` waits for the work queued on `waitee` so far: `event` recorded on waitee, then waited for by waiter
+    (CUstreams, launch.driver_stream). Inside a graph capture these are the capture's edges, as torch's are. The
+    results are tested inline (CUDA_SUCCESS is 0): check() costs 0.1-0.2 us, and every call makes two fences."""
+    cu = _cu()
+    err = cu.cuEventRecord(event, waitee)[0]
+    if err:
+        check((err,), "cuEventRecord")
+    err = cu.cuStreamWaitEvent(waiter, event, 0)[0]
+    if err:
+        check((err,), "cuStreamWaitEvent")
+
+
 def launch(function, grid: int, block: int, smem: int, stream, params_address: int, name: str) -> None:
     check(
         _cu().cuLaunchKernel(function, grid, 1, 1, block, 1, 1, smem, stream, params_address, 0),
