@@ -30,12 +30,13 @@ def current_stream() -> torch.cuda.Stream:
     return stream
 
 
-# One reusable event per stream for stream-to-stream waits, recorded and waited for through the driver: torch's
-# Stream.wait_stream makes a new CUDA event on every call, and torch's Event.record + Stream.wait_event cost about
-# 1 us more Python per fence than the two driver calls (tools/host_profile.py, 2.14 against 1.18 us on an H100
-# host, attempt 20261206T204301Z); every call makes two fences. torch makes the event (at its first record, on the
-# waitee's device, which is how the event gets the right context) and destroys it with the Event object, also when
-# a wait for it is still queued. Recording it again at once is safe: a wait already queued keeps its point.
+# One reusable event per stream for stream-to-stream waits (torch's Stream.wait_stream makes a new CUDA event on
+# every call), recorded and waited for through the driver. The raw driver pair is 0.6 us faster than torch's, but
+# the lookups around it take most of that back: on one H100 host this fence took 1.70 us against 1.71 for torch's
+# pair alone (tools/host_profile.py, attempt 20261207T035415Z; docs/HOST_PATH.md). torch makes the event (at its
+# first record, on the waitee's device, which is how the event gets the right context) and destroys it with the
+# Event object, also when a wait for it is still queued. Recording it again at once is safe: a wait already queued
+# keeps its point.
 _fences: dict = {}  # (device index, waitee handle) -> (torch Event, its CUevent, the waitee's CUstream)
 
 
