@@ -334,7 +334,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         mp.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
         mp.setattr(torch.cuda, "synchronize", lambda device=None: trace.add("torch.cuda.synchronize", device))
         mp.setattr(torch.Tensor, "record_stream", lambda t, s: trace.add("Tensor.record_stream", t.data_ptr(), s))
-        for name in ("empty", "zeros", "tensor"):
+        for name in ("empty", "empty_strided", "zeros", "tensor"):
             mp.setattr(torch, name, on_cpu(getattr(torch, name)))
         for name, result in (
             ("ensure_context", None),

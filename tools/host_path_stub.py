@@ -119,20 +119,25 @@ _empty_cache: dict = {}
 _traced_empties: list = []
 
 
-def _empty(*a, **k):
-    """Counted. Timing: a cached CPU tensor per shape, so the CPU allocator stays out of the measured time (the
-    CUDA allocation is not measured at all). Tracing: a new tensor, so that each output has its own address."""
-    COUNT["torch.empty"] += 1
-    k.pop("device", None)
-    if S.fresh_empty:
-        t = _real["empty"](*a, **k)
-        _traced_empties.append(t)  # kept until the trace ends: no later tensor takes its address
+def _allocation(real_name):
+    """A stub of torch.empty or torch.empty_strided, counted as "torch.empty" (each is one allocation). Timing: a
+    cached CPU tensor per shape, so the CPU allocator stays out of the measured time (the CUDA allocation is not
+    measured at all). Tracing: a new tensor, so that each output has its own address."""
+
+    def stub(*a, **k):
+        COUNT["torch.empty"] += 1
+        k.pop("device", None)
+        if S.fresh_empty:
+            t = _real[real_name](*a, **k)
+            _traced_empties.append(t)  # kept until the trace ends: no later tensor takes its address
+            return t
+        key = (real_name, a, tuple(sorted((n, str(v)) for n, v in k.items())))
+        t = _empty_cache.get(key)
+        if t is None:
+            t = _empty_cache[key] = _real[real_name](*a, **k)
         return t
-    key = (a, tuple(sorted((n, str(v)) for n, v in k.items())))
-    t = _empty_cache.get(key)
-    if t is None:
-        t = _empty_cache[key] = _real["empty"](*a, **k)
-    return t
+
+    return stub
 
 
 _mm = {}
@@ -208,7 +213,8 @@ _PATCHES = [
     (events, "_stream_of_device", None),  # (a CUDA build of torch: events.current_stream takes torch's way, stubbed)
     (torch.cuda, "stream", _stream_ctx),
     (torch.cuda, "is_current_stream_capturing", _capturing),
-    (torch, "empty", _empty),
+    (torch, "empty", _allocation("empty")),
+    (torch, "empty_strided", _allocation("empty_strided")),
     (torch, "aminmax", _aminmax),
     (torch.Tensor, "record_stream", _record_stream),
     (driver, "launch", _launch),
@@ -225,7 +231,7 @@ _PATCHES = [
 def stubbed():
     """Every CUDA-only call the hot paths make replaced by a counting stub; restored on exit."""
     saved = [(obj, name, getattr(obj, name)) for obj, name, _ in _PATCHES]
-    _real.update(empty=torch.empty, aminmax=torch.aminmax)
+    _real.update(empty=torch.empty, empty_strided=torch.empty_strided, aminmax=torch.aminmax)
     try:
         for obj, name, stub in _PATCHES:
             setattr(obj, name, stub)

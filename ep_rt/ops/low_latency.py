@@ -422,8 +422,10 @@ class LowLatencyOp:
         scales = None
         if use_fp8:
             cols = S // 4 if use_ue8m0 else S
-            scales = torch.empty(L, cols, RT, dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev).transpose(
-                1, 2
+            # [L, RT, cols] column-major in its last two dimensions (DeepEP's layout), made in one call: an
+            # empty [L, cols, RT] and a transpose cost ~1.4 us more Python (timed on the CPU)
+            scales = torch.empty_strided(
+                (L, RT, cols), (cols * RT, 1, RT), dtype=torch.int32 if use_ue8m0 else torch.float32, device=dev
             )
             p.recv_x_scales = scales.data_ptr()
         else:
