@@ -156,7 +156,8 @@ def _candidates(device, side, n: int) -> dict:
     (events.wait_stream: cuEventRecord + cuStreamWaitEvent on a reused torch-made event, since the twenty-fifth
     session), as it made it before (torch's Event.record + Stream.wait_event on a reused event) and through raw
     driver calls with no Python around them; the LL dispatch's three handle outputs as three torch.empty against one
-    torch.empty and three typed views of it."""
+    torch.empty and three typed views of it; the FP8 scales as one torch.empty_strided against an empty and a
+    transpose."""
     import torch
     from cuda.bindings import driver as cu
 
@@ -191,12 +192,22 @@ def _candidates(device, side, n: int) -> dict:
         base[a:b].view(torch.int32).view(L, RT)
         base[b:].view(torch.int32)
 
+    cols = 7168 // 128
+
+    def scales_transposed():  # the LL dispatch's FP8 scales until the twenty-sixth session
+        torch.empty(L, cols, RT, dtype=torch.float32, device=device).transpose(1, 2)
+
+    def scales_strided():  # since then: the same shape and strides in one call
+        torch.empty_strided((L, RT, cols), (cols * RT, 1, RT), dtype=torch.float32, device=device)
+
     out = {
         "fence: events.wait_stream (ep_rt's, through the driver)": _median_us(lambda: events.wait_stream(side, cur), n),
         "fence: torch Event.record + Stream.wait_event (ep_rt's before)": _median_us(torch_fence, n),
         "fence: cuEventRecord + cuStreamWaitEvent (raw)": _median_us(driver_fence, n),
         "3 x torch.empty (LL handle outputs)": _median_us(three_empty, n),
         "1 x torch.empty + 3 typed views": _median_us(one_empty_three_views, n),
+        "scales: torch.empty + transpose (ep_rt's before)": _median_us(scales_transposed, n),
+        "scales: torch.empty_strided (ep_rt's)": _median_us(scales_strided, n),
     }
     torch.cuda.synchronize()
     check(cu.cuEventDestroy(raw), "cuEventDestroy")
