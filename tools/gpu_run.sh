@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -159,6 +159,15 @@ step() {  # one named step; returns 3 for a name it does not know
     ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
+    # The same tests as ll_nodes in three steps of ~100-150 s each, for a session whose device time left cannot hold
+    # ll_nodes whole: 4x1 over P2P puts, 4x1 through the chaos transport, the fault tests (2x1, 2x1 chaos, 2x2 chaos).
+    ll_nodes41) run ll_nodes41 "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
+             -m "ll_nodes and not chaos and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll_nodes41_chaos) run ll_nodes41_chaos "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
+             -m "ll_nodes and chaos and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py ;;
+    ll_nodes_faults) run ll_nodes_faults "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
+             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_gpu.py \
+             tests/gpu/test_reliability_gpu.py ;;
     ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     reference_devices) run reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py ;;

@@ -166,3 +166,16 @@ def test_the_ll_node_steps_run_every_ll_nodes_test_once_and_the_one_node_steps_n
         ids = collect_step(text, step)
         assert ids and not set(ids) & set(marked), (step, sorted(set(ids) & set(marked)))
         assert step not in one_node or any(i.endswith(one_node[step]) for i in ids), (step, ids)
+
+
+def test_the_three_short_ll_node_steps_are_ll_nodes_cut_in_three():
+    """ll_nodes41, ll_nodes41_chaos and ll_nodes_faults (for sessions with too little device time for ll_nodes whole)
+    run exactly ll_nodes's tests, each once: 4x1 over P2P puts, 4x1 through the chaos transport, the fault tests."""
+    text = SCRIPT.read_text(encoding="utf-8")
+    whole = collect_step(text, "ll_nodes")
+    parts = {step: collect_step(text, step) for step in ("ll_nodes41", "ll_nodes41_chaos", "ll_nodes_faults")}
+    assert all(parts.values()), {k: len(v) for k, v in parts.items()}
+    assert sorted(sum(parts.values(), [])) == sorted(whole), {k: len(v) for k, v in parts.items()}
+    assert all("[4x1-" in i and "-chaos-" not in i for i in parts["ll_nodes41"]), parts["ll_nodes41"]
+    assert all("[4x1-chaos-" in i for i in parts["ll_nodes41_chaos"]), parts["ll_nodes41_chaos"]
+    assert not any("test_low_latency_nodes_gpu" in i for i in parts["ll_nodes_faults"]), parts["ll_nodes_faults"]
