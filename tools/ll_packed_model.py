@@ -77,10 +77,35 @@ def table(T: int = 128, K: int = 8) -> list[tuple]:
     return rows
 
 
+def whole_buffer(T: int, hidden: int, num_ranks: int, num_experts: int, K: int) -> tuple[int, int, int]:
+    """(DeepEP's hint, ep_rt's LL allocation today, the same with packed receive areas) in bytes: an allocation is
+    num_rdma_bytes (two halves) and ep_rt's control area after it (ll_layout.control_offsets); packed, each half
+    holds the packed bytes rounded up to 128."""
+    hint = ll_layout.rdma_size_hint(T, hidden, num_ranks, num_experts)
+    control = ll_layout.control_offsets(hint, num_ranks)["end"] - hint
+    _, packed = buffer_bytes(T, hidden, num_ranks, num_experts, K)
+    num_rdma_bytes = 2 * ((packed + 127) // 128 * 128)
+    return hint, hint + control, ll_layout.control_offsets(num_rdma_bytes, num_ranks)["end"]
+
+
+def whole_table(T: int = 128, K: int = 8) -> list[tuple]:
+    """(ranks, experts, hidden, DeepEP's hint MiB, ep_rt today MiB, packed MiB) per row of TABLE."""
+    rows = []
+    for R, E, H in TABLE:
+        rows.append((R, E, H) + tuple(round(b / MIB, 1) for b in whole_buffer(T, H, R, E, K)))
+    return rows
+
+
 def main() -> None:
+    print("Per buffer (MiB):")
     print("| ranks | experts | hidden | today (DeepEP's) | packed | ratio |")
     print("|---|---|---|---|---|---|")
     for row in table():
+        print("| " + " | ".join(str(v) for v in row) + " |")
+    print("Per Buffer, both buffers and the control area (MiB):")
+    print("| ranks | experts | hidden | DeepEP's hint | ep_rt today | ep_rt packed |")
+    print("|---|---|---|---|---|---|")
+    for row in whole_table():
         print("| " + " | ".join(str(v) for v in row) + " |")
 
 
