@@ -30,7 +30,8 @@ def run_checks(s, smoke: bool, num_ranks: int, run_ranks=None) -> list:
     items += checks.check_driver(s, manifest) + gpu_items + cubin_items + checks.check_nvlink(s, gpus)
     items += checks.check_nvshmem(s, manifest, _nvshmem_package_missing(s)) + checks.check_transports(s, gpus)
     items += checks.check_gdrcopy(s, gpus) + checks.check_ibgda_driver(s) + checks.check_gpudirect_rdma(s)
-    items += checks.check_rdma_ordering(s, gpus) + checks.check_settings(s) + checks.check_network(s, gpus)
+    items += checks.check_rdma_ordering(s, gpus) + checks.check_host_words(s, gpus)
+    items += checks.check_settings(s) + checks.check_network(s, gpus)
     rounds = (("ht", "smoke: intranode dispatch + combine"), ("ll", "smoke: low-latency dispatch + combine"))
     if not smoke:
         return items + [checks.Item(n, checks.SKIP, "--no-smoke") for _, n in rounds]

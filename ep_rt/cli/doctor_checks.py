@@ -508,6 +508,35 @@ def check_rdma_ordering(s, gpus: list[dict]) -> list[Item]:
     return items
 
 
+def check_host_words(s, gpus: list[dict]) -> list[Item]:
+    """Per GPU: whether CUDA's rules cover what ep_rt does with host-mapped words (the HT dispatch's counts, which
+    the host waits for while the kernel runs, and the error records): the CPU and the GPU touch them at once. The
+    CUDA C++ library allows that for an atomic in host memory only with HOST_NATIVE_ATOMIC_SUPPORTED, which PCIe
+    hosts do not have. Informational: ep_rt keeps one writer per word, volatile stores and plain loads, as DeepEP's
+    mapped counters do, and nothing the user sets changes it."""
+    if not gpus:
+        return [Item("host-mapped words", SKIP, "no GPU")]
+    items = []
+    for g in gpus:
+        name = f"GPU {g['index']} host-mapped words"
+        try:
+            a = s.host_memory(g["index"])
+        except Exception as e:
+            items.append(Item(name, WARNING, f"the driver cannot tell ({_why(e)})", "check the driver (nvidia-smi)"))
+            continue
+        if a["host_native_atomic"]:
+            detail = "native host atomics: CUDA's rules cover the CPU and the GPU using one host word at once"
+        else:
+            detail = (
+                "no native host atomics (a PCIe host): CUDA's rules do not cover the CPU and the GPU using one "
+                "host word at once; ep_rt's host wait and error records do so as DeepEP's mapped counters do "
+                "(one writer, volatile stores, plain loads), not promised by CUDA"
+            )
+        managed = "yes" if a["concurrent_managed"] else "no"
+        items.append(Item(name, OK, f"{detail}; concurrent managed memory access: {managed}"))
+    return items
+
+
 # ---- settings ----------------------------------------------------------------------------------------
 
 

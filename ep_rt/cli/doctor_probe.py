@@ -80,6 +80,12 @@ class System:
 
         return driver.gpudirect_rdma_attributes(index)
 
+    def host_memory(self, index: int) -> dict:
+        """The driver's host-memory attributes of GPU `index` (runtime.driver.host_memory_attributes)."""
+        from ..runtime import driver
+
+        return driver.host_memory_attributes(index)
+
     def nvlink(self, bus_ids: list[str]) -> dict:
         """{"p2p": {(a, b): NVLink P2P ok?}, "links": {bus id: active NVLinks}} by NVML, for these GPUs."""
         import pynvml

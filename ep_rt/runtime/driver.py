@@ -288,6 +288,25 @@ def gpudirect_rdma_attributes(device_index: int) -> dict:
     }
 
 
+def host_memory_attributes(device_index: int) -> dict:
+    """What CUDA promises when the CPU and this GPU touch the same words at once, as the driver's raw 0/1 values:
+    "host_native_atomic" (HOST_NATIVE_ATOMIC_SUPPORTED: the link to the host carries atomics natively, which the CUDA
+    C++ library's concurrency rules require for an atomic in host memory that CPU and GPU threads use concurrently)
+    and "concurrent_managed" (CONCURRENT_MANAGED_ACCESS, the same rule's condition for managed memory)."""
+    _initialised()
+    cu = _cu()
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    names = {
+        "host_native_atomic": "CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED",
+        "concurrent_managed": "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS",
+    }
+    return {
+        key: int(check(cu.cuDeviceGetAttribute(getattr(attr, name), dev), f"cuDeviceGetAttribute({name})"))
+        for key, name in names.items()
+    }
+
+
 def pci_bus_id(device_index: int) -> str:
     _initialised()
     cu = _cu()

@@ -77,6 +77,7 @@ class FakeSystem:
         self.release, self.env = "6.8.0-45-generic", {}
         self.host_flavour = "cu13"
         self.rdma = {"supported": 1, "ordering": 100, "flush_options": 1}  # what an H200 with driver 580 reports
+        self.host = {"host_native_atomic": 0, "concurrent_managed": 1}  # a PCIe x86 host
 
     def python_version(self):
         return "3.12.3"
@@ -102,6 +103,11 @@ class FakeSystem:
         if isinstance(self.rdma, Exception):
             raise self.rdma
         return self.rdma
+
+    def host_memory(self, index):
+        if isinstance(self.host, Exception):
+            raise self.host
+        return self.host
 
     def gpus(self):
         return self.gpu_list
@@ -506,6 +512,51 @@ def test_rdma_write_ordering_per_gpu(ordering, status, words):
     assert "flush options: HOST (cuFlushGPUDirectRDMAWrites), MEMOPS" in items[0].detail
     s.rdma = RuntimeError("cuDeviceGetAttribute failed")
     assert dc.check_rdma_ordering(s, s.gpu_list)[0].status == WARNING
+
+
+@pytest.mark.parametrize(
+    "native,words",
+    [
+        (0, "CUDA's rules do not cover the CPU and the GPU using one host word at once"),
+        (1, "CUDA's rules cover the CPU and the GPU using one host word at once"),
+    ],
+)
+def test_host_mapped_words_per_gpu_say_whether_cuda_promises_what_ep_rt_does_with_them(native, words):
+    s = FakeSystem()
+    s.host = {"host_native_atomic": native, "concurrent_managed": 1}
+    items = dc.check_host_words(s, s.gpu_list)
+    assert [i.name for i in items] == ["GPU 0 host-mapped words", "GPU 1 host-mapped words"]
+    assert all(i.status == OK and words in i.detail for i in items), items
+    assert ("DeepEP's mapped counters" in items[0].detail) == (not native)
+    assert items[0].detail.endswith("concurrent managed memory access: yes")
+    s.host = RuntimeError("cuDeviceGetAttribute failed")
+    assert dc.check_host_words(s, s.gpu_list)[0].status == WARNING
+    assert dc.check_host_words(s, [])[0].status == SKIP
+
+
+def test_the_driver_reads_the_host_memory_attributes_through_its_checked_call(monkeypatch):
+    from types import SimpleNamespace
+
+    from ep_rt.errors import CudaDriverError
+    from ep_rt.runtime import driver
+
+    names = ["CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED", "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS"]
+    values = {names[0]: 0, names[1]: 1}
+    fail = set()
+    fake = SimpleNamespace(
+        CUresult=SimpleNamespace(CUDA_SUCCESS=0),
+        CUdevice_attribute=SimpleNamespace(**{n: n for n in names}),
+        cuDeviceGet=lambda i: (0, f"dev{i}"),
+        cuDeviceGetAttribute=lambda attr, dev: (1 if attr in fail else 0, values[attr]),
+        cuGetErrorName=lambda e: (0, b"CUDA_ERROR_INVALID_VALUE"),
+        cuGetErrorString=lambda e: (0, b"invalid argument"),
+    )
+    monkeypatch.setattr(driver, "_cu", lambda: fake)
+    monkeypatch.setattr(driver, "_initialised", lambda: True)
+    assert driver.host_memory_attributes(0) == {"host_native_atomic": 0, "concurrent_managed": 1}
+    fail.add(names[0])
+    with pytest.raises(CudaDriverError, match="HOST_NATIVE_ATOMIC_SUPPORTED.*CUDA_ERROR_INVALID_VALUE"):
+        driver.host_memory_attributes(0)
 
 
 def test_no_line_is_longer_than_120_characters():
