@@ -30,6 +30,9 @@ def test_doctor_smoke_round_passes():
     assert len(smoke) == 2 and all(line.startswith("ok") for line in smoke), out
     assert proc.returncode == 0, out  # no item is an error on a working GPU machine
     assert "init failed for transport" not in out, out  # a single-node LL buffer prints no transport errors
+    # the driver answered the host-memory query (a failed query is a warning naming the driver)
+    host_words = [line for line in out.splitlines() if "GPU 0 host-mapped words" in line]
+    assert len(host_words) == 1 and host_words[0].startswith("ok") and "native host atomics" in host_words[0], out
 
 
 @gpus(1)
