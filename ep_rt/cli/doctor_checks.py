@@ -474,19 +474,28 @@ RDMA_ORDERING = {
 RDMA_FLUSH = {1: "HOST (cuFlushGPUDirectRDMAWrites)", 2: "MEMOPS (stream wait-value flush)"}
 
 
-def check_rdma_ordering(s, gpus: list[dict]) -> list[Item]:
-    """Per GPU: how the driver orders a NIC's writes into its memory for CUDA readers, and how they can be
-    flushed (only ranks on other nodes depend on it)."""
+def _per_gpu(gpus: list[dict], what: str, probe, judge) -> list[Item]:
+    """One item per GPU, "GPU <index> <what>", from the driver's answer probe(index) judged by judge(answer) ->
+    (status, detail) or (status, detail, hint); a driver that cannot answer gives a warning; no GPU, one skip."""
     if not gpus:
-        return [Item("RDMA write ordering", SKIP, "no GPU")]
+        return [Item(what, SKIP, "no GPU")]
     items = []
     for g in gpus:
-        name = f"GPU {g['index']} RDMA write ordering"
+        name = f"GPU {g['index']} {what}"
         try:
-            a = s.gpudirect_rdma(g["index"])
+            answer = probe(g["index"])
         except Exception as e:
             items.append(Item(name, WARNING, f"the driver cannot tell ({_why(e)})", "check the driver (nvidia-smi)"))
             continue
+        items.append(Item(name, *judge(answer)))
+    return items
+
+
+def check_rdma_ordering(s, gpus: list[dict]) -> list[Item]:
+    """Per GPU: how the driver orders a NIC's writes into its memory for CUDA readers, and how they can be
+    flushed (only ranks on other nodes depend on it)."""
+
+    def judge(a) -> tuple:
         label, meaning = RDMA_ORDERING.get(a["ordering"], (f"unknown value {a['ordering']}", "not in CUDA's list"))
         flush = ", ".join(v for bit, v in RDMA_FLUSH.items() if a["flush_options"] & bit) or "none"
         detail = (
@@ -494,18 +503,14 @@ def check_rdma_ordering(s, gpus: list[dict]) -> list[Item]:
             f"{'supported' if a['supported'] else 'not supported'}"
         )
         if a["ordering"] in (100, 200):
-            items.append(Item(name, OK, detail))
-        else:
-            items.append(
-                Item(
-                    name,
-                    WARNING,
-                    detail,
-                    "only ranks on other nodes depend on it (a NIC writes into this "
-                    "GPU's memory); on one node nothing does",
-                )
-            )
-    return items
+            return OK, detail
+        return (
+            WARNING,
+            detail,
+            "only ranks on other nodes depend on it (a NIC writes into this GPU's memory); on one node nothing does",
+        )
+
+    return _per_gpu(gpus, "RDMA write ordering", s.gpudirect_rdma, judge)
 
 
 def check_host_words(s, gpus: list[dict]) -> list[Item]:
@@ -514,16 +519,8 @@ def check_host_words(s, gpus: list[dict]) -> list[Item]:
     CUDA C++ library allows that for an atomic in host memory only with HOST_NATIVE_ATOMIC_SUPPORTED, which PCIe
     hosts do not have. Informational: ep_rt keeps one writer per word, volatile stores and plain loads, as DeepEP's
     mapped counters do, and nothing the user sets changes it."""
-    if not gpus:
-        return [Item("host-mapped words", SKIP, "no GPU")]
-    items = []
-    for g in gpus:
-        name = f"GPU {g['index']} host-mapped words"
-        try:
-            a = s.host_memory(g["index"])
-        except Exception as e:
-            items.append(Item(name, WARNING, f"the driver cannot tell ({_why(e)})", "check the driver (nvidia-smi)"))
-            continue
+
+    def judge(a) -> tuple:
         if a["host_native_atomic"]:
             detail = "native host atomics: CUDA's rules cover the CPU and the GPU using one host word at once"
         else:
@@ -533,8 +530,9 @@ def check_host_words(s, gpus: list[dict]) -> list[Item]:
                 "(one writer, volatile stores, plain loads), not promised by CUDA"
             )
         managed = "yes" if a["concurrent_managed"] else "no"
-        items.append(Item(name, OK, f"{detail}; concurrent managed memory access: {managed}"))
-    return items
+        return OK, f"{detail}; concurrent managed memory access: {managed}"
+
+    return _per_gpu(gpus, "host-mapped words", s.host_memory, judge)
 
 
 # ---- settings ----------------------------------------------------------------------------------------

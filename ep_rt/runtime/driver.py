@@ -268,24 +268,34 @@ def launch_ex(config, function, grid: int, block: int, smem: int, stream, params
     check(_cu().cuLaunchKernelEx(config, function, params_address, 0), f"cuLaunchKernelEx({name})")
 
 
+def _device_attributes(device_index: int, names: dict) -> dict:
+    """{key: the driver's raw value of attribute CU_DEVICE_ATTRIBUTE_<names[key]>} of one device, in names' order."""
+    _initialised()
+    cu = _cu()
+    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    attr = cu.CUdevice_attribute
+    return {
+        key: int(
+            check(
+                cu.cuDeviceGetAttribute(getattr(attr, f"CU_DEVICE_ATTRIBUTE_{name}"), dev),
+                f"cuDeviceGetAttribute(CU_DEVICE_ATTRIBUTE_{name})",
+            )
+        )
+        for key, name in names.items()
+    }
+
+
 def gpudirect_rdma_attributes(device_index: int) -> dict:
     """How a device treats memory a NIC writes into (GPUDirect RDMA), as the driver's raw values: "supported"
     (GPU_DIRECT_RDMA_SUPPORTED, 0/1), "ordering" (GPU_DIRECT_RDMA_WRITES_ORDERING: CUGPUDirectRDMAWritesOrdering,
     0 none / 100 owner / 200 all devices) and "flush_options" (GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS: a mask of
     CUflushGPUDirectRDMAWritesOptions, 1 host / 2 memops)."""
-    _initialised()
-    cu = _cu()
-    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
-    attr = cu.CUdevice_attribute
     names = {
-        "supported": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED",
-        "ordering": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING",
-        "flush_options": "CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS",
+        "supported": "GPU_DIRECT_RDMA_SUPPORTED",
+        "ordering": "GPU_DIRECT_RDMA_WRITES_ORDERING",
+        "flush_options": "GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS",
     }
-    return {
-        key: int(check(cu.cuDeviceGetAttribute(getattr(attr, name), dev), f"cuDeviceGetAttribute({name})"))
-        for key, name in names.items()
-    }
+    return _device_attributes(device_index, names)
 
 
 def host_memory_attributes(device_index: int) -> dict:
@@ -293,18 +303,8 @@ def host_memory_attributes(device_index: int) -> dict:
     "host_native_atomic" (HOST_NATIVE_ATOMIC_SUPPORTED: the link to the host carries atomics natively, which the CUDA
     C++ library's concurrency rules require for an atomic in host memory that CPU and GPU threads use concurrently)
     and "concurrent_managed" (CONCURRENT_MANAGED_ACCESS, the same rule's condition for managed memory)."""
-    _initialised()
-    cu = _cu()
-    dev = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
-    attr = cu.CUdevice_attribute
-    names = {
-        "host_native_atomic": "CU_DEVICE_ATTRIBUTE_HOST_NATIVE_ATOMIC_SUPPORTED",
-        "concurrent_managed": "CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS",
-    }
-    return {
-        key: int(check(cu.cuDeviceGetAttribute(getattr(attr, name), dev), f"cuDeviceGetAttribute({name})"))
-        for key, name in names.items()
-    }
+    names = {"host_native_atomic": "HOST_NATIVE_ATOMIC_SUPPORTED", "concurrent_managed": "CONCURRENT_MANAGED_ACCESS"}
+    return _device_attributes(device_index, names)
 
 
 def pci_bus_id(device_index: int) -> str:
