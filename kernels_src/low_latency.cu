@@ -1,4 +1,4 @@
-// ep_rt-build: nvshmem min_arch=sm_90 variants=default,chaos
+// ep_rt-build: nvshmem min_arch=sm_90 variants=default,chaos,packed,packed_chaos
 //
 // Low-latency (decode) dispatch and combine over a symmetric NVSHMEM buffer.
 //
@@ -14,6 +14,12 @@
 // run the same send and receive halves below. Signals carry a tag derived from a per-buffer epoch kept in
 // device memory, so nothing is cleaned between calls and CUDA-graph replays stay correct. Every wait is
 // time-limited: it reports into the error record, or in shrink mode masks the silent rank instead.
+//
+// The packed variants (EP_RT_LL_PACKED=1, docs/LL_PACKED_DESIGN.md) size the receive areas by what can arrive:
+// the dispatch gives each source rank a block of T x min(16, L) slots, in which its messages to local expert l
+// start after its messages to the lower local experts (the sender counts them from topk_idx, the receiver from
+// the count signals), and the combine returns token t's k-th row into slot t x 16 + k at its source. The dispatch
+// message's header carries k (word 1), which the receive keeps in plane 1 of src_info for the combine.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -27,6 +33,10 @@
 #include "ep_rt/topk.cuh"
 
 using namespace ep_rt;
+
+#ifndef EP_RT_LL_PACKED
+#define EP_RT_LL_PACKED 0
+#endif
 
 namespace {
 
@@ -346,6 +356,41 @@ __device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t*
     }
 }
 
+#if EP_RT_LL_PACKED
+// The packed position of token t's choices k (experts expert[k]; lower[k] = the first local expert of expert[k]'s
+// rank; n_before = the entries of the tokens before t): before[k] as count_earlier_choices, and base[k] = how
+// many of all n entries chose one of expert[k]'s rank's lower local experts, [lower[k], expert[k]): where the cell
+// (expert[k], this rank) starts in the block this rank owns there. One pass of the whole block over every entry,
+// counted in registers and added per warp (most entries count towards some base, so per-entry atomics would
+// serialise on K words).
+__device__ void count_packed_positions(const TopkIdx& topk, int n, int n_before, const int64_t* expert,
+                                       const int64_t* lower, int* before, int* base, int K) {
+    int my_before[EP_RT_LL_MAX_TOPK], my_base[EP_RT_LL_MAX_TOPK];
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) my_before[k] = my_base[k] = 0;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int64_t v = topk[j];
+        if (v < 0) continue;
+        const bool earlier = j < n_before;
+#pragma unroll
+        for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
+            if (k >= K) break;
+            const int64_t e = expert[k];
+            my_before[k] += earlier && v == e;
+            my_base[k] += v < e && v >= lower[k];
+        }
+    }
+    const int lane = threadIdx.x % kWarpSize;
+#pragma unroll
+    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
+        if (k >= K) break;
+        const int b = __reduce_add_sync(0xffffffffu, my_before[k]), c = __reduce_add_sync(0xffffffffu, my_base[k]);
+        if (lane == 0 && b) atomicAdd(before + k, b);
+        if (lane == 0 && c) atomicAdd(base + k, c);
+    }
+}
+#endif
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------------
@@ -370,10 +415,41 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
     const TopkIdx topk(p.topk_idx, p.topk_idx_bits);
     __shared__ int64_t expert[EP_RT_LL_MAX_TOPK];  // token t's choices
     __shared__ int before[EP_RT_LL_MAX_TOPK];      // choices of the same expert by earlier tokens
+#if EP_RT_LL_PACKED
+    __shared__ int base[EP_RT_LL_MAX_TOPK];  // where the cell of expert[k] starts in this rank's block at its rank
+    __shared__ int64_t lower[EP_RT_LL_MAX_TOPK];  // the first local expert of expert[k]'s rank
+    const int64_t block_slots = int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L);
+#endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
         if (int(threadIdx.x) < K) expert[threadIdx.x] = topk[int64_t(t) * K + threadIdx.x], before[threadIdx.x] = 0;
+#if EP_RT_LL_PACKED
+        if (int(threadIdx.x) < K) base[threadIdx.x] = 0, lower[threadIdx.x] = expert[threadIdx.x] / ll.L * ll.L;
+#endif
         build_message(ll, t, reinterpret_cast<uint8_t*>(message));
         __syncthreads();
+#if EP_RT_LL_PACKED
+        count_packed_positions(topk, p.num_tokens * K, t * K, expert, lower, before, base, K);
+        if (!free_checked) {  // the first writes into peers' buffers, or into staging they may still read
+            wait_buffer_free(ll, credit);
+            free_checked = true;
+        } else {
+            __syncthreads();
+        }
+        // A staged copy per choice bound to a rank of another node (its header says k), written only now: the
+        // previous call's puts from this staging area are known received (buffer credits) after the check above.
+        if (p.has_remote_peers) {
+            for (int j = threadIdx.x; j < K * used_int4; j += blockDim.x) {
+                const int kk = j / used_int4, i = j - kk * used_int4;
+                const int64_t e = expert[kk];
+                if (e < 0 || e >= p.num_experts || !ll.remote(int(e / ll.L))) continue;
+                int4 v = message[i];
+                if (i == 0) v.y = kk;
+                reinterpret_cast<int4*>(ll.local(p.send_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + kk) * p.msg_bytes))[i] =
+                    v;
+            }
+            __syncthreads();
+        }
+#else
         // Deterministic slot of (t, k): how many (t', k') before it in token-major order chose the same expert.
         count_earlier_choices(topk, t * K, expert, before, K);
         uint8_t* staged = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
@@ -385,6 +461,7 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
         } else {
             __syncthreads();
         }
+#endif
         if (k < K) {
             const int64_t e = expert[k];
             if ((e >= p.num_experts || e < -1) && lane == 0 && part == 0)  // out of range: reported, never followed
@@ -400,14 +477,29 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
                                      p.max_tokens);
                 } else {
                     const int l = int(e % ll.L);
+#if EP_RT_LL_PACKED
+                    const int64_t pos = base[k] + slot;
+                    const bool fits = pos < block_slots;  // false only beside a cell past T, reported above
+                    const int64_t off = p.recv_off + (int64_t(me) * block_slots + pos) * p.msg_bytes;
+                    const uint8_t* staged = ll.local(p.send_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + k) * p.msg_bytes);
+#else
+                    const bool fits = true;
                     const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
-                    const uint64_t base = ll.peer(dst);
-                    if (base != 0) {
-                        int4* out = reinterpret_cast<int4*>(base + off);
+#endif
+                    const uint64_t peer_base = ll.peer(dst);
+                    if (fits && peer_base != 0) {
+                        int4* out = reinterpret_cast<int4*>(peer_base + off);
 #pragma unroll 4
-                        for (int i = part * kWarpSize + lane; i < used_int4; i += warps_per_k * kWarpSize)
+                        for (int i = part * kWarpSize + lane; i < used_int4; i += warps_per_k * kWarpSize) {
+#if EP_RT_LL_PACKED
+                            int4 v = message[i];
+                            if (i == 0) v.y = k;  // header word 1: the choice's k, for the combine's slot
+                            st_na_v4(out + i, v);
+#else
                             st_na_v4(out + i, message[i]);
-                    } else if (part == 0) {  // a whole warp; `staged` stays until dst's credit for this call
+#endif
+                        }
+                    } else if (fits && part == 0) {  // a whole warp; `staged` stays until dst's credit for this call
                         net_put_signal_warp(ll.local(off), staged, used_bytes, ll.arrival(int(l) * R + me), 1, dst);
                     }
                 }
@@ -445,17 +537,30 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
 // cell goes to row group_offset + i of expert l). Three outputs per message: the payload (int4 copies), the
 // source token (word 0 of the header) and the FP8 scales (transposed to column-major, UE8M0 exponents packed
 // 4 per word). One loop issues the loads of all three before any of their stores, so the batch costs about one
-// memory round trip per kUnroll rows of work instead of one per output.
+// memory round trip per kUnroll rows of work instead of one per output. Packed: cell c's messages start at slot
+// cell_base(c) of its source's block, and the header's word 1 (the choice's k) goes to plane 1 of src_info.
+// (The default build keeps its own signature: the same cubin bytes as before the packed variants.)
+#if EP_RT_LL_PACKED
+template <typename CellBase>
+__device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb, CellBase cell_base) {
+#else
 __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb) {
+#endif
     const LowLatencyParams& p = ll.p;
     const int R = p.num_ranks;
     const int64_t RT = int64_t(R) * p.max_tokens;
+    constexpr uint32_t kHeaderWords = EP_RT_LL_PACKED ? 2 : 1;  // header words copied out: the source token (, k)
     __shared__ int64_t msg_off[kShareBatch];  // the message, from the symmetric base
     __shared__ int expert_row[kShareBatch];  // its row within its local expert
     __shared__ int expert_of[kShareBatch];
     if (int(threadIdx.x) < nb) {
         const int c = batch.cell[threadIdx.x], i = batch.index[threadIdx.x];
+#if EP_RT_LL_PACKED
+        const int64_t block_slots = int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L);
+        msg_off[threadIdx.x] = p.recv_off + (int64_t(c % R) * block_slots + cell_base(c) + i) * p.msg_bytes;
+#else
         msg_off[threadIdx.x] = p.recv_off + (int64_t(c) * p.max_tokens + i) * p.msg_bytes;
+#endif
         expert_row[threadIdx.x] = batch.group_offset[threadIdx.x] + i;
         expert_of[threadIdx.x] = c / R;
     }
@@ -463,30 +568,40 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
     const uint32_t payload_bytes = p.use_fp8 ? p.hidden : 2 * p.hidden;
     const uint32_t row_int4 = payload_bytes / 16, payload_total = uint32_t(nb) * row_int4;
     const uint32_t cols = !p.use_fp8 ? 0 : p.use_ue8m0 ? ll.S / 4 : ll.S;  // scale words per row
-    const uint32_t side_total = uint32_t(nb) * (1 + cols);  // source word + scale words
+    const uint32_t side_total = uint32_t(nb) * (kHeaderWords + cols);  // header words + scale words
     uint8_t* recv_x = reinterpret_cast<uint8_t*>(p.recv_x);
     int32_t* src_info = reinterpret_cast<int32_t*>(p.recv_src_info);
     int32_t* scales_out = reinterpret_cast<int32_t*>(p.recv_x_scales);
-    // Side item q: message q / (1 + cols); word 0 is the source token, word c + 1 the row's scale column c.
+    // Side item q: message q / (kHeaderWords + cols); words below kHeaderWords are the header's (the source
+    // token, then k), word c + kHeaderWords the row's scale column c.
     auto load_side = [&](uint32_t q) -> int32_t {
-        const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
+        const uint32_t i = q / (kHeaderWords + cols), w = q - i * (kHeaderWords + cols);
         const uint8_t* msg = ll.local(msg_off[i]);
+#if EP_RT_LL_PACKED
+        if (w < kHeaderWords) return ld_peer_written_b32(reinterpret_cast<const int32_t*>(msg) + w);
+#else
         if (w == 0) return ld_peer_written_b32(reinterpret_cast<const int32_t*>(msg));
+#endif
         const int32_t* scales = reinterpret_cast<const int32_t*>(msg + 16 + p.hidden);
-        if (!p.use_ue8m0) return ld_peer_written_b32(scales + (w - 1));
+        if (!p.use_ue8m0) return ld_peer_written_b32(scales + (w - kHeaderWords));
         uint32_t word = 0;
 #pragma unroll
         for (int b = 0; b < 4; ++b)
-            word |= ((uint32_t(ld_peer_written_b32(scales + 4 * (w - 1) + b)) >> 23) & 0xFF) << (8 * b);
+            word |= ((uint32_t(ld_peer_written_b32(scales + 4 * (w - kHeaderWords) + b)) >> 23) & 0xFF) << (8 * b);
         return int32_t(word);
     };
     auto store_side = [&](uint32_t q, int32_t value) {
-        const uint32_t i = q / (1 + cols), w = q - i * (1 + cols);
+        const uint32_t i = q / (kHeaderWords + cols), w = q - i * (kHeaderWords + cols);
         const int64_t l = expert_of[i];
+#if EP_RT_LL_PACKED
+        if (w < kHeaderWords)  // plane w of src_info [2, L, R*T]
+            src_info[(w * ll.L + l) * RT + expert_row[i]] = value;
+#else
         if (w == 0)
             src_info[l * RT + expert_row[i]] = value;
+#endif
         else
-            scales_out[(l * cols + (w - 1)) * RT + expert_row[i]] = value;
+            scales_out[(l * cols + (w - kHeaderWords)) * RT + expert_row[i]] = value;
     };
     constexpr int kUnroll = 8;
     const uint32_t limit = max(payload_total, side_total);
@@ -549,7 +664,12 @@ __device__ void all_blocks_arrive(const LL& ll, int phase) {
 // Dispatch, receive half. Cells are (local expert l, source s), c = l * R + s; messages are placed expert by
 // expert, sources ascending, so the layout is deterministic. Each block first waits for the count signals of
 // its own cells (b, b + G, ...), then, once every block has, takes an even share of all messages.
+// Packed: `bases` (kShareTileCells + 1 words of shared memory) holds where each cell starts in its source's block.
+#if EP_RT_LL_PACKED
+__device__ void dispatch_recv(const LL& ll, int32_t* early, int32_t* bases, ShareSmem& share) {
+#else
 __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
+#endif
     const LowLatencyParams& p = ll.p;
     const int R = p.num_ranks, E = p.num_experts;
     const int32_t tag = ll.tag;
@@ -586,6 +706,24 @@ __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
         const int n = early_count >= 0 ? early_count : arrived_count(c);
         return max(n, 0);
     };
+#if EP_RT_LL_PACKED
+    // Cell (l, s) starts after source s's messages to the lower local experts (the sender's base): a scan of the
+    // counts in source-major order, bases[s * L + l], when they fit in shared memory; else a sum per message.
+    const int L = ll.L;
+    const bool scanned = E <= kShareTileCells;
+    if (scanned) {
+        for (int q = threadIdx.x; q < E; q += blockDim.x) bases[q] = count((q % L) * R + q / L);
+        __syncthreads();
+        block_exclusive_scan(bases, E, share.warp_sums);
+    }
+    auto cell_base = [&](int c) -> int {
+        const int l = c / R, s = c % R;
+        if (scanned) return bases[s * L + l] - bases[s * L];
+        int sum = 0;
+        for (int m = 0; m < l; ++m) sum += count(m * R + s);
+        return sum;
+    };
+#endif
     // Per-cell outputs, each cell by one block: layout_range, the expert's count, the cumulative stats.
     auto cell_outputs = [&](int c0, int n, const int* start) {
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
@@ -598,7 +736,11 @@ __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
         }
     };
     for_each_share_batch(share, E, R, count, cell_outputs,
+#if EP_RT_LL_PACKED
+                         [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb, cell_base); });
+#else
                          [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
+#endif
     if (!last_block<false>(ll.ws + EP_RT_LL_WS_TICKETS + kTicketDispatchRecv)) return;
     release_buffer(ll, E);
     if (threadIdx.x == 0) ll.ws[EP_RT_LL_WS_TICKETS + kTicketDispatchRecv] = 0;
@@ -607,7 +749,12 @@ __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
     __shared__ int32_t early[kShareTileCells];
     __shared__ ShareSmem share;
+#if EP_RT_LL_PACKED
+    __shared__ int32_t bases[kShareTileCells + 1];
+    dispatch_recv(LL(p), early, bases, share);
+#else
     dispatch_recv(LL(p), early, share);
+#endif
 }
 
 // One kernel per dispatch (no receive hook): every block sends its tokens, then takes its share of the receive.
@@ -619,6 +766,9 @@ union DispatchSmem {
     struct {
         int32_t early[kShareTileCells];
         ShareSmem share;
+#if EP_RT_LL_PACKED
+        int32_t bases[kShareTileCells + 1];
+#endif
     } recv;
 };
 
@@ -627,7 +777,11 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch(const LowLat
     const LL ll(p);
     dispatch_send(ll, smem.message);
     __syncthreads();  // every thread is done with the message before the receive's tiles overwrite it
+#if EP_RT_LL_PACKED
+    dispatch_recv(ll, smem.recv.early, smem.recv.bases, smem.recv.share);
+#else
     dispatch_recv(ll, smem.recv.early, smem.recv.share);
+#endif
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -654,7 +808,13 @@ __device__ void combine_send(const LL& ll, ShareSmem& share) {
             if (!ll.masked(s)) {
                 const int64_t row = int64_t(l) * RT + batch.group_offset[threadIdx.x] + batch.index[threadIdx.x];
                 const int t = reinterpret_cast<const int32_t*>(p.recv_src_info)[row];
+#if EP_RT_LL_PACKED
+                // the choice's k, which the dispatch kept in plane 1 of src_info (the host checks the handle has it)
+                const int k = reinterpret_cast<const int32_t*>(p.recv_src_info)[int64_t(ll.L) * RT + row];
+                const int64_t slot = p.recv_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + k) * p.msg_bytes;
+#else
                 const int64_t slot = p.recv_off + ((int64_t(me) * ll.L + l) * p.max_tokens + t) * p.msg_bytes;
+#endif
                 const uint64_t base = ll.peer(s);
                 if (base != 0) {
                     const int q = atomicAdd(&num_nvl, 1);
@@ -810,7 +970,11 @@ __device__ void combine_recv(const LL& ll) {
                         same_shape(ll, value, src, EP_RT_PHASE_LL_COMBINE_RECV) &&
                         (!ll.remote(src) || wait_arrivals(ll, int(flag), count_of_signal(value), src,
                                                           EP_RT_PHASE_LL_COMBINE_RECV, cycles)))
+#if EP_RT_LL_PACKED
+                        off = p.recv_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + k) * p.msg_bytes;
+#else
                         off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;
+#endif
                     if (p.wait_stats && cycles)
                         atomicAdd(reinterpret_cast<unsigned long long*>(p.wait_stats) + e / ll.L,
                                   (unsigned long long)cycles);

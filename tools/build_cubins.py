@@ -24,7 +24,8 @@ from pip "sites" (folders made with pip install --target), at pinned versions; n
 
 A family is one kernels_src/<family>.cu. It declares its build needs in comment lines:
     // ep_rt-build: variants=safe,aggressive      (default: one variant named "default"; known: default, safe,
-                                                  aggressive, chaos, tma)
+                                                  aggressive, chaos, tma, packed,
+                                                  packed_chaos)
     // ep_rt-build: nvshmem                       (device-links libnvshmem_device)
     // ep_rt-build: min_arch=sm_90                (not built for older archs: ARCHS below)
 
@@ -33,7 +34,9 @@ runs, unlike sm_100a) from its min_arch on. The aggressive variant only for sm_9
 non-coherent loads were validated (as DeepEP, which forces them off elsewhere). The chaos variant (the test
 transport of include/ep_rt/net.cuh, EP_RT_CHAOS_TRANSPORT=1; NVSHMEM families only) only for sm_90 too: it is for
 emulated nodes on the H200 test machines, and each NVSHMEM-linked cubin costs the wheel ~0.17 MB. The tma variant
-(bulk copies through the copy engine, EP_RT_TMA=1, for A/B measurements) for sm_90 only.
+(bulk copies through the copy engine, EP_RT_TMA=1, for A/B measurements) for sm_90 only, and so are the packed
+variants of the LL family (receive areas sized by what can arrive, EP_RT_LL_PACKED=1; packed_chaos the same under the
+test transport), until they have run on other archs.
 
 Reproducible output: the compilers run in a scratch staging folder holding symlinks to the sources, the toolkit and
 the sites, so every path on their command lines is relative and the bytes are the same from every checkout folder
@@ -64,7 +67,13 @@ REPO = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90", "sm_100")
 AGGRESSIVE_ARCHS = ("sm_90",)
 # Variants built for some archs only (every other variant: every arch of the family).
-VARIANT_ARCHS = {"aggressive": AGGRESSIVE_ARCHS, "chaos": ("sm_90",), "tma": ("sm_90",)}
+VARIANT_ARCHS = {
+    "aggressive": AGGRESSIVE_ARCHS,
+    "chaos": ("sm_90",),
+    "tma": ("sm_90",),
+    "packed": ("sm_90",),
+    "packed_chaos": ("sm_90",),
+}
 PARAMS_HEADER = Path("include", "ep_rt", "params.h")
 DIRECTIVE = "// ep_rt-build:"
 REBUILD_HINT = "rebuild with python tools/build_cubins.py"
@@ -151,7 +160,7 @@ def read_directives(path):
                     f"{path.name}:{lineno}: unknown ep_rt-build option {option!r} "
                     "(known: variants=a,b, nvshmem and min_arch=sm_XY)"
                 )
-    if variants and "chaos" in variants and not needs_nvshmem:
+    if variants and {"chaos", "packed_chaos"} & set(variants) and not needs_nvshmem:
         raise BuildError(
             f"{path.name}: the chaos variant replaces NVSHMEM calls (include/ep_rt/net.cuh): it needs "
             f"the nvshmem option"

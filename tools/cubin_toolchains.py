@@ -66,6 +66,10 @@ VARIANT_DEFINES = {
     "aggressive": ["-DEP_RT_AGGRESSIVE_PTX=1"],
     # the test transport of include/ep_rt/net.cuh (puts delivered late, split and reordered); safe loads
     "chaos": ["-DEP_RT_CHAOS_TRANSPORT=1"],
+    # the LL receive areas sized by what can arrive (kernels_src/low_latency.cu, docs/LL_PACKED_DESIGN.md), and the
+    # same under the test transport
+    "packed": ["-DEP_RT_LL_PACKED=1"],
+    "packed_chaos": ["-DEP_RT_CHAOS_TRANSPORT=1", "-DEP_RT_LL_PACKED=1"],
     # the copy engine's bulk copies where a family has them (include/ep_rt/tma.cuh); safe loads elsewhere
     "tma": ["-DEP_RT_AGGRESSIVE_PTX=0", "-DEP_RT_TMA=1"],
 }
