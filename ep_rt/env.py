@@ -15,6 +15,7 @@ KNOBS = (
     "EP_RT_CHAOS_TRANSPORT",
     "EP_RT_TMA",
     "EP_RT_LL_TWO_KERNELS",
+    "EP_RT_LL_PACKED",
     "EP_RT_CONFIG_FILE",
     "EP_RT_TIMEOUT_S",
     "EP_RT_NET_TIMEOUT_S",
@@ -62,6 +63,13 @@ def ll_two_kernels() -> bool:
     receive a programmatic dependent launch), as a call with a receive hook does, instead of one kernel (an A/B
     knob; read when a low-latency Buffer is made)."""
     return _flag("EP_RT_LL_TWO_KERNELS", False)
+
+
+def ll_packed() -> bool:
+    """EP_RT_LL_PACKED=1: low-latency Buffers load the LL cubins' packed variant (receive areas sized by what can
+    arrive, docs/LL_PACKED_DESIGN.md; sm_90 only) and get_low_latency_rdma_size_hint returns its smaller size.
+    Read when a Buffer is made and when the hint is asked; set it the same on every rank."""
+    return _flag("EP_RT_LL_PACKED", False)
 
 
 def aggressive_ptx() -> bool:

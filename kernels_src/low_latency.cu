@@ -18,7 +18,8 @@
 // The packed variants (EP_RT_LL_PACKED=1, docs/LL_PACKED_DESIGN.md) size the receive areas by what can arrive:
 // the dispatch gives each source rank a block of T x min(16, L) slots, in which its messages to local expert l
 // start after its messages to the lower local experts (the sender counts them from topk_idx, the receiver from
-// the count signals), and the combine returns token t's k-th row into slot t x 16 + k at its source. The dispatch
+// the count signals), and the combine returns token t's k-th row into slot t x min(16, E) + k at its source (the
+// host refuses a top-k above the expert count there). The dispatch
 // message's header carries k (word 1), which the receive keeps in plane 1 of src_info for the combine.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
@@ -358,13 +359,13 @@ __device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t*
 
 #if EP_RT_LL_PACKED
 // The packed position of token t's choices k (experts expert[k]; lower[k] = the first local expert of expert[k]'s
-// rank; n_before = the entries of the tokens before t): before[k] as count_earlier_choices, and base[k] = how
+// rank; n_before = the entries of the tokens before t): before[k] as count_earlier_choices, and start[k] = how
 // many of all n entries chose one of expert[k]'s rank's lower local experts, [lower[k], expert[k]): where the cell
 // (expert[k], this rank) starts in the block this rank owns there. One pass of the whole block over every entry,
-// counted in registers and added per warp (most entries count towards some base, so per-entry atomics would
+// counted in registers and added per warp (most entries count towards some start, so per-entry atomics would
 // serialise on K words).
 __device__ void count_packed_positions(const TopkIdx& topk, int n, int n_before, const int64_t* expert,
-                                       const int64_t* lower, int* before, int* base, int K) {
+                                       const int64_t* lower, int* before, int* start, int K) {
     int my_before[EP_RT_LL_MAX_TOPK], my_base[EP_RT_LL_MAX_TOPK];
 #pragma unroll
     for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) my_before[k] = my_base[k] = 0;
@@ -386,7 +387,7 @@ __device__ void count_packed_positions(const TopkIdx& topk, int n, int n_before,
         if (k >= K) break;
         const int b = __reduce_add_sync(0xffffffffu, my_before[k]), c = __reduce_add_sync(0xffffffffu, my_base[k]);
         if (lane == 0 && b) atomicAdd(before + k, b);
-        if (lane == 0 && c) atomicAdd(base + k, c);
+        if (lane == 0 && c) atomicAdd(start + k, c);
     }
 }
 #endif
@@ -416,19 +417,20 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
     __shared__ int64_t expert[EP_RT_LL_MAX_TOPK];  // token t's choices
     __shared__ int before[EP_RT_LL_MAX_TOPK];      // choices of the same expert by earlier tokens
 #if EP_RT_LL_PACKED
-    __shared__ int base[EP_RT_LL_MAX_TOPK];  // where the cell of expert[k] starts in this rank's block at its rank
+    __shared__ int cell_start[EP_RT_LL_MAX_TOPK];  // where the cell of expert[k] starts in our block at its rank
     __shared__ int64_t lower[EP_RT_LL_MAX_TOPK];  // the first local expert of expert[k]'s rank
     const int64_t block_slots = int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L);
+    const int64_t stride = min(EP_RT_LL_MAX_TOPK, p.num_experts);  // staged copies per token (the host: K <= it)
 #endif
     for (int t = blockIdx.x; t < p.num_tokens; t += gridDim.x) {
         if (int(threadIdx.x) < K) expert[threadIdx.x] = topk[int64_t(t) * K + threadIdx.x], before[threadIdx.x] = 0;
 #if EP_RT_LL_PACKED
-        if (int(threadIdx.x) < K) base[threadIdx.x] = 0, lower[threadIdx.x] = expert[threadIdx.x] / ll.L * ll.L;
+        if (int(threadIdx.x) < K) cell_start[threadIdx.x] = 0, lower[threadIdx.x] = expert[threadIdx.x] / ll.L * ll.L;
 #endif
         build_message(ll, t, reinterpret_cast<uint8_t*>(message));
         __syncthreads();
 #if EP_RT_LL_PACKED
-        count_packed_positions(topk, p.num_tokens * K, t * K, expert, lower, before, base, K);
+        count_packed_positions(topk, p.num_tokens * K, t * K, expert, lower, before, cell_start, K);
         if (!free_checked) {  // the first writes into peers' buffers, or into staging they may still read
             wait_buffer_free(ll, credit);
             free_checked = true;
@@ -444,8 +446,7 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
                 if (e < 0 || e >= p.num_experts || !ll.remote(int(e / ll.L))) continue;
                 int4 v = message[i];
                 if (i == 0) v.y = kk;
-                reinterpret_cast<int4*>(ll.local(p.send_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + kk) * p.msg_bytes))[i] =
-                    v;
+                reinterpret_cast<int4*>(ll.local(p.send_off + (t * stride + kk) * p.msg_bytes))[i] = v;
             }
             __syncthreads();
         }
@@ -478,17 +479,17 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
                 } else {
                     const int l = int(e % ll.L);
 #if EP_RT_LL_PACKED
-                    const int64_t pos = base[k] + slot;
+                    const int64_t pos = cell_start[k] + slot;
                     const bool fits = pos < block_slots;  // false only beside a cell past T, reported above
                     const int64_t off = p.recv_off + (int64_t(me) * block_slots + pos) * p.msg_bytes;
-                    const uint8_t* staged = ll.local(p.send_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + k) * p.msg_bytes);
+                    const uint8_t* staged = ll.local(p.send_off + (t * stride + k) * p.msg_bytes);
 #else
                     const bool fits = true;
                     const int64_t off = p.recv_off + ((int64_t(l) * R + me) * p.max_tokens + slot) * p.msg_bytes;
 #endif
-                    const uint64_t peer_base = ll.peer(dst);
-                    if (fits && peer_base != 0) {
-                        int4* out = reinterpret_cast<int4*>(peer_base + off);
+                    const uint64_t base = ll.peer(dst);
+                    if (fits && base != 0) {
+                        int4* out = reinterpret_cast<int4*>(base + off);
 #pragma unroll 4
                         for (int i = part * kWarpSize + lane; i < used_int4; i += warps_per_k * kWarpSize) {
 #if EP_RT_LL_PACKED
@@ -811,7 +812,8 @@ __device__ void combine_send(const LL& ll, ShareSmem& share) {
 #if EP_RT_LL_PACKED
                 // the choice's k, which the dispatch kept in plane 1 of src_info (the host checks the handle has it)
                 const int k = reinterpret_cast<const int32_t*>(p.recv_src_info)[int64_t(ll.L) * RT + row];
-                const int64_t slot = p.recv_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + k) * p.msg_bytes;
+                const int64_t stride = min(EP_RT_LL_MAX_TOPK, p.num_experts);  // the source's slots per token
+                const int64_t slot = p.recv_off + (t * stride + k) * p.msg_bytes;
 #else
                 const int64_t slot = p.recv_off + ((int64_t(me) * ll.L + l) * p.max_tokens + t) * p.msg_bytes;
 #endif
@@ -971,7 +973,7 @@ __device__ void combine_recv(const LL& ll) {
                         (!ll.remote(src) || wait_arrivals(ll, int(flag), count_of_signal(value), src,
                                                           EP_RT_PHASE_LL_COMBINE_RECV, cycles)))
 #if EP_RT_LL_PACKED
-                        off = p.recv_off + (int64_t(t) * EP_RT_LL_MAX_TOPK + k) * p.msg_bytes;
+                        off = p.recv_off + (t * min(EP_RT_LL_MAX_TOPK, p.num_experts) + k) * p.msg_bytes;
 #else
                         off = p.recv_off + (e * p.max_tokens + t) * p.msg_bytes;
 #endif

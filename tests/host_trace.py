@@ -282,7 +282,7 @@ def stubs(trace: Trace, topology, rank: int, size: int, gate=None):
         trace.add("modules.load_entry", device_index, e["family"])
         return FakeModule(trace, e)
 
-    def choose_entry(manifest, family, device_index, aggressive, flavour=None, chaos=None):
+    def choose_entry(manifest, family, device_index, aggressive, flavour=None, chaos=None, packed=None):
         trace.add("modules.choose_entry", family, device_index, aggressive, flavour)
         return entry(family, True)
 

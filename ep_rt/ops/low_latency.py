@@ -86,6 +86,7 @@ class LowLatencyOp:
     call_plans = None  # (kind, T, hidden, num_experts, message format, buffer) -> _Plan
     _unfrozen = None  # kind -> the _ReceiveLaunch still reading its receive launcher's struct
     two_kernels = False  # EP_RT_LL_TWO_KERNELS, read by __init__
+    packed = False  # the module is a packed variant (EP_RT_LL_PACKED): ll_layout's packed offsets
     on_comm_stream = False  # the last LL kernels ran on the comm stream (maybe not waited for: async_finish)
 
     @staticmethod
@@ -100,11 +101,15 @@ class LowLatencyOp:
             )
 
     @staticmethod
-    def cubin_entry(device_index: int, nvshmem_flavour: str | None, chaos: bool | None = None) -> dict:
+    def cubin_entry(
+        device_index: int, nvshmem_flavour: str | None, chaos: bool | None = None, packed: bool | None = None
+    ) -> dict:
         """The LL cubin for this device and driver, of the NVSHMEM host library's flavour (cu12 / cu13); its chaos
         variant (a test transport for the puts to other nodes) when `chaos`, by default EP_RT_CHAOS_TRANSPORT, says
-        so."""
-        return modules.choose_entry(modules.manifest(), "low_latency", device_index, False, nvshmem_flavour, chaos)
+        so; its packed layout when `packed`, by default EP_RT_LL_PACKED, says so."""
+        return modules.choose_entry(
+            modules.manifest(), "low_latency", device_index, False, nvshmem_flavour, chaos, packed=packed
+        )
 
     @staticmethod
     def symmetric_bytes(num_rdma_bytes: int, num_ranks: int, control_start: int | None = None) -> int:
@@ -144,6 +149,7 @@ class LowLatencyOp:
         self.sym_bytes = self.control["end"]
         self.sym = sym.ptr
         self.module = module  # which cubin (module.entry: variant, path); test kernels of the family launch from it
+        self.packed = module.entry.get("variant") in ("packed", "packed_chaos")  # the buffer layout its kernels use
         # The chaos variant counts its network operations and charges each quiet a sweep (transport.net_stats).
         self.net_stats = net_stats.charged(module, self.device, topology.num_ranks)
         self.peer_bases = sym.peer_bases.clone()
@@ -299,12 +305,14 @@ class LowLatencyOp:
 
     def _offsets(self, T: int, hidden: int, num_experts: int) -> dict:
         """The buffers' areas for this shape (ll_layout.buffer_offsets), or BufferTooSmallError if it does not fit."""
-        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
+        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes, self.packed, self.num_ranks)
         if offsets["need"] > offsets["half"]:
+            need = ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts, self.packed)
+            layout = "(the packed layout, EP_RT_LL_PACKED=1) " if self.packed else ""
             raise BufferTooSmallError(
                 f"low-latency calls with {T} tokens per rank, hidden {hidden} and {num_experts} experts need "
-                f"num_rdma_bytes >= {ll_layout.rdma_size_hint(T, hidden, self.num_ranks, num_experts)} "
-                f"(Buffer.get_low_latency_rdma_size_hint); this Buffer has {self.num_rdma_bytes}"
+                f"{layout}num_rdma_bytes >= {need} (Buffer.get_low_latency_rdma_size_hint); this Buffer has "
+                f"{self.num_rdma_bytes}"
             )
         return offsets
 
@@ -319,7 +327,17 @@ class LowLatencyOp:
         validate.tensor("topk_idx", topk_idx, dtypes=validate.TOPK_IDX_DTYPES, ndim=2, device=self.device, rows=N)
         if topk_idx.size(1) > abi.EP_RT_LL_MAX_TOPK:
             raise ValueError(f"low-latency top-k is at most {abi.EP_RT_LL_MAX_TOPK}, got {topk_idx.size(1)}")
+        if self.packed:
+            self.check_packed_topk(topk_idx.size(1), num_experts)
         return N, H
+
+    @staticmethod
+    def check_packed_topk(K: int, num_experts: int) -> None:
+        """The packed layout keeps min(16, num_experts) slots per token: a top-k above the expert count has none."""
+        if K > ll_layout.packed_stride(num_experts):
+            raise ValueError(
+                f"with EP_RT_LL_PACKED=1 the top-k ({K}) must be at most the number of experts ({num_experts})"
+            )
 
     def _receive_launcher(self, kind: str, send: Launcher, recv: Launcher, grid: int, b: int) -> _ReceiveLaunch:
         """The receive kernel with the send kernel's parameters: launch(stream, early), now or from a hook, exactly
@@ -430,7 +448,10 @@ class LowLatencyOp:
             p.recv_x_scales = scales.data_ptr()
         else:
             p.recv_x_scales = 0
-        src_info = torch.empty(L, RT, dtype=torch.int32, device=dev)
+        if self.packed:  # plane 1 gets each row's k (its combine slot at the source); the handle holds plane 0
+            src_info = torch.empty(2, L, RT, dtype=torch.int32, device=dev)[0]
+        else:
+            src_info = torch.empty(L, RT, dtype=torch.int32, device=dev)
         layout_range = torch.empty(L, R, dtype=torch.int64, device=dev)
         count = torch.empty(L, dtype=torch.int32, device=dev)
         p.x, p.topk_idx, p.recv_x = x.data_ptr(), topk_idx.data_ptr(), recv_x.data_ptr()
@@ -490,6 +511,9 @@ class LowLatencyOp:
             raise ValueError("topk_weights must have the shape of topk_idx")
         validate.tensor("handle src_info", src_info, dtype=torch.int32, ndim=2, device=self.device)
         validate.tensor("handle layout_range", layout_range, dtype=torch.int64, ndim=2, device=self.device, rows=L)
+        if self.packed:
+            self.check_packed_topk(topk_idx.size(1), num_experts)
+            check_packed_src_info(src_info, L, R * T)
         if out is None:
             out = torch.empty(N, hidden, dtype=torch.bfloat16, device=self.device)
         else:
@@ -533,7 +557,7 @@ class LowLatencyOp:
 
     def next_combine_buffer(self, T: int, hidden: int, num_experts: int) -> torch.Tensor:
         """bf16 view [L, R*T, hidden] of the staging area the next LL call (a combine) reads with zero_copy."""
-        offsets = ll_layout.buffer_offsets(T, hidden, num_experts, self.num_rdma_bytes)
+        offsets = self._offsets(T, hidden, num_experts)
         L, RT = num_experts // self.num_ranks, self.num_ranks * T
         row = ll_layout.combine_slot_bytes(hidden, use_logfmt=False)  # zero_copy is never LogFMT
         base = self.sym + offsets["send"][self.idx]
@@ -581,3 +605,24 @@ class LowLatencyOp:
         self.pending_recv = [False, False]
         torch.cuda.synchronize(self.device)
         self.barrier()  # everybody is clean before anybody writes again
+
+
+def check_packed_src_info(src_info, L: int, RT: int) -> None:
+    """The packed layout's combine reads each row's k from plane 1 of the allocation whose plane 0 is the handle's
+    src_info (the dispatch makes it [2, L, R x T] and returns plane 0, DeepEP's tensor): the handle must hold that
+    very view, not a copy."""
+    base = src_info._base
+    if (
+        base is None
+        or tuple(base.shape) != (2, L, RT)
+        or base.dtype != torch.int32
+        or src_info.data_ptr() != base.data_ptr()
+        or tuple(src_info.shape) != (L, RT)
+        or src_info.stride() != (RT, 1)
+    ):
+        raise ValueError(
+            f"with EP_RT_LL_PACKED=1 the handle's src_info must be the tensor the low-latency dispatch returned (plane "
+            f"0 of a [2, {L}, {RT}] int32 allocation whose plane 1 holds each row's top-k slot); this one is "
+            f"{tuple(src_info.shape)} with base {None if base is None else tuple(base.shape)}: a copy or a rebuilt "
+            f"tensor lacks that plane. Pass the handle the dispatch returned."
+        )

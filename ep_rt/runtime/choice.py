@@ -7,7 +7,8 @@ flavour of the NVSHMEM host library in the process. Arch: a cubin for sm_XY runs
 Z >= Y (an `a` target, sm_XYa, only on X.Y itself); the closest minor wins. Variant: "default", else "safe" (or
 "aggressive" when asked); for an NVSHMEM-linked family with the chaos transport asked for (EP_RT_CHAOS_TRANSPORT),
 "chaos" or an error, never a silent fallback to the real transport; for a family that has a "tma" variant anywhere,
-with EP_RT_TMA asked for, "tma" or an error.
+with EP_RT_TMA asked for, "tma" or an error; for a family that has a "packed" variant anywhere (low_latency), with
+EP_RT_LL_PACKED asked for, "packed" (or "packed_chaos" with the chaos transport) or an error.
 """
 
 from __future__ import annotations
@@ -115,9 +116,20 @@ def _inventory(entries: list[dict]) -> str:
     return "; ".join(f"{fl}: {', '.join(sorted(archs, key=parse_arch))}" for fl, archs in sorted(by_flavour.items()))
 
 
-def _variant(on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False, tma: bool = False) -> dict:
+def _variant(
+    on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False, tma: bool = False, packed: bool = False
+) -> dict:
     by_variant = {e["variant"]: e for e in on_arch}
     where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
+    if packed:
+        name = "packed_chaos" if chaos else "packed"
+        if name in by_variant:
+            return by_variant[name]
+        raise CubinNotFoundError(
+            f"EP_RT_LL_PACKED=1{' and EP_RT_CHAOS_TRANSPORT=1' if chaos else ''}, but {family!r} has no {name} variant "
+            f"for {where} (it has {sorted(by_variant)}; the packed layout is built for sm_90 only): unset "
+            f"EP_RT_LL_PACKED"
+        )
     if tma:
         if aggressive:
             raise CubinNotFoundError(
@@ -159,10 +171,12 @@ def choose_entry(
     nvshmem_flavour: str | None = None,
     chaos: bool = False,
     tma: bool = False,
+    packed: bool = False,
 ) -> dict:
     """The manifest entry to load for `family` on a GPU of compute capability `cc` (see the module doc). `chaos`
     (EP_RT_CHAOS_TRANSPORT) asks NVSHMEM-linked families for their chaos variant; the others have no network traffic
-    and ignore it. `tma` (EP_RT_TMA) asks the families that have a tma variant for it; the others ignore it."""
+    and ignore it. `tma` (EP_RT_TMA) asks the families that have a tma variant for it; the others ignore it. `packed`
+    (EP_RT_LL_PACKED) asks the families that have a packed variant for it; the others ignore it."""
     entries = [e for e in manifest["cubins"] if e["family"] == family]
     if not entries:
         known = sorted({e["family"] for e in manifest["cubins"]})
@@ -181,7 +195,15 @@ def choose_entry(
         if fits:
             best = min(d for d, _ in fits)
             has_tma = any(e["variant"] == "tma" for e in entries)
-            return _variant([e for d, e in fits if d == best], family, aggressive, chaos and networked, tma and has_tma)
+            has_packed = any(e["variant"] == "packed" for e in entries)
+            return _variant(
+                [e for d, e in fits if d == best],
+                family,
+                aggressive,
+                chaos and networked,
+                tma and has_tma,
+                packed and has_packed,
+            )
     raise CubinNotFoundError(
         f"ep_rt ships no {family!r} cubin for this GPU (compute capability {cc[0]}.{cc[1]}, {arch_name(cc)}) in the "
         f"flavour(s) this process can use ({', '.join(flavours)}, driver {describe_driver(driver_version)}); it has "

@@ -70,15 +70,19 @@ def choose_entry(
     nvshmem_flavour: str | None = None,
     chaos: bool | None = None,
     tma: bool | None = None,
+    packed: bool | None = None,
 ) -> dict:
     """The manifest entry of `family` for this device, this driver and EP_RT_CUBIN_FLAVOUR (runtime/choice.py);
     `nvshmem_flavour` (cu12 / cu13) is the NVSHMEM host library's, for NVSHMEM-linked families, which get their
     chaos variant when `chaos` (default: EP_RT_CHAOS_TRANSPORT) says so; a family with a tma variant gets it when `tma`
-    (default: EP_RT_TMA) says so."""
+    (default: EP_RT_TMA) says so; a family with a packed variant (low_latency) gets it when `packed` (default:
+    EP_RT_LL_PACKED) says so."""
     if chaos is None:
         chaos = env.chaos_transport()
     if tma is None:
         tma = env.tma()
+    if packed is None:
+        packed = env.ll_packed()
     return choice.choose_entry(
         manifest,
         family,
@@ -89,6 +93,7 @@ def choose_entry(
         nvshmem_flavour,
         chaos,
         tma,
+        packed,
     )
 
 

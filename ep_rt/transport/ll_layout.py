@@ -1,10 +1,17 @@
 """Low-latency buffer layout and sizing (DeepEP V1's formula; the combine message is padded to 16 bytes,
 which only changes sizes for hidden sizes that are not multiples of 512). The layout itself is ep_rt's: the
-data of the two buffers in fixed halves of num_rdma_bytes, the signals in a control area after it."""
+data of the two buffers in fixed halves of num_rdma_bytes, the signals in a control area after it.
+
+The packed layout (the LL cubins' packed variants, EP_RT_LL_PACKED=1; docs/LL_PACKED_DESIGN.md) sizes the receive
+areas by what can arrive: a dispatch receives at most T x min(K, L) messages from each source (a block of
+T x min(16, L) slots per source, 16 = the largest top-k), a combine at most T x K rows (slots t x min(16, E) + k;
+a packed call's top-k is at most the expert count). Never more than DeepEP's formula, for every shape (the tests
+hold it)."""
 
 from __future__ import annotations
 
 MAX_SIGNALS = 65536  # params.h EP_RT_LL_MAX_SIGNALS: the most experts an LL call takes
+MAX_TOPK = 16  # params.h EP_RT_LL_MAX_TOPK
 
 
 def dispatch_msg_bytes(hidden: int) -> int:
@@ -39,12 +46,43 @@ def data_bytes(T: int, hidden: int, num_experts: int) -> tuple[int, int]:
     return max(T * d, num_experts * T * c), max(num_experts * T * d, num_experts * T * c)
 
 
-def buffer_offsets(T: int, hidden: int, num_experts: int, num_rdma_bytes: int) -> dict:
+def packed_block_slots(T: int, num_ranks: int, num_experts: int) -> int:
+    """Packed dispatch: the slots each source rank has in a receiver's area (its messages to every local expert,
+    expert after expert): T x min(16, L), since a token chooses at most min(K, L) of one rank's L experts."""
+    return T * min(MAX_TOPK, num_experts // num_ranks)
+
+
+def packed_stride(num_experts: int) -> int:
+    """Packed combine slots (and staged dispatch copies) per token: one per possible choice, min(16, E)."""
+    return min(MAX_TOPK, num_experts)
+
+
+def packed_data_bytes(T: int, hidden: int, num_ranks: int, num_experts: int) -> tuple[int, int]:
+    """(staging, receive) bytes of one buffer in the packed layout. Staging: a copy of each token per choice
+    (T x packed_stride dispatch messages, for puts to other nodes: each copy's header names its k), or the zero-copy
+    combine rows [L, R x T] (E x T); receive: R blocks of packed_block_slots dispatch messages, or T x packed_stride
+    combine rows."""
+    d, c = dispatch_msg_bytes(hidden), combine_msg_bytes(hidden)
+    stride = packed_stride(num_experts)
+    send = max(T * stride * d, num_experts * T * c)
+    recv = max(num_ranks * packed_block_slots(T, num_ranks, num_experts) * d, T * stride * c)
+    return send, recv
+
+
+def buffer_offsets(
+    T: int, hidden: int, num_experts: int, num_rdma_bytes: int, packed: bool = False, num_ranks: int = 0
+) -> dict:
     """Byte offsets of the two buffers' areas in the symmetric buffer. Buffer b owns the fixed half b of
     num_rdma_bytes whatever the call's shape (so a call can never write into the other buffer's bytes): its receive
-    area at the half's start (128-byte aligned), its staging area after it. "need": bytes of a half this shape needs,
-    "half": the bytes a half has."""
-    send, recv = data_bytes(T, hidden, num_experts)
+    area at the half's start (128-byte aligned), its staging area after it (packed: 128-byte aligned too). "need":
+    bytes of a half this shape needs, "half": the bytes a half has. `packed` (with num_ranks) for the packed layout."""
+    if packed:
+        if num_ranks <= 0:
+            raise ValueError("the packed layout needs num_ranks")
+        send, recv = packed_data_bytes(T, hidden, num_ranks, num_experts)
+        recv = (recv + 127) // 128 * 128
+    else:
+        send, recv = data_bytes(T, hidden, num_experts)
     half = num_rdma_bytes // 2 // 128 * 128
     return {"recv": (0, half), "send": (recv, half + recv), "need": send + recv, "half": half}
 
@@ -87,9 +125,12 @@ def shape_digest(T: int, hidden: int, num_experts: int, message_format: int) -> 
     return (h ^ (h >> 16)) & 0xFFFF
 
 
-def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int) -> int:
+def rdma_size_hint(
+    num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int, num_experts: int, packed: bool = False
+) -> int:
     """DeepEP's num_rdma_bytes for two alternating LL buffers (signal | send | recv each); ep_rt uses the signal
-    share as slack and keeps its signals in a control area of its own."""
+    share as slack and keeps its signals in a control area of its own. `packed`: the two halves the packed layout
+    needs (packed_data_bytes), never more than DeepEP's formula."""
     for name, v in (
         ("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
         ("hidden", hidden),
@@ -101,6 +142,11 @@ def rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks
     if hidden % 128:
         raise ValueError(f"hidden must be a multiple of 128, got {hidden}")
     T, E = num_max_dispatch_tokens_per_rank, num_experts
+    if packed:
+        if E % num_ranks:
+            raise ValueError(f"num_experts must be a multiple of num_ranks, got {E} and {num_ranks}")
+        need = buffer_offsets(T, hidden, E, 0, True, num_ranks)["need"]
+        return 2 * ((need + 127) // 128 * 128)  # each half rounded as buffer_offsets rounds it down
     signal = (E * 4 + 127) // 128 * 128
     send, recv = data_bytes(T, hidden, E)
     total = 2 * (signal + send + recv)

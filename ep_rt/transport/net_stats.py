@@ -28,11 +28,16 @@ def sweep_ns(num_qps: int, npes: int) -> int:
     return 0 if npes <= 1 else round((num_qps * (npes - 1) + DCIS) * QP_POLL_NS)
 
 
+def is_chaos(entry: dict) -> bool:
+    """A cubin of the test transport: the chaos variant, or the LL family's packed_chaos."""
+    return entry.get("variant") in ("chaos", "packed_chaos")
+
+
 class NetStats:
     """A chaos-variant module's counters, as a view of its device memory (reads and resets sync the device)."""
 
     def __init__(self, module, device: torch.device):
-        if module.entry.get("variant") != "chaos":
+        if not is_chaos(module.entry):
             raise EpRtError(
                 f"network operation counts exist in the chaos variant only (EP_RT_CHAOS_TRANSPORT=1); "
                 f"this module is {module.entry['path']}"
@@ -62,7 +67,7 @@ class NetStats:
 def charged(module, device: torch.device, npes: int) -> "NetStats | None":
     """For a chaos-variant module: its counters, with each quiet charged a sweep of this world (num_qps from
     NVSHMEM_IBGDA_NUM_RC_PER_PE, as NVSHMEM reads it, else DeepEP's 24); None for any other module."""
-    if module.entry.get("variant") != "chaos":
+    if not is_chaos(module.entry):
         return None
     stats = NetStats(module, device)
     stats.set_sweep_ns(sweep_ns(int(os.environ.get("NVSHMEM_IBGDA_NUM_RC_PER_PE") or 24), npes))

@@ -109,13 +109,17 @@ def test_the_ll_op_loads_the_chaos_cubin_under_the_knob(monkeypatch):
 def test_shipped_chaos_cubins():
     manifest = load_manifest(REPO / "cubins" / "manifest.json")
     ll = {(e["flavour"], e["arch"], e["variant"]): e for e in manifest["cubins"] if e["family"] == "low_latency"}
-    assert {k for k in ll if k[2] == "chaos"} == {("cu12", "sm_90", "chaos"), ("cu13", "sm_90", "chaos")}
+    chaos_variants = ("chaos", "packed_chaos")  # the packed layout's test-transport build is one too
+    assert {k for k in ll if k[2] in chaos_variants} == {
+        (fl, "sm_90", v) for fl in ("cu12", "cu13") for v in chaos_variants
+    }
     for (flavour, arch, variant), e in ll.items():
-        assert ("-DEP_RT_CHAOS_TRANSPORT=1" in e["flags"]) is (variant == "chaos"), e["path"]
+        assert ("-DEP_RT_CHAOS_TRANSPORT=1" in e["flags"]) is (variant in chaos_variants), e["path"]
+        assert ("-DEP_RT_LL_PACKED=1" in e["flags"]) is variant.startswith("packed"), e["path"]
         assert "ep_rt_ll_net_probe" in e["kernels"] and "ep_rt_ll_dispatch_send" in e["kernels"], e["path"]
         assert {"ep_rt_ll_dispatch", "ep_rt_ll_combine"} <= set(e["kernels"]), e["path"]  # one kernel per call
         assert "kernels_src/include/ep_rt/net.cuh" in e["sources"], e["path"]
-        if variant == "chaos":
+        if variant in chaos_variants:
             # (which chaos cubins ran on a GPU: tests/tools/test_manifest.py's REPO_MARKED, from the marks)
             # The queues are .bss (zero-filled at load): the cubin stays the size of the default one, not +29 MiB.
             assert (REPO / "cubins" / e["path"]).stat().st_size < 1_500_000, e["path"]
