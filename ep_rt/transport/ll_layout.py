@@ -74,13 +74,12 @@ def buffer_offsets(
 ) -> dict:
     """Byte offsets of the two buffers' areas in the symmetric buffer. Buffer b owns the fixed half b of
     num_rdma_bytes whatever the call's shape (so a call can never write into the other buffer's bytes): its receive
-    area at the half's start (128-byte aligned), its staging area after it (packed: 128-byte aligned too). "need":
+    area at the half's start (128-byte aligned), its staging area after it (16-byte aligned). "need":
     bytes of a half this shape needs, "half": the bytes a half has. `packed` (with num_ranks) for the packed layout."""
     if packed:
         if num_ranks <= 0:
             raise ValueError("the packed layout needs num_ranks")
         send, recv = packed_data_bytes(T, hidden, num_ranks, num_experts)
-        recv = (recv + 127) // 128 * 128
     else:
         send, recv = data_bytes(T, hidden, num_experts)
     half = num_rdma_bytes // 2 // 128 * 128
@@ -146,7 +145,7 @@ def rdma_size_hint(
         if E % num_ranks:
             raise ValueError(f"num_experts must be a multiple of num_ranks, got {E} and {num_ranks}")
         need = buffer_offsets(T, hidden, E, 0, True, num_ranks)["need"]
-        return 2 * ((need + 127) // 128 * 128)  # each half rounded as buffer_offsets rounds it down
+        return 2 * ((need + 127) // 128 * 128)  # each half rounded up, as buffer_offsets rounds it down
     signal = (E * 4 + 127) // 128 * 128
     send, recv = data_bytes(T, hidden, E)
     total = 2 * (signal + send + recv)

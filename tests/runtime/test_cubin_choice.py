@@ -33,6 +33,8 @@ def fake_manifest(archs=("sm_80", "sm_90", "sm_100")):
                 cubins.append(entry("low_latency", fl, arch, nvshmem=True))
         cubins.append(entry("intranode", fl, "sm_90", "aggressive"))
         cubins.append(entry("intranode", fl, "sm_90", "tma"))
+        if "sm_90" in archs:
+            cubins += [entry("low_latency", fl, "sm_90", v, nvshmem=True) for v in ("chaos", "packed", "packed_chaos")]
     return {"cubins": cubins}
 
 
@@ -118,6 +120,45 @@ def test_tma_variant_only_when_asked_and_where_built():
         tma_pick("intranode", (10, 0))
     with pytest.raises(CubinNotFoundError, match="EP_RT_TMA=1 and EP_RT_AGGRESSIVE_PTX=1"):
         tma_pick("intranode", (9, 0), aggressive=True)
+
+
+def test_packed_variant_only_when_asked_and_where_built():
+    """EP_RT_LL_PACKED (issue 22's LL buffer): the packed layout is never a preference nor a fallback; with the
+    chaos transport it is packed_chaos; families without a packed variant ignore it."""
+
+    def packed_pick(family, cc, chaos=False, driver=R580, nvshmem="cu13"):
+        e = choice.choose_entry(M, family, cc, False, driver, None, nvshmem, chaos, False, True)
+        return e["flavour"], e["arch"], e["variant"]
+
+    assert pick("low_latency", (9, 0), R580, nvshmem="cu13") == ("cu13", "sm_90", "default")
+    assert packed_pick("low_latency", (9, 0)) == ("cu13", "sm_90", "packed")
+    assert packed_pick("low_latency", (9, 0), chaos=True) == ("cu13", "sm_90", "packed_chaos")
+    assert packed_pick("low_latency", (9, 0), driver=R535, nvshmem="cu12") == ("cu12", "sm_90", "packed")
+    assert packed_pick("intranode", (9, 0), nvshmem=None) == ("cu13", "sm_90", "safe")  # none anywhere: ignored
+    with pytest.raises(CubinNotFoundError, match="no packed variant for cu13/sm_100.*unset EP_RT_LL_PACKED"):
+        packed_pick("low_latency", (10, 0))
+    with pytest.raises(CubinNotFoundError, match="EP_RT_LL_PACKED=1 and EP_RT_CHAOS_TRANSPORT=1.*packed_chaos"):
+        packed_pick("low_latency", (10, 0), chaos=True)
+
+
+def test_the_shipped_manifest_has_the_packed_variants_on_sm90_in_both_flavours():
+    manifest = load_manifest(REPO / "cubins" / "manifest.json")
+    packed = {(e["flavour"], e["arch"], e["variant"]) for e in manifest["cubins"] if "packed" in e["variant"]}
+    assert packed == {(fl, "sm_90", v) for fl in ("cu12", "cu13") for v in ("packed", "packed_chaos")}
+    for e in manifest["cubins"]:
+        if "packed" in e["variant"]:
+            assert e["family"] == "low_latency" and "-DEP_RT_LL_PACKED=1" in e["flags"], e["path"]
+            assert {"ep_rt_ll_dispatch", "ep_rt_ll_combine", "ep_rt_ll_dispatch_recv"} <= set(e["kernels"])
+        else:
+            assert "-DEP_RT_LL_PACKED=1" not in e["flags"], e["path"]
+
+
+def test_packed_knob(monkeypatch):
+    monkeypatch.delenv("EP_RT_LL_PACKED", raising=False)
+    assert env.ll_packed() is False
+    monkeypatch.setenv("EP_RT_LL_PACKED", "1")
+    assert env.ll_packed() is True
+    assert "EP_RT_LL_PACKED" in env.KNOBS
 
 
 def test_tma_knob(monkeypatch):

@@ -1,5 +1,5 @@
-"""tools/ll_packed_model.py, the CPU model of docs/LL_PACKED_DESIGN.md's packed LL receive areas (not built in any
-kernel): on random routings (-1 entries, duplicates of an expert in a token) every message gets its own slot inside
+"""tools/ll_packed_model.py, the CPU model of docs/LL_PACKED_DESIGN.md's packed LL layout (the LL cubins' packed
+variants; tests/ops/test_ll_packed_layout.py holds ll_layout and the kernel source to it): on random routings (-1 entries, duplicates of an expert in a token) every message gets its own slot inside
 its block, the receiver's view of each (expert, source) cell is a contiguous run in the source's token order, the
 block size is tight, and the design's size table is what the model computes."""
 
@@ -45,7 +45,7 @@ def test_every_message_gets_its_own_slot_and_each_cell_is_a_contiguous_run(R, E,
         per_rank = {}
         for (t, k), (r, p) in pos.items():
             assert r == topk[t][k] // L
-            assert 0 <= p < T * min(K, L), (p, T, K, L)
+            assert 0 <= p < tool.block_slots(T, R, E) == T * min(16, L), (p, T, K, L)
             per_rank.setdefault(r, []).append(p)
         for r, ps in per_rank.items():
             assert len(ps) == len(set(ps)), f"two messages share a slot at rank {r}"
@@ -57,15 +57,16 @@ def test_every_message_gets_its_own_slot_and_each_cell_is_a_contiguous_run(R, E,
                 mine = [(t, k) for t, k in valid if topk[t][k] == r * L + l]  # token-major already
                 want = list(range(sum(counts[:l]), sum(counts[:l]) + counts[l]))
                 assert [pos[tk][1] for tk in mine] == want
-        slots = tool.combine_slots(topk)
+        slots = tool.combine_slots(topk, E)
         assert sorted(slots) == valid and len(set(slots.values())) == len(valid)
-        assert all(0 <= s < T * K for s in slots.values())
+        assert all(0 <= s < T * min(16, E) for s in slots.values())
+        assert all(s // min(16, E) == t for (t, _), s in slots.items())  # a token's rows stay in its own slots
 
 
 def test_the_dispatch_block_is_tight_and_a_cell_past_t_raises():
     tool = _tool()
-    R, E, T, K = 2, 8, 4, 3  # L = 4 >= K
-    full = [[0, 1, 2]] * T  # every token to three experts of rank 0: the block's T x min(K, L) slots, all used
+    R, E, T, K = 2, 8, 4, 4  # L = 4 = K
+    full = [[0, 1, 2, 3]] * T  # every token to all four experts of rank 0: the block's T x min(16, L) slots, all used
     pos = tool.dispatch_positions(full, E, R, T)
     assert sorted(p for _, p in pos.values()) == list(range(T * K))
     twice = [[5, 5, 6]] * T  # expert 5 gets 2T messages from this source
