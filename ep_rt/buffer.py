@@ -513,6 +513,13 @@ class Buffer:
         Buffer made. None without a high-throughput mode."""
         return None if self._ht is None else self._ht.serial
 
+    @property
+    def low_latency_variant(self) -> Optional[str]:
+        """ep_rt extension: the variant of the low-latency cubin this Buffer loaded ("default"; "packed" with
+        EP_RT_LL_PACKED=1; "chaos", "packed_chaos" under the test transport), what a benchmark records beside its
+        numbers. None without a low-latency mode, and once destroyed."""
+        return None if self._ll is None else self._ll.module.entry["variant"]
+
     def set_kernel_timer(self, timer) -> None:
         """Benchmark hook (ep_rt.testing.bench), not DeepEP API: time this Buffer's high-throughput kernels.
 

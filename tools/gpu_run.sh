@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults) ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed_ab ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -168,6 +168,9 @@ step() {  # one named step; returns 3 for a name it does not know
     ll_nodes_faults) run ll_nodes_faults "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_gpu.py \
              tests/gpu/test_reliability_gpu.py ;;
+    # The packed LL layout (EP_RT_LL_PACKED=1): 1x2 and 2x2 over P2P, every case; 4x1 through the chaos transport.
+    ll_packed) run ll_packed "${LIMIT_PACKED:-420}" python3 -m pytest -q -rs --durations=20 -m ll_packed \
+             tests/gpu/test_low_latency_packed_gpu.py ;;
     ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     reference_devices) run reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py ;;
@@ -211,6 +214,13 @@ step() {  # one named step; returns 3 for a name it does not know
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
     bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$LOGS/bench_cli.json" ;;
+    # Issue 22 item 4 for the packed LL layout: the LL bench on the default and the packed cubins, alternated twice
+    # (each JSON names the variant that ran, ll_variant, and the buffer the hint sized, ll_rdma_bytes).
+    ll_packed_ab) for i in 1 2; do
+               run "ll_ab_default$i" 180 python3 -m ep_rt bench --ll-only --json "$LOGS/ll_ab_default$i.json"
+               run "ll_ab_packed$i" 180 env EP_RT_LL_PACKED=1 python3 -m ep_rt bench --ll-only \
+                 --json "$LOGS/ll_ab_packed$i.json"
+             done ;;
     # Issue 22 item 4: the cost of a round: the HT bench with an NVL buffer of 1/2 and 1/4 of the 4096-token hint.
     bench_rounds) run bench_rounds2 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.5 --json "$LOGS/bench_rounds2.json"
              run bench_rounds4 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.25 --json "$LOGS/bench_rounds4.json" ;;

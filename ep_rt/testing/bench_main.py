@@ -124,6 +124,8 @@ def bench_rank(
         buffer.destroy()
     if ll:
         buffer = ll_buffer(num_ranks)
+        # which LL cubin ran (EP_RT_LL_PACKED: "packed") and the buffer the hint sized for it
+        out["ll_variant"], out["ll_rdma_bytes"] = buffer.low_latency_variant, buffer.num_rdma_bytes
         out["ll"] = ll_round(buffer)
         buffer.destroy()
     return out

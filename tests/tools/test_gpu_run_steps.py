@@ -151,16 +151,20 @@ def test_the_internode_case_steps_run_every_item_once_and_2x8_only_in_its_own_st
 
 
 def test_the_ll_node_steps_run_every_ll_nodes_test_once_and_the_one_node_steps_none():
-    """ll_nodes (4x1 and the fault tests on emulated nodes), ll_nodes8 (2x4, 4x2), ll16 and ll16_chaos (2x8):
-    together every test marked ll_nodes, each once; ll, gpu_core and cu12_net keep their one-node tests and
-    take none of them."""
+    """ll_nodes (4x1 and the fault tests on emulated nodes), ll_nodes8 (2x4, 4x2), ll16 and ll16_chaos (2x8),
+    ll_packed (the packed layout's pools): together every test marked ll_nodes, each once; ll, gpu_core and cu12_net
+    keep their one-node tests and take none of them."""
     text = SCRIPT.read_text(encoding="utf-8")
     marked = collect_ids("-m", "ll_nodes", "tests/gpu")
-    picked = {step: collect_step(text, step) for step in ("ll_nodes", "ll_nodes8", "ll16", "ll16_chaos")}
+    steps = ("ll_nodes", "ll_nodes8", "ll16", "ll16_chaos", "ll_packed")
+    picked = {step: collect_step(text, step) for step in steps}
     assert sorted(sum(picked.values(), [])) == sorted(marked), {k: len(v) for k, v in picked.items()}
     assert any("test_killed_peer[ll-True-2x2-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
     assert any("shrink_mode_masks_a_silent_rank[2x1-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
     assert all("[2x8-" in i for i in picked["ll16"] + picked["ll16_chaos"]), picked
+    assert picked["ll_packed"] == collect_ids("-m", "ll_packed", "tests/gpu") and all(
+        "test_low_latency_packed_gpu.py" in i for i in picked["ll_packed"]
+    ), picked["ll_packed"]
     one_node = {"ll": "shrink_mode_masks_a_silent_rank[one_node]", "gpu_core": "test_killed_peer[ll-True]"}
     for step in ("ll", "gpu_core", "cu12_net"):
         ids = collect_step(text, step)

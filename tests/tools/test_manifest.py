@@ -845,8 +845,8 @@ REPO_MARKED = {
 
 
 def test_repo_cubin_set():
-    """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive and LL's chaos variant only on
-    sm_90; NVSHMEM linked against the lower bound of the matching extra; the hardware mark exactly where a mark in
+    """Both flavours; layout and intranode for sm_80/90/100, LL from sm_90; aggressive and LL's chaos and packed
+    variants only on sm_90; NVSHMEM linked against the lower bound of the matching extra; the hardware mark exactly where a mark in
     cubins/hardware_runs.json names the shipped bytes."""
     manifest = load_manifest(REPO / "cubins" / "manifest.json")
     have = {(e["family"], e["flavour"], e["arch"], e["variant"]) for e in manifest["cubins"]}
@@ -859,6 +859,7 @@ def test_repo_cubin_set():
         want.add(("intranode", fl, "sm_90", "aggressive"))
         want.add(("intranode", fl, "sm_90", "tma"))
         want.add(("low_latency", fl, "sm_90", "chaos"))
+        want |= {("low_latency", fl, "sm_90", "packed"), ("low_latency", fl, "sm_90", "packed_chaos")}
         want |= {
             ("internode", fl, "sm_90", "safe"),
             ("internode", fl, "sm_90", "aggressive"),

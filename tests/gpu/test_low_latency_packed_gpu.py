@@ -1,0 +1,87 @@
+"""The LL suite under the packed layout (EP_RT_LL_PACKED=1: the LL cubins' packed and packed_chaos variants,
+docs/LL_PACKED_DESIGN.md), each (layout, transport, case) its own test, against ep_rt.reference_ll as
+test_low_latency_nodes_gpu.py (bit-exact; LogFMT within its tolerance), on Buffers sized by the packed
+get_low_latency_rdma_size_hint (workers.ll_buffer asks the hint in the ranks' environment, so every case also
+checks that the packed size holds it): 1x2 (one node: NVLink stores only), 2x2 (NVLink stores and NVSHMEM puts)
+over P2P, every case with the CUDA-graph replays and a round after clean_low_latency_buffer; 4x1 through the chaos
+transport (puts late, split and reordered) on the cases that reach the put path's parts. The 4096-expert case
+takes the receive's per-message base (more cells than one shared-memory scan holds). Nothing here has run on a real
+network. Marks: ll_packed and ll_nodes (every item; tools/gpu_run.sh's step ll_packed selects them, the other
+steps leave ll_nodes out or name their files); chaos for the chaos pool."""
+
+from dataclasses import dataclass
+
+import pytest
+
+from ep_rt.testing import selfcheck_ll
+
+from . import workers
+from .conftest import (
+    NodesPool,
+    OnePoolAtATime,
+    case_seed,
+    case_timeout_s,
+    check_case_results,
+    gpus,
+    log_case_notes,
+    pool_items,
+    run_case,
+)
+
+
+@dataclass(frozen=True)
+class PackedPool(NodesPool):
+    @property
+    def peer_timeout_s(self) -> int:
+        return self.timeout_s  # the LL kernels' waits, remote peers' too
+
+    def env(self) -> dict:
+        # DeepEP's rule for queue pairs once peers are remote, >= (T + 1) * 2: T=1024 in the list
+        return {**super().env(), "NVSHMEM_QP_DEPTH": "4096", "EP_RT_LL_PACKED": "1"}
+
+
+ALL = tuple(c.name for c in selfcheck_ll.ll_cases(4)) + (workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE)
+PUT_PATH = (
+    "bf16",
+    "fp8",
+    "int32 topk_idx, hooks, bf16",
+    "zero_copy + out",
+    "a rank with zero tokens",
+    "no -1 entries, top-16",
+    "4096 experts, stats",
+    "LogFMT + hooks",
+    workers.LL_GRAPH_CASE,
+    workers.LL_AFTER_CLEAN_CASE,
+)
+assert set(PUT_PATH) <= set(ALL)
+
+POOLS = {
+    "1x2-packed": PackedPool(2, 2, ALL, timeout_s=30),
+    "2x2-packed": PackedPool(4, 2, ALL, timeout_s=30),
+    "4x1-packed-chaos": PackedPool(4, 1, PUT_PATH, timeout_s=60, chaos=True),
+}
+ITEMS = pool_items(POOLS)
+
+pytestmark = [pytest.mark.ll_packed, pytest.mark.ll_nodes, gpus(1)]
+
+
+@pytest.fixture(scope="module")
+def ll_packed_pools():
+    with OnePoolAtATime(POOLS, workers.LL_CASES_BUFFER) as pools:
+        yield pools
+
+
+@pytest.mark.parametrize("pool_name,case", ITEMS)
+def test_low_latency_packed(ll_packed_pools, pool_name, case, capsys):
+    spec = POOLS[pool_name]
+    pool = ll_packed_pools.get(pool_name)
+    seed = case_seed()
+    args = (case, seed, spec.cases, spec.reference_device)
+    results = run_case(pool, workers.ll_case, workers.LL_CASES_BUFFER, *args, timeout_s=case_timeout_s(spec.timeout_s))
+    log_case_notes(capsys, results, f"[{pool_name}] {case}")
+    want = {
+        "remote_peers": spec.num_ranks - spec.ranks_per_node,
+        "variant": "packed_chaos" if spec.chaos else "packed",
+    }
+    assert [{k: r[k] for k in want} for r in results] == [want] * spec.num_ranks, results
+    check_case_results(results, f"[{pool_name}] {case}", seed)
