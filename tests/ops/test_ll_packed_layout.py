@@ -164,3 +164,18 @@ def test_the_size_hint_follows_the_knob(monkeypatch):
     assert Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288) == ll_layout.rdma_size_hint(
         128, 7168, 8, 288, packed=True
     )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known: the default LL dispatch stages a block's first copy before the credit check "
+    "(docs/INTERNODE_DESIGN.md, 'Evidence of receipt'); fixing it rebuilds the default cubins",
+)
+def test_default_staging_is_written_after_the_credit_check():
+    """The same rule for the default build (the #else branch): it does not hold yet, and this test says so until it
+    does (strict: once the kernel is fixed it passes, fails as XPASS, and the mark must go)."""
+    code = _kernel()
+    default = code[code.index("count_earlier_choices(topk, t * K, expert, before, K);") :]
+    assert default.index("wait_buffer_free(ll, credit)") < default.index(
+        "reinterpret_cast<int4*>(staged)[i] = message[i]"
+    )
