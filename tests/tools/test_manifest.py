@@ -827,6 +827,8 @@ REPO_MARKED = {
     "cu12/sm_90/default/low_latency.cubin",
     "cu13/sm_90/chaos/low_latency.cubin",
     "cu12/sm_90/chaos/low_latency.cubin",
+    "cu13/sm_90/packed/low_latency.cubin",  # 2026-12-07, attempt 20261207T131636Z (the cu12 packed ones: not yet)
+    "cu13/sm_90/packed_chaos/low_latency.cubin",
     "cu12/sm_90/aggressive/intranode.cubin",
     "cu12/sm_90/default/layout.cubin",
     "cu12/sm_90/safe/intranode.cubin",
