@@ -382,8 +382,9 @@ def internode_buffer(num_recv, ranks=4, node_size=2):
 LL_SYM, LL_PEERS = 0x10000, (0x10000, 0x20000)
 
 
-def ll_buffer(ranks=R, nvlink_peers=None, shrink=False):
-    """Mirrors LowLatencyOp.__init__ without the CUDA parts. Attributes the op makes lazily are left to it."""
+def ll_buffer(ranks=R, nvlink_peers=None, shrink=False, packed=False):
+    """Mirrors LowLatencyOp.__init__ without the CUDA parts. Attributes the op makes lazily are left to it. `packed`:
+    the op of a packed cubin (EP_RT_LL_PACKED=1)."""
     errors = ErrorRecords(mapped=False)
     op = low_latency.LowLatencyOp.__new__(low_latency.LowLatencyOp)
     op.rank, op.num_ranks = 0, ranks
@@ -401,6 +402,7 @@ def ll_buffer(ranks=R, nvlink_peers=None, shrink=False):
     op.peer_bases = torch.tensor([LL_SYM + 0x10000 * r for r in range(ranks)], dtype=torch.int64)
     op.nvlink_peers = ranks if nvlink_peers is None else nvlink_peers
     op.pending_recv = [False, False]
+    op.packed = packed
     op.workspace = torch.zeros(abi.EP_RT_LL_WS_COUNTERS + abi.EP_RT_LL_MAX_SIGNALS, dtype=torch.int32)
     op.mask = torch.zeros(ranks, dtype=torch.int32) if shrink else None
     op.kernels = {
@@ -535,6 +537,11 @@ def run_ll(timer):
     timer(
         "LL combine BF16, return_recv_hook (hook called)", hooked(lambda: c(y, idx, w, handle, return_recv_hook=True))
     )
+    # The packed layout's host path (its [2, L, R*T] src_info view, the top-k and handle checks), beside the above.
+    packed = ll_buffer(packed=True)
+    timer("LL dispatch FP8, packed layout", lambda: packed.low_latency_dispatch(x, idx, T, E))
+    packed_handle = packed.low_latency_dispatch(x, idx, T, E)[2]
+    timer("LL combine BF16, packed layout", lambda: packed.low_latency_combine(y, idx, w, packed_handle))
 
 
 # ---- the LL trace ----------------------------------------------------------------------------------------
