@@ -205,6 +205,47 @@ class OnePoolAtATime:
         self.close()
 
 
+@dataclass(frozen=True)
+class LLNodesPool(NodesPool):
+    """A pool of the LL suite on emulated nodes (test_low_latency_nodes_gpu.py; with `packed`, the packed layout's
+    cubins: test_low_latency_packed_gpu.py)."""
+
+    packed: bool = False  # EP_RT_LL_PACKED in the ranks
+
+    @property
+    def peer_timeout_s(self) -> int:
+        return self.timeout_s  # the LL kernels' waits, remote peers' too
+
+    @property
+    def variant(self) -> str:
+        """The LL cubin variant every rank must have loaded."""
+        if self.packed:
+            return "packed_chaos" if self.chaos else "packed"
+        return "chaos" if self.chaos else "default"
+
+    def env(self) -> dict:
+        # DeepEP's rule for queue pairs once peers are remote, >= (T + 1) * 2: T=1024 in the list
+        return {**super().env(), "NVSHMEM_QP_DEPTH": "4096", "EP_RT_LL_PACKED": "1" if self.packed else "0"}
+
+
+def run_ll_nodes_case(pools: OnePoolAtATime, pool_name: str, case: str, capsys) -> None:
+    """One LL case on its pool's ranks (an LLNodesPool, started by `pools` if it is not the current one): every
+    rank checks it against ep_rt.reference_ll and reports the transport it ran (the remote peers the layout gives,
+    the cubin variant the pool asked for)."""
+    from . import workers
+
+    spec = pools.specs[pool_name]
+    pool = pools.get(pool_name)
+    seed = case_seed()
+    args = (case, seed, spec.cases, spec.reference_device)
+    timeout_s = max(case_timeout_s(spec.timeout_s), spec.case_deadline_s)
+    results = run_case(pool, workers.ll_case, workers.LL_CASES_BUFFER, *args, timeout_s=timeout_s)
+    log_case_notes(capsys, results, f"[{pool_name}] {case}")
+    want = {"remote_peers": spec.num_ranks - spec.ranks_per_node, "variant": spec.variant}
+    assert [{k: r[k] for k in want} for r in results] == [want] * spec.num_ranks, results
+    check_case_results(results, f"[{pool_name}] {case}", seed)
+
+
 # ---- fault tests on emulated nodes ------------------------------------------------------------------------------
 
 

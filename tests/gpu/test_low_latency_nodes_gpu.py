@@ -16,37 +16,13 @@ or [2x4-chaos-cuda_graph_replays]. Marks: ll_nodes (every item); chaos, eight_ra
 tools/gpu_run.sh's steps ll_nodes, ll_nodes8, ll16 and ll16_chaos select by them). EP_RT_CASE_SEED=<seed> re-runs a
 case with the seed its failure printed."""
 
-from dataclasses import dataclass
-
 import pytest
 
 from ep_rt.testing import selfcheck_ll
 
 from . import workers
-from .conftest import (
-    NodesPool,
-    OnePoolAtATime,
-    case_seed,
-    case_timeout_s,
-    check_case_results,
-    gpus,
-    log_case_notes,
-    pool_items,
-    run_case,
-    sixteen_rank_reference_device,
-)
-
-
-@dataclass(frozen=True)
-class Pool(NodesPool):
-    @property
-    def peer_timeout_s(self) -> int:
-        return self.timeout_s  # the LL kernels' waits, remote peers' too
-
-    def env(self) -> dict:
-        # DeepEP's rule for queue pairs once peers are remote, >= (T + 1) * 2: T=1024 in the list
-        return {**super().env(), "NVSHMEM_QP_DEPTH": "4096"}
-
+from .conftest import LLNodesPool as Pool
+from .conftest import OnePoolAtATime, gpus, pool_items, run_ll_nodes_case, sixteen_rank_reference_device
 
 ALL = tuple(c.name for c in selfcheck_ll.ll_cases(4)) + (workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE)
 # The reference costs each rank about R times as much as on 2 ranks and R ranks share the GPU: with 8 and 16, the
@@ -96,13 +72,4 @@ def ll_node_pools():
 
 @pytest.mark.parametrize("pool_name,case", ITEMS)
 def test_low_latency_on_nodes(ll_node_pools, pool_name, case, capsys):
-    spec = POOLS[pool_name]
-    pool = ll_node_pools.get(pool_name)
-    seed = case_seed()
-    args = (case, seed, spec.cases, spec.reference_device)
-    timeout_s = max(case_timeout_s(spec.timeout_s), spec.case_deadline_s)
-    results = run_case(pool, workers.ll_case, workers.LL_CASES_BUFFER, *args, timeout_s=timeout_s)
-    log_case_notes(capsys, results, f"[{pool_name}] {case}")
-    want = {"remote_peers": spec.num_ranks - spec.ranks_per_node, "variant": "chaos" if spec.chaos else "default"}
-    assert [{k: r[k] for k in want} for r in results] == [want] * spec.num_ranks, results
-    check_case_results(results, f"[{pool_name}] {case}", seed)
+    run_ll_nodes_case(ll_node_pools, pool_name, case, capsys)

@@ -9,36 +9,12 @@ takes the receive's per-message base (more cells than one shared-memory scan hol
 network. Marks: ll_packed and ll_nodes (every item; tools/gpu_run.sh's step ll_packed selects them, the other
 steps leave ll_nodes out or name their files); chaos for the chaos pool."""
 
-from dataclasses import dataclass
-
 import pytest
 
 from ep_rt.testing import selfcheck_ll
 
 from . import workers
-from .conftest import (
-    NodesPool,
-    OnePoolAtATime,
-    case_seed,
-    case_timeout_s,
-    check_case_results,
-    gpus,
-    log_case_notes,
-    pool_items,
-    run_case,
-)
-
-
-@dataclass(frozen=True)
-class PackedPool(NodesPool):
-    @property
-    def peer_timeout_s(self) -> int:
-        return self.timeout_s  # the LL kernels' waits, remote peers' too
-
-    def env(self) -> dict:
-        # DeepEP's rule for queue pairs once peers are remote, >= (T + 1) * 2: T=1024 in the list
-        return {**super().env(), "NVSHMEM_QP_DEPTH": "4096", "EP_RT_LL_PACKED": "1"}
-
+from .conftest import LLNodesPool, OnePoolAtATime, gpus, pool_items, run_ll_nodes_case
 
 ALL = tuple(c.name for c in selfcheck_ll.ll_cases(4)) + (workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE)
 PUT_PATH = (
@@ -56,9 +32,9 @@ PUT_PATH = (
 assert set(PUT_PATH) <= set(ALL)
 
 POOLS = {
-    "1x2-packed": PackedPool(2, 2, ALL, timeout_s=30),
-    "2x2-packed": PackedPool(4, 2, ALL, timeout_s=30),
-    "4x1-packed-chaos": PackedPool(4, 1, PUT_PATH, timeout_s=60, chaos=True),
+    "1x2-packed": LLNodesPool(2, 2, ALL, timeout_s=30, packed=True),
+    "2x2-packed": LLNodesPool(4, 2, ALL, timeout_s=30, packed=True),
+    "4x1-packed-chaos": LLNodesPool(4, 1, PUT_PATH, timeout_s=60, chaos=True, packed=True),
 }
 ITEMS = pool_items(POOLS)
 
@@ -73,15 +49,4 @@ def ll_packed_pools():
 
 @pytest.mark.parametrize("pool_name,case", ITEMS)
 def test_low_latency_packed(ll_packed_pools, pool_name, case, capsys):
-    spec = POOLS[pool_name]
-    pool = ll_packed_pools.get(pool_name)
-    seed = case_seed()
-    args = (case, seed, spec.cases, spec.reference_device)
-    results = run_case(pool, workers.ll_case, workers.LL_CASES_BUFFER, *args, timeout_s=case_timeout_s(spec.timeout_s))
-    log_case_notes(capsys, results, f"[{pool_name}] {case}")
-    want = {
-        "remote_peers": spec.num_ranks - spec.ranks_per_node,
-        "variant": "packed_chaos" if spec.chaos else "packed",
-    }
-    assert [{k: r[k] for k in want} for r in results] == [want] * spec.num_ranks, results
-    check_case_results(results, f"[{pool_name}] {case}", seed)
+    run_ll_nodes_case(ll_packed_pools, pool_name, case, capsys)

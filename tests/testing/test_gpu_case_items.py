@@ -386,7 +386,7 @@ def test_the_ll_nodes_case_test_on_cpu_ranks(tmp_path, monkeypatch, capsys):
     spec = mod.POOLS["4x1-chaos"]
     quiet = SimpleNamespace(disabled=contextlib.nullcontext)
     with case_pool(4, workers.LL_CASES_BUFFER, env=spec.env(), device="cpu", timeout_s=120) as pool:
-        pools = SimpleNamespace(get=lambda name: pool)
+        pools = SimpleNamespace(get=lambda name: pool, specs=mod.POOLS)
         pool.run(_install_stand_ins, str(tmp_path), {"hooks": "fail", "async": "raise"})
         for case in spec.cases:
             if case == "hooks":
