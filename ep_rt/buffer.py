@@ -625,7 +625,8 @@ class Buffer:
 
         ep_rt: DeepEP's formula, the same whatever the node size (every peer has its own slots); ep_rt adds its own
         control area after num_rdma_bytes, so the caller's bytes are all usable. With EP_RT_LL_PACKED=1 the size
-        of the packed layout (receive areas sized by what can arrive; never more than DeepEP's formula)."""
+        of the packed layout (receive areas sized by what can arrive; at most DeepEP's formula for hidden sizes that are
+        multiples of 512)."""
         from .transport.ll_layout import rdma_size_hint
 
         return rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts, env.ll_packed())

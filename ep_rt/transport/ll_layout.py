@@ -5,8 +5,8 @@ data of the two buffers in fixed halves of num_rdma_bytes, the signals in a cont
 The packed layout (the LL cubins' packed variants, EP_RT_LL_PACKED=1; docs/LL_PACKED_DESIGN.md) sizes the receive
 areas by what can arrive: a dispatch receives at most T x min(K, L) messages from each source (a block of
 T x min(16, L) slots per source, 16 = the largest top-k), a combine at most T x K rows (slots t x min(16, E) + k;
-a packed call's top-k is at most the expert count). Never more than DeepEP's formula, for every shape (the tests
-hold it)."""
+a packed call's top-k is at most the expert count). Never more than DeepEP's formula where the hidden size is a
+multiple of 512, nor than the default layout's size anywhere (tests/ops/test_ll_packed_layout.py)."""
 
 from __future__ import annotations
 
@@ -129,7 +129,7 @@ def rdma_size_hint(
 ) -> int:
     """DeepEP's num_rdma_bytes for two alternating LL buffers (signal | send | recv each); ep_rt uses the signal
     share as slack and keeps its signals in a control area of its own. `packed`: the two halves the packed layout
-    needs (packed_data_bytes), never more than DeepEP's formula."""
+    needs (packed_data_bytes; see the module doc for how it compares)."""
     for name, v in (
         ("num_max_dispatch_tokens_per_rank", num_max_dispatch_tokens_per_rank),
         ("hidden", hidden),
@@ -144,8 +144,8 @@ def rdma_size_hint(
     if packed:
         if E % num_ranks:
             raise ValueError(f"num_experts must be a multiple of num_ranks, got {E} and {num_ranks}")
-        need = buffer_offsets(T, hidden, E, 0, True, num_ranks)["need"]
-        return 2 * ((need + 127) // 128 * 128)  # each half rounded up, as buffer_offsets rounds it down
+        send, recv = packed_data_bytes(T, hidden, num_ranks, E)
+        return 2 * ((send + recv + 127) // 128 * 128)  # each half rounded up, as buffer_offsets rounds it down
     signal = (E * 4 + 127) // 128 * 128
     send, recv = data_bytes(T, hidden, E)
     total = 2 * (signal + send + recv)

@@ -116,24 +116,21 @@ def test_packed_staging_is_written_after_the_credit_check():
     assert packed.index("wait_buffer_free(ll, credit)") < packed.index("(t * stride + kk) * p.msg_bytes")
 
 
-class _Op:
+def _op(num_rdma_bytes, R=8, packed=True):
     """The op's host checks without a GPU (object.__new__, as the other CPU tests of the op)."""
-
-    @staticmethod
-    def make(num_rdma_bytes, R=8, packed=True):
-        op = object.__new__(ll_op.LowLatencyOp)
-        op.num_rdma_bytes, op.num_ranks, op.packed = num_rdma_bytes, R, packed
-        return op
+    op = object.__new__(ll_op.LowLatencyOp)
+    op.num_rdma_bytes, op.num_ranks, op.packed = num_rdma_bytes, R, packed
+    return op
 
 
 def test_a_packed_buffer_below_the_packed_hint_names_it():
     need = ll_layout.rdma_size_hint(128, 7168, 8, 288, packed=True)
-    _Op.make(need)._offsets(128, 7168, 288)
+    _op(need)._offsets(128, 7168, 288)
     with pytest.raises(BufferTooSmallError, match=rf"packed layout, EP_RT_LL_PACKED=1\) num_rdma_bytes >= {need}"):
-        _Op.make(need - 256)._offsets(128, 7168, 288)
+        _op(need - 256)._offsets(128, 7168, 288)
     # the default layout of the same Buffer needs DeepEP's size
     with pytest.raises(BufferTooSmallError, match=rf"num_rdma_bytes >= {ll_layout.rdma_size_hint(128, 7168, 8, 288)}"):
-        _Op.make(need, packed=False)._offsets(128, 7168, 288)
+        _op(need, packed=False)._offsets(128, 7168, 288)
 
 
 def test_packed_top_k_at_most_the_expert_count():
@@ -159,7 +156,7 @@ def test_the_combine_needs_the_dispatchs_own_src_info_view():
 
 def test_the_size_hint_follows_the_knob(monkeypatch):
     monkeypatch.delenv("EP_RT_LL_PACKED", raising=False)
-    assert Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288) == deepep_ll_hint(128, 7168, 8, 288) - 128 * 0
+    assert Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288) == deepep_ll_hint(128, 7168, 8, 288)
     monkeypatch.setenv("EP_RT_LL_PACKED", "1")
     assert Buffer.get_low_latency_rdma_size_hint(128, 7168, 8, 288) == ll_layout.rdma_size_hint(
         128, 7168, 8, 288, packed=True
