@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed_ab, ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -157,7 +157,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # reference_devices: the CPU and the GPU references agree bit for bit (LL and HT; 13 passed in
     # 20261206T222145Z).
     ll_nodes) run ll_nodes "${LIMIT_LLN:-540}" python3 -m pytest -q -rs --durations=20 \
-             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py \
+             -m "ll_nodes and not eight_ranks and not sixteen and not ll_packed" tests/gpu/test_low_latency_nodes_gpu.py \
              tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
     # The same tests as ll_nodes in three steps of ~100-150 s each, for a session whose device time left cannot hold
     # ll_nodes whole: 4x1 over P2P puts, 4x1 through the chaos transport, the fault tests (2x1, 2x1 chaos, 2x2 chaos).
@@ -166,11 +166,23 @@ step() {  # one named step; returns 3 for a name it does not know
     ll_nodes41_chaos) run ll_nodes41_chaos "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
              -m "ll_nodes and chaos and not eight_ranks and not sixteen" tests/gpu/test_low_latency_nodes_gpu.py ;;
     ll_nodes_faults) run ll_nodes_faults "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
-             -m "ll_nodes and not eight_ranks and not sixteen" tests/gpu/test_low_latency_gpu.py \
+             -m "ll_nodes and not eight_ranks and not sixteen and not ll_packed" tests/gpu/test_low_latency_gpu.py \
              tests/gpu/test_reliability_gpu.py ;;
     # The packed LL layout (EP_RT_LL_PACKED=1): 1x2 and 2x2 over P2P, every case; 4x1 through the chaos transport.
-    ll_packed) run ll_packed "${LIMIT_PACKED:-420}" python3 -m pytest -q -rs --durations=20 -m ll_packed \
-             tests/gpu/test_low_latency_packed_gpu.py ;;
+    ll_packed) run ll_packed "${LIMIT_PACKED:-420}" python3 -m pytest -q -rs --durations=20 \
+             -m "ll_packed and not eight_ranks and not sixteen" tests/gpu/test_low_latency_packed_gpu.py ;;
+    # ...on 8 ranks (2x4, 4x2, 4x2 through chaos) and 16 (2x8); its shrink-mode and killed-peer tests (one node,
+    # 2x1, 2x2 through chaos); its soak on one node and on the put path (2x1).
+    ll_packed8) run ll_packed8 "${LIMIT_PACKED8:-560}" python3 -m pytest -q -rs --durations=20 \
+             -m "ll_packed and eight_ranks" tests/gpu/test_low_latency_packed_gpu.py ;;
+    ll_packed16) run ll_packed16 "${LIMIT_LL16:-570}" python3 -m pytest -q -rs --durations=10 \
+             -m "ll_packed and sixteen" tests/gpu/test_low_latency_packed_gpu.py ;;
+    ll_packed_faults) run ll_packed_faults "${LIMIT_LLN:-300}" python3 -m pytest -q -rs --durations=20 \
+             -m "ll_packed" tests/gpu/test_low_latency_gpu.py tests/gpu/test_reliability_gpu.py ;;
+    soak_packed) run soak_packed 420 python3 tools/ll_soak.py --packed --ranks 2 --rounds "${SOAK_ROUNDS:-3000}" \
+             --timeout 400 ;;
+    soak_packed_emul) run soak_packed_emul 300 env EP_RT_RANKS_PER_NODE=1 python3 tools/ll_soak.py --packed \
+             --ranks 2 --rounds "${SOAK_ROUNDS_EMUL:-1000}" --timeout 240 ;;
     ll_nodes8) run ll_nodes8 "${LIMIT_LLN8:-560}" python3 -m pytest -q -rs --durations=20 -m "ll_nodes and eight_ranks" \
              tests/gpu/test_low_latency_nodes_gpu.py ;;
     reference_devices) run reference_devices 120 python3 -m pytest -q -rs tests/gpu/test_reference_devices_gpu.py ;;

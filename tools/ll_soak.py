@@ -2,6 +2,7 @@
 """The LL soak (ep_rt/testing/soak_ll.py) from the command line, for A/B runs of whole checkouts in one device call:
     PYTHONPATH=<checkout> python tools/ll_soak.py --ranks 2 --rounds 3000 [--seed S]
     EP_RT_RANKS_PER_NODE=1 python tools/ll_soak.py --chaos ...   the put path through the chaos transport
+    python tools/ll_soak.py --packed ...   the packed LL layout (EP_RT_LL_PACKED=1, Buffer sized by its hint)
 Prints one JSON line per rank, then PASSED, or FAILED with every problem (rounds missing, mismatches, leaks);
 exit code 0 only if every rank finished every round with no mismatch and no memory growth."""
 
@@ -27,6 +28,12 @@ def main() -> int:
         "split and reordered; needs emulated nodes (EP_RT_RANKS_PER_NODE) to have remote puts",
     )
     ap.add_argument(
+        "--packed",
+        action="store_true",
+        help="the packed LL layout (EP_RT_LL_PACKED=1; without it EP_RT_LL_PACKED=0): every rank must load the "
+        "packed (or packed_chaos) cubin",
+    )
+    ap.add_argument(
         "--features",
         default=",".join(soak_ll.FEATURES),
         help=f"comma list of what varies: {','.join(soak_ll.FEATURES)} (default: all)",
@@ -39,10 +46,13 @@ def main() -> int:
         ap.error(f"unknown features {sorted(unknown)}")
     if args.chaos and not os.environ.get("EP_RT_RANKS_PER_NODE"):
         ap.error("--chaos changes only puts to other nodes: set EP_RT_RANKS_PER_NODE (emulated nodes) too")
-    env = {"EP_RT_CHAOS_TRANSPORT": "1"} if args.chaos else {}
+    env = {"EP_RT_CHAOS_TRANSPORT": "1" if args.chaos else "0", "EP_RT_LL_PACKED": "1" if args.packed else "0"}
+    variant = {(False, False): "default", (True, False): "packed", (False, True): "chaos"}.get(
+        (args.packed, args.chaos), "packed_chaos"
+    )
     print(
         f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds, features {','.join(features) or 'none'}"
-        f"{', chaos transport' if args.chaos else ''}",
+        f"{', chaos transport' if args.chaos else ''}, LL cubin variant {variant}",
         flush=True,
     )
     try:
@@ -54,7 +64,7 @@ def main() -> int:
         return 1
     for rank, res in enumerate(results):
         print(json.dumps({"rank": rank, **res}))
-    problems = soak_ll.problems(results, args.rounds)
+    problems = soak_ll.problems(results, args.rounds, variant)
     if problems:
         print("FAILED: " + "; ".join(problems))
         return 1

@@ -133,8 +133,8 @@ def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: f
     """The last rank's process dies between two calls. The survivors' next call raises within the timeout or, in
     shrink mode (LL), masks the dead rank and returns the reference's result without it; their teardown completes.
     No fresh Buffer: the process group itself lost a rank. Each survivor also says where it ran: how many peers
-    are on other nodes (on emulated nodes, EP_RT_RANKS_PER_NODE, the dead rank's puts) and whether under the chaos
-    transport."""
+    are on other nodes (on emulated nodes, EP_RT_RANKS_PER_NODE, the dead rank's puts), whether under the chaos
+    transport, and which LL cubin variant it loaded."""
     import torch.distributed as dist
 
     from .. import env, reference_ll
@@ -146,7 +146,11 @@ def killed_peer(rank: int, num_ranks: int, kind: str, shrink: bool, timeout_s: f
     if rank == num_ranks - 1:
         os._exit(0)  # as a crash would: no teardown, no goodbye
     time.sleep(2.0)  # the peer is gone before the next call starts
-    out = {"remote_peers": num_ranks - buf.topology.node_size, "chaos": env.chaos_transport()}
+    out = {
+        "remote_peers": num_ranks - buf.topology.node_size,
+        "chaos": env.chaos_transport(),
+        "variant": buf.low_latency_variant,  # the LL cubin it loaded (None for HT)
+    }
     if shrink:
         R, s = num_ranks, LL_SHAPE
         T, H, E, L = s["T"], s["hidden"], s["experts"], s["experts"] // num_ranks

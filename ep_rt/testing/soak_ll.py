@@ -156,11 +156,13 @@ class _Tally:
         return self.per_round.sum(0)
 
 
-def problems(results: list, rounds: int) -> list[str]:
+def problems(results: list, rounds: int, variant: str | None = None) -> list[str]:
     """What failed on any rank of ll_soak's results (empty: the soak passed): rounds not all run, mismatches, or
-    memory that grew (memory.leaks)."""
+    memory that grew (memory.leaks); with `variant`, a rank that loaded another LL cubin variant."""
     out = []
     for rank, res in enumerate(results):
+        if variant is not None and res["variant"] != variant:
+            out.append(f"rank {rank}: ran the {res['variant']!r} LL cubin, not {variant!r}")
         if res["rounds"] != rounds:
             out.append(f"rank {rank}: {res['rounds']} of {rounds} rounds ran")
         if any(res["bad"]) or res["first_bad"] is not None:
@@ -222,8 +224,10 @@ def ll_soak(rank: int, num_ranks: int, rounds: int, seed: int, check_every: int 
     torch.cuda.synchronize()
     buf.raise_if_failed()
     elapsed = time.monotonic() - t0
+    variant = buf.low_latency_variant
     buf.destroy()
     return {
+        "variant": variant,
         "rounds": rnd + 1,
         "checks": tally.checks,
         "bad": tally.bad.tolist(),

@@ -257,9 +257,10 @@ class FaultLayout:
     num_ranks: int
     ranks_per_node: int | None = None
     chaos: bool = False
+    packed: bool = False  # the packed LL layout (EP_RT_LL_PACKED=1; the LL Buffers sized by its hint)
 
     def env(self) -> dict:
-        env = {"EP_RT_CHAOS_TRANSPORT": "1" if self.chaos else "0"}
+        env = {"EP_RT_CHAOS_TRANSPORT": "1" if self.chaos else "0", "EP_RT_LL_PACKED": "1" if self.packed else "0"}
         return env | ({"EP_RT_RANKS_PER_NODE": str(self.ranks_per_node)} if self.ranks_per_node else {})
 
     @property
@@ -270,23 +271,30 @@ class FaultLayout:
     @property
     def variant(self) -> str:
         """The LL cubin variant the ranks must load."""
+        if self.packed:
+            return "packed_chaos" if self.chaos else "packed"
         return "chaos" if self.chaos else "default"
 
 
 ONE_NODE = FaultLayout(2)
 # Issue 21: the LL faults with the silent or dead rank on another node (the put path), over P2P puts and through
-# the chaos transport; 2 x 2 also has a peer of the same node (NVLink) among the survivors.
+# the chaos transport; 2 x 2 also has a peer of the same node (NVLink) among the survivors. Issue 22: the same
+# faults under the packed layout, on one node, over P2P puts and through the chaos transport.
 NODE_FAULT_LAYOUTS = {
     "2x1": FaultLayout(2, 1),
     "2x1-chaos": FaultLayout(2, 1, True),
     "2x2-chaos": FaultLayout(4, 2, True),
+    "1x2-packed": FaultLayout(2, packed=True),
+    "2x1-packed": FaultLayout(2, 1, packed=True),
+    "2x2-packed-chaos": FaultLayout(4, 2, True, packed=True),
 }
 
 
 def node_fault_marks(layout: FaultLayout) -> list:
-    """ll_nodes (step ll_nodes; the steps that run the one-node fault tests leave these out), and chaos where the
-    chaos transport runs."""
-    return [pytest.mark.ll_nodes] + ([pytest.mark.chaos] if layout.chaos else [])
+    """ll_nodes (step ll_nodes; the steps that run the one-node fault tests leave these out), chaos where the
+    chaos transport runs, ll_packed under the packed layout (step ll_packed_faults; ll_nodes_faults leaves it out)."""
+    marks = [pytest.mark.ll_nodes] + ([pytest.mark.chaos] if layout.chaos else [])
+    return marks + ([pytest.mark.ll_packed] if layout.packed else [])
 
 
 # Each GPU test's verdict and, for a failure, its traceback go to the log as soon as the test ends: a step that

@@ -25,20 +25,7 @@ from .conftest import LLNodesPool as Pool
 from .conftest import OnePoolAtATime, gpus, pool_items, run_ll_nodes_case, sixteen_rank_reference_device
 
 ALL = tuple(c.name for c in selfcheck_ll.ll_cases(4)) + (workers.LL_GRAPH_CASE, workers.LL_AFTER_CLEAN_CASE)
-# The reference costs each rank about R times as much as on 2 ranks and R ranks share the GPU: with 8 and 16, the
-# cases that reach the put path's parts (both buffers, hooks, zero-copy, a rank that sends nothing, LogFMT, graph
-# replays, clean), not the large shapes.
-EIGHT = (
-    "bf16",
-    "fp8",
-    "int32 topk_idx, hooks, bf16",
-    "zero_copy + out",
-    "a rank with zero tokens",
-    "LogFMT, hidden 1152",
-    workers.LL_GRAPH_CASE,
-    workers.LL_AFTER_CLEAN_CASE,
-)
-SIXTEEN = ("bf16", "fp8", "int32 topk_idx, hooks, bf16", workers.LL_GRAPH_CASE)
+EIGHT, SIXTEEN = workers.LL_EIGHT_RANK_CASES, workers.LL_SIXTEEN_RANK_CASES
 SIXTEEN_REFERENCE = sixteen_rank_reference_device()
 
 # In the order they run, one pool's ranks at a time (EP_RT_TIMEOUT_S grows with the ranks sharing the GPU and under

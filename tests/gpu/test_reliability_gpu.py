@@ -46,7 +46,8 @@ def test_late_or_skipping_peer(kind, fault):
 
 
 # On one node: HT, LL, LL in shrink mode. Issue 21 (marked ll_nodes: step ll_nodes): LL and LL in shrink mode with
-# the dead rank on another node, over P2P puts and through the chaos transport.
+# the dead rank on another node, over P2P puts and through the chaos transport; issue 22 (marked ll_packed too: step
+# ll_packed_faults) the same under the packed layout.
 ONE_NODE_KILLED = (("ht", False), ("ll", False), ("ll", True))
 KILLED = [pytest.param(kind, shrink, ONE_NODE, id=f"{kind}-{shrink}") for kind, shrink in ONE_NODE_KILLED] + [
     pytest.param("ll", shrink, layout, id=f"ll-{shrink}-{name}", marks=node_fault_marks(layout))
@@ -64,6 +65,7 @@ def test_killed_peer(kind, shrink, layout):
     assert results[-1] is None
     for rank, res in enumerate(results[:-1]):  # the survivors
         assert res["remote_peers"] == layout.remote_peers and res["chaos"] == layout.chaos, (rank, res)
+        assert res["variant"] == (layout.variant if kind == "ll" else None), (rank, res)
         if shrink:
             assert res["mask"] == [0] * (R - 1) + [1] and res["count_ok"] and res["combine_ok"], (rank, res)
             assert res["seconds"] < 3 * TIMEOUT + 10, (rank, res)

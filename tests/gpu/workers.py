@@ -123,6 +123,21 @@ def _intranode_variant() -> str:
 
 LL_GRAPH_CASE = "cuda graph replays"
 LL_AFTER_CLEAN_CASE = "after clean"
+# The LL cases of the 8- and 16-rank pools on emulated nodes (test_low_latency_nodes_gpu.py and, packed,
+# test_low_latency_packed_gpu.py). The reference costs each rank about R times as much as on 2 ranks and R ranks
+# share the GPU: the cases that reach the put path's parts (both buffers, hooks, zero-copy, a rank that sends
+# nothing, LogFMT, graph replays, clean), not the large shapes.
+LL_EIGHT_RANK_CASES = (
+    "bf16",
+    "fp8",
+    "int32 topk_idx, hooks, bf16",
+    "zero_copy + out",
+    "a rank with zero tokens",
+    "LogFMT, hidden 1152",
+    LL_GRAPH_CASE,
+    LL_AFTER_CLEAN_CASE,
+)
+LL_SIXTEEN_RANK_CASES = ("bf16", "fp8", "int32 topk_idx, hooks, bf16", LL_GRAPH_CASE)
 
 
 def share_cpu_threads(num_ranks: int, reference_device) -> None:

@@ -13,6 +13,7 @@ LEAK = "device_used grew by 506.0 MiB after the warm-up (limit 256)"
 
 def _ll(**over):
     return {
+        "variant": "default",
         "rounds": 100,
         "checks": 200,
         "bad": [0, 0, 0],
@@ -35,6 +36,9 @@ def test_ll_problems():
     assert "mismatches [0, 3, 0]" in soak_ll.problems([_ll(bad=[0, 3, 0])], 100)[0]
     assert "first" in soak_ll.problems([_ll(first_bad={"rounds": [7]})], 100)[0]
     assert soak_ll.problems([_ll(rounds=60)], 100) == ["rank 0: 60 of 100 rounds ran"]
+    assert soak_ll.problems([_ll(), _ll(variant="packed")], 100, "packed") == [
+        "rank 0: ran the 'default' LL cubin, not 'packed'"
+    ]
 
 
 def test_ht_problems():
@@ -62,4 +66,22 @@ def test_ll_soak_tool_fails_on_a_leak_and_passes_only_when_clean(monkeypatch, ca
     monkeypatch.setattr(tool, "run_ranks", lambda *a, **k: [_ll(), _ll(bad=[1, 0, 0], first_bad={"rounds": [3]})])
     assert tool.main() == 1 and "PASSED" not in capsys.readouterr().out
     monkeypatch.setattr(tool, "run_ranks", lambda *a, **k: [_ll(), _ll()])
+    assert tool.main() == 0 and capsys.readouterr().out.rstrip().endswith("PASSED")
+
+
+def test_ll_soak_tool_packed_sets_the_knob_and_fails_on_another_variant(monkeypatch, capsys):
+    tool = _ll_soak_tool()
+    seen = {}
+
+    def fake_run_ranks(*a, env, **k):
+        seen.update(env)
+        return [_ll(variant="packed"), _ll()]  # rank 1 loaded the default cubin: the soak did not test packed
+
+    monkeypatch.setattr(sys, "argv", ["ll_soak.py", "--rounds", "100", "--seed", "1", "--packed"])
+    monkeypatch.setattr(tool, "run_ranks", fake_run_ranks)
+    assert tool.main() == 1
+    assert seen["EP_RT_LL_PACKED"] == "1" and seen["EP_RT_CHAOS_TRANSPORT"] == "0"
+    out = capsys.readouterr().out
+    assert "PASSED" not in out and "rank 1: ran the 'default' LL cubin, not 'packed'" in out
+    monkeypatch.setattr(tool, "run_ranks", lambda *a, **k: [_ll(variant="packed"), _ll(variant="packed")])
     assert tool.main() == 0 and capsys.readouterr().out.rstrip().endswith("PASSED")

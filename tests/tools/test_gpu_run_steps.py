@@ -151,20 +151,28 @@ def test_the_internode_case_steps_run_every_item_once_and_2x8_only_in_its_own_st
 
 
 def test_the_ll_node_steps_run_every_ll_nodes_test_once_and_the_one_node_steps_none():
-    """ll_nodes (4x1 and the fault tests on emulated nodes), ll_nodes8 (2x4, 4x2), ll16 and ll16_chaos (2x8),
-    ll_packed (the packed layout's pools): together every test marked ll_nodes, each once; ll, gpu_core and cu12_net
-    keep their one-node tests and take none of them."""
+    """ll_nodes (4x1 and the fault tests on emulated nodes), ll_nodes8 (2x4, 4x2), ll16 and ll16_chaos (2x8), and
+    the packed layout's steps (ll_packed: its 2- and 4-rank pools, ll_packed8, ll_packed16, ll_packed_faults):
+    together every test marked ll_nodes, each once; ll, gpu_core and cu12_net keep their one-node tests and take
+    none of them."""
     text = SCRIPT.read_text(encoding="utf-8")
     marked = collect_ids("-m", "ll_nodes", "tests/gpu")
-    steps = ("ll_nodes", "ll_nodes8", "ll16", "ll16_chaos", "ll_packed")
+    packed_steps = ("ll_packed", "ll_packed8", "ll_packed16", "ll_packed_faults")
+    steps = ("ll_nodes", "ll_nodes8", "ll16", "ll16_chaos") + packed_steps
     picked = {step: collect_step(text, step) for step in steps}
+    assert all(picked.values()), {k: len(v) for k, v in picked.items()}
     assert sorted(sum(picked.values(), [])) == sorted(marked), {k: len(v) for k, v in picked.items()}
     assert any("test_killed_peer[ll-True-2x2-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
     assert any("shrink_mode_masks_a_silent_rank[2x1-chaos]" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
+    assert not any("packed" in i for i in picked["ll_nodes"]), picked["ll_nodes"]
     assert all("[2x8-" in i for i in picked["ll16"] + picked["ll16_chaos"]), picked
-    assert picked["ll_packed"] == collect_ids("-m", "ll_packed", "tests/gpu") and all(
-        "test_low_latency_packed_gpu.py" in i for i in picked["ll_packed"]
-    ), picked["ll_packed"]
+    packed = sum((picked[s] for s in packed_steps), [])
+    assert sorted(packed) == sorted(collect_ids("-m", "ll_packed", "tests/gpu")) and all("packed" in i for i in packed)
+    assert all("test_low_latency_packed_gpu.py" in i for i in picked["ll_packed"]), picked["ll_packed"]
+    assert all(("[2x4-" in i or "[4x2-" in i) for i in picked["ll_packed8"]), picked["ll_packed8"]
+    assert all("[2x8-" in i for i in picked["ll_packed16"]), picked["ll_packed16"]
+    assert any("test_killed_peer[ll-True-2x2-packed-chaos]" in i for i in picked["ll_packed_faults"]), picked
+    assert any("shrink_mode_masks_a_silent_rank[1x2-packed]" in i for i in picked["ll_packed_faults"]), picked
     one_node = {"ll": "shrink_mode_masks_a_silent_rank[one_node]", "gpu_core": "test_killed_peer[ll-True]"}
     for step in ("ll", "gpu_core", "cu12_net"):
         ids = collect_step(text, step)
