@@ -358,34 +358,43 @@ __device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t*
 }
 
 #if EP_RT_LL_PACKED
+// prefix[0..E] = the exclusive prefix over experts of how many of the n top-k entries chose each (prefix[E]: the
+// valid entries), from one pass with shared-memory atomics and a block scan: the cell of expert e at its rank
+// starts prefix[e] - prefix[first local expert of e's rank] into the block this rank owns there. Once per block,
+// not per token, and in no registers (the per-token count below holds 2 x 16 counters per thread and spills).
+__device__ void expert_prefix(const TopkIdx& topk, int n, int E, int* prefix, int* warp_sums) {
+    for (int e = threadIdx.x; e < E; e += blockDim.x) prefix[e] = 0;
+    __syncthreads();
+    constexpr int kUnroll = 4;
+    for (int j0 = threadIdx.x; j0 < n; j0 += blockDim.x * kUnroll) {
+        int64_t v[kUnroll];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) v[u] = j0 + u * int(blockDim.x) < n ? topk[j0 + u * blockDim.x] : -1;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u)
+            if (v[u] >= 0 && v[u] < E) atomicAdd(prefix + v[u], 1);  // out of range: reported by the send, not placed
+    }
+    __syncthreads();
+    block_exclusive_scan(prefix, E, warp_sums);
+}
+
 // The packed position of token t's choices k (experts expert[k]; lower[k] = the first local expert of expert[k]'s
-// rank; n_before = the entries of the tokens before t): before[k] as count_earlier_choices, and start[k] = how
-// many of all n entries chose one of expert[k]'s rank's lower local experts, [lower[k], expert[k]): where the cell
-// (expert[k], this rank) starts in the block this rank owns there. One pass of the whole block over every entry,
-// counted in registers and added per warp (most entries count towards some start, so per-entry atomics would
-// serialise on K words).
+// rank; n_before = the entries of the tokens before t), for more experts than expert_prefix holds: before[k] as
+// count_earlier_choices, and start[k] = how many of all n entries chose one of expert[k]'s rank's lower local
+// experts, [lower[k], expert[k]). A pass over the entries per k (L1 serves the passes after the first), each
+// thread's counts added per warp: two counters live at a time, not 2 x 16 (which spilled).
 __device__ void count_packed_positions(const TopkIdx& topk, int n, int n_before, const int64_t* expert,
                                        const int64_t* lower, int* before, int* start, int K) {
-    int my_before[EP_RT_LL_MAX_TOPK], my_base[EP_RT_LL_MAX_TOPK];
-#pragma unroll
-    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) my_before[k] = my_base[k] = 0;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const int64_t v = topk[j];
-        if (v < 0) continue;
-        const bool earlier = j < n_before;
-#pragma unroll
-        for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
-            if (k >= K) break;
-            const int64_t e = expert[k];
-            my_before[k] += earlier && v == e;
-            my_base[k] += v < e && v >= lower[k];
-        }
-    }
     const int lane = threadIdx.x % kWarpSize;
-#pragma unroll
-    for (int k = 0; k < EP_RT_LL_MAX_TOPK; ++k) {
-        if (k >= K) break;
-        const int b = __reduce_add_sync(0xffffffffu, my_before[k]), c = __reduce_add_sync(0xffffffffu, my_base[k]);
+    for (int k = 0; k < K; ++k) {
+        const int64_t e = expert[k], lo = lower[k];
+        int b = 0, c = 0;
+        for (int j = threadIdx.x; j < n; j += blockDim.x) {
+            const int64_t v = topk[j];
+            b += v >= 0 && j < n_before && v == e;
+            c += v >= 0 && v >= lo && v < e;
+        }
+        b = __reduce_add_sync(0xffffffffu, b), c = __reduce_add_sync(0xffffffffu, c);
         if (lane == 0 && b) atomicAdd(before + k, b);
         if (lane == 0 && c) atomicAdd(start + k, c);
     }
@@ -415,10 +424,17 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
     const int used_int4 = int(used_bytes / 16);
     const TopkIdx topk(p.topk_idx, p.topk_idx_bits);
     __shared__ int64_t expert[EP_RT_LL_MAX_TOPK];  // token t's choices
-    __shared__ int before[EP_RT_LL_MAX_TOPK];      // choices of the same expert by earlier tokens
+    __shared__ int before[EP_RT_LL_MAX_TOPK];  // choices of the same expert by earlier tokens
 #if EP_RT_LL_PACKED
     __shared__ int cell_start[EP_RT_LL_MAX_TOPK];  // where the cell of expert[k] starts in our block at its rank
     __shared__ int64_t lower[EP_RT_LL_MAX_TOPK];  // the first local expert of expert[k]'s rank
+    // Up to kShareTileCells experts, every cell start from one histogram of the block (expert_prefix); with more,
+    // counted per token (count_packed_positions).
+    __shared__ int prefix[kShareTileCells + 1];
+    __shared__ int warp_sums[32];
+    const bool by_prefix = p.num_experts <= kShareTileCells;
+    if (by_prefix && int(blockIdx.x) < p.num_tokens)
+        expert_prefix(topk, p.num_tokens * K, p.num_experts, prefix, warp_sums);
     const int64_t block_slots = int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L);
     const int64_t stride = min(EP_RT_LL_MAX_TOPK, p.num_experts);  // staged copies per token (the host: K <= it)
 #endif
@@ -430,7 +446,15 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
         build_message(ll, t, reinterpret_cast<uint8_t*>(message));
         __syncthreads();
 #if EP_RT_LL_PACKED
-        count_packed_positions(topk, p.num_tokens * K, t * K, expert, lower, before, cell_start, K);
+        if (by_prefix) {
+            if (int(threadIdx.x) < K) {
+                const int64_t e = expert[threadIdx.x];
+                if (e >= 0 && e < p.num_experts) cell_start[threadIdx.x] = prefix[e] - prefix[lower[threadIdx.x]];
+            }
+            count_earlier_choices(topk, t * K, expert, before, K);
+        } else {
+            count_packed_positions(topk, p.num_tokens * K, t * K, expert, lower, before, cell_start, K);
+        }
         if (!free_checked) {  // the first writes into peers' buffers, or into staging they may still read
             wait_buffer_free(ll, credit);
             free_checked = true;
@@ -453,15 +477,16 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
 #else
         // Deterministic slot of (t, k): how many (t', k') before it in token-major order chose the same expert.
         count_earlier_choices(topk, t * K, expert, before, K);
-        uint8_t* staged = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
-        if (p.has_remote_peers)
-            for (int i = threadIdx.x; i < used_int4; i += blockDim.x) reinterpret_cast<int4*>(staged)[i] = message[i];
         if (!free_checked) {  // the first writes into peers' buffers follow: every peer must have read its last call
             wait_buffer_free(ll, credit);
             free_checked = true;
-        } else {
-            __syncthreads();
         }
+        // The staged copy, written only now: the previous call's puts from this staging area are known received
+        // (buffer credits) after the check above (a put's source is reusable once the put completed).
+        uint8_t* staged = ll.local(p.send_off + int64_t(t) * p.msg_bytes);
+        if (p.has_remote_peers)
+            for (int i = threadIdx.x; i < used_int4; i += blockDim.x) reinterpret_cast<int4*>(staged)[i] = message[i];
+        __syncthreads();
 #endif
         if (k < K) {
             const int64_t e = expert[k];

@@ -105,6 +105,12 @@ def test_the_kernels_slot_arithmetic_is_the_models():
     assert "if (i == 0) v.y = k;" in code and "if (i == 0) v.y = kk;" in code  # k in header word 1, both paths
     # the receiver rebuilds each cell's start from the counts, source-major: bases[s * L + l] - bases[s * L]
     assert "bases[q] = count((q % L) * R + q / L)" in code and "return bases[s * L + l] - bases[s * L];" in code
+    # the sender's, up to kShareTileCells experts: the exclusive prefix of its own choices over experts, taken from
+    # the first expert of the cell's rank (lower = expert / L * L); with more experts, counted per token
+    assert "cell_start[threadIdx.x] = prefix[e] - prefix[lower[threadIdx.x]]" in code
+    assert "lower[threadIdx.x] = expert[threadIdx.x] / ll.L * ll.L" in code
+    assert "const bool by_prefix = p.num_experts <= kShareTileCells;" in code
+    assert "c += v >= 0 && v >= lo && v < e;" in code  # count_packed_positions: the lower experts of e's rank
 
 
 def test_packed_staging_is_written_after_the_credit_check():
@@ -163,16 +169,12 @@ def test_the_size_hint_follows_the_knob(monkeypatch):
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known: the default LL dispatch stages a block's first copy before the credit check "
-    "(docs/INTERNODE_DESIGN.md, 'Evidence of receipt'); fixing it rebuilds the default cubins",
-)
 def test_default_staging_is_written_after_the_credit_check():
-    """The same rule for the default build (the #else branch): it does not hold yet, and this test says so until it
-    does (strict: once the kernel is fixed it passes, fails as XPASS, and the mark must go)."""
+    """The same rule for the default build (the #else branch): its staged copy of a token follows the block's
+    credit check (before 2026-12-07's rebuild it preceded it for a block's first token: docs/INTERNODE_DESIGN.md,
+    'Evidence of receipt')."""
     code = _kernel()
-    default = code[code.index("count_earlier_choices(topk, t * K, expert, before, K);") :]
+    default = code[code.index("count_earlier_choices(topk, t * K, expert, before, K);\n        if (!free_checked)") :]
     assert default.index("wait_buffer_free(ll, credit)") < default.index(
         "reinterpret_cast<int4*>(staged)[i] = message[i]"
     )
