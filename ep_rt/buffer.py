@@ -1078,7 +1078,11 @@ class Buffer:
                 "send buffer as bf16; LogFMT encodes them on the way out)"
             )
         ll.check_modes(async_finish, return_recv_hook)
-        src_info, layout_range, T, hidden, num_experts = self._ll_handle(ll, handle, "low_latency_combine")
+        typed = self._ll_handle(ll, handle, "low_latency_combine")
+        src_info, layout_range, T, hidden, num_experts = typed
+        # A handle that carries facts is the (immutable) tuple this Buffer's dispatch returned, checked against them
+        # just now: its src_info is the dispatch's own tensor, so the packed layout's plane check has nothing to add.
+        src_info_checked = getattr(typed, "facts", None) is not None
         args = (
             x,
             topk_idx,
@@ -1096,7 +1100,7 @@ class Buffer:
         if self._modes is not None:
             self._modes.before_low_latency()
         combined, event, hook = ll.run(
-            lambda stream, split: ll.combine(*args, stream, split),
+            lambda stream, split: ll.combine(*args, stream, split, src_info_checked),
             async_finish,
             return_recv_hook,
             lambda combined: [

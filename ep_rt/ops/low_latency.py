@@ -490,10 +490,13 @@ class LowLatencyOp:
         use_logfmt,
         stream,
         split=False,
+        src_info_checked=False,
     ):
         """Launch the call on `stream`, as dispatch (one kernel, or with `split` the send kernel and a launcher of
         the receive kernel); returns `out` and that launcher or None. With `use_logfmt` rows travel LogFMT-10
-        encoded (kernels_src/include/ep_rt/logfmt.cuh), in the same slots."""
+        encoded (kernels_src/include/ep_rt/logfmt.cuh), in the same slots. `src_info_checked`: the caller knows
+        src_info is the dispatch's own tensor (a handle whose facts held), so the packed layout's plane check is
+        skipped."""
         self.raise_if_failed()
         R = self.num_ranks
         L = num_experts // R
@@ -513,7 +516,8 @@ class LowLatencyOp:
         validate.tensor("handle layout_range", layout_range, dtype=torch.int64, ndim=2, device=self.device, rows=L)
         if self.packed:
             self.check_packed_topk(topk_idx.size(1), num_experts)
-            check_packed_src_info(src_info, L, R * T)
+            if not src_info_checked:
+                check_packed_src_info(src_info, L, R * T)
         if out is None:
             out = torch.empty(N, hidden, dtype=torch.bfloat16, device=self.device)
         else:

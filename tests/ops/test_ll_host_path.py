@@ -130,3 +130,31 @@ def test_a_dispatch_handle_carries_the_facts_handle_facts_of_would_give(ll):
     y = torch.zeros(E // 2, 2 * T, H, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"handle\[0\] is not the tensor the dispatch returned"):
         ll.low_latency_combine(y, idx, w, with_facts(type(handle)(handle[0].clone(), *handle[1:]), handle.facts))
+
+
+def test_packed_combine_checks_the_src_info_plane_only_for_handles_without_facts(monkeypatch):
+    """The packed layout's combine needs the dispatch's own src_info view (plane 0 of [2, L, R*T]). The handle the
+    dispatch returned carries facts that the combine checks first (same Buffer, same tensors), so the plane check is
+    skipped for it (about 1 us a call); a rebuilt tuple has no facts and still gets the plane check, which refuses a
+    copied src_info."""
+    from ep_rt.ops import low_latency as ll_ops
+
+    seen = []
+    real = ll_ops.check_packed_src_info
+    monkeypatch.setattr(ll_ops, "check_packed_src_info", lambda *a: seen.append(a) or real(*a))
+    with stub.stubbed():
+        events._fences.clear()
+        buf = stub.ll_buffer(packed=True)
+        T, H, E = 8, 256, 8
+        x, idx, w = torch.zeros(4, H, dtype=torch.bfloat16), torch.zeros(4, 2, dtype=torch.int64), torch.zeros(4, 2)
+        handle = buf.low_latency_dispatch(x, idx, T, E)[2]
+        y = torch.zeros(E // 2, 2 * T, H, dtype=torch.bfloat16)
+        buf.low_latency_combine(y, idx, w, handle)
+        assert seen == []  # the dispatch's own handle: its facts held
+        rebuilt = tuple(handle)
+        buf.low_latency_combine(y, idx, w, rebuilt)
+        assert len(seen) == 1  # no facts: the plane is checked
+        copied = (handle[0].clone(),) + tuple(handle[1:])
+        with pytest.raises(ValueError, match="must be the tensor the low-latency dispatch returned"):
+            buf.low_latency_combine(y, idx, w, copied)
+        events._fences.clear()
