@@ -204,6 +204,9 @@ def test_close_leaves_no_rank_and_later_calls_raise():
 def test_close_terminates_a_rank_busy_with_a_call():
     pool = RankPool(2, device="cpu", timeout_s=START_S, stop_grace_s=1.0)
     procs = pool.processes()
+    # Both ranks up first: on a loaded 2-core machine a rank still importing torch would miss the 1 s grace
+    # (rank 0 was terminated that way in a local CI run beside a cubin build).
+    pool.run(_whoami, "x")
     pool._commands[1].put((99, pickle.dumps((_stuck_in_a_loop_on, (1,)))))  # busy: never reads its stop
     time.sleep(0.5)
     pool.close()
