@@ -11,6 +11,7 @@ import json
 import os
 import sys
 
+from ep_rt.runtime.choice import ll_variant
 from ep_rt.testing import soak_ll
 from ep_rt.testing.spawn import run_ranks
 
@@ -47,9 +48,7 @@ def main() -> int:
     if args.chaos and not os.environ.get("EP_RT_RANKS_PER_NODE"):
         ap.error("--chaos changes only puts to other nodes: set EP_RT_RANKS_PER_NODE (emulated nodes) too")
     env = {"EP_RT_CHAOS_TRANSPORT": "1" if args.chaos else "0", "EP_RT_LL_PACKED": "1" if args.packed else "0"}
-    variant = {(False, False): "default", (True, False): "packed", (False, True): "chaos"}.get(
-        (args.packed, args.chaos), "packed_chaos"
-    )
+    variant = ll_variant(args.packed, args.chaos)
     print(
         f"seed {seed}, {args.ranks} ranks, {args.rounds} rounds, features {','.join(features) or 'none'}"
         f"{', chaos transport' if args.chaos else ''}, LL cubin variant {variant}",

@@ -116,13 +116,21 @@ def _inventory(entries: list[dict]) -> str:
     return "; ".join(f"{fl}: {', '.join(sorted(archs, key=parse_arch))}" for fl, archs in sorted(by_flavour.items()))
 
 
+def ll_variant(packed: bool, chaos: bool) -> str:
+    """The low-latency cubin variant EP_RT_LL_PACKED and EP_RT_CHAOS_TRANSPORT select on sm_90: "default", "chaos",
+    "packed" or "packed_chaos"."""
+    if packed:
+        return "packed_chaos" if chaos else "packed"
+    return "chaos" if chaos else "default"
+
+
 def _variant(
     on_arch: list[dict], family: str, aggressive: bool, chaos: bool = False, tma: bool = False, packed: bool = False
 ) -> dict:
     by_variant = {e["variant"]: e for e in on_arch}
     where = f"{on_arch[0]['flavour']}/{on_arch[0]['arch']}"
     if packed:
-        name = "packed_chaos" if chaos else "packed"
+        name = ll_variant(True, chaos)
         if name in by_variant:
             return by_variant[name]
         raise CubinNotFoundError(

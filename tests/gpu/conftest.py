@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import pytest
 import torch
 
+from ep_rt.runtime.choice import ll_variant
+
 
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available() and torch.cuda.device_count() > 0:
@@ -219,9 +221,7 @@ class LLNodesPool(NodesPool):
     @property
     def variant(self) -> str:
         """The LL cubin variant every rank must have loaded."""
-        if self.packed:
-            return "packed_chaos" if self.chaos else "packed"
-        return "chaos" if self.chaos else "default"
+        return ll_variant(self.packed, self.chaos)
 
     def env(self) -> dict:
         # DeepEP's rule for queue pairs once peers are remote, >= (T + 1) * 2: T=1024 in the list
@@ -271,9 +271,7 @@ class FaultLayout:
     @property
     def variant(self) -> str:
         """The LL cubin variant the ranks must load."""
-        if self.packed:
-            return "packed_chaos" if self.chaos else "packed"
-        return "chaos" if self.chaos else "default"
+        return ll_variant(self.packed, self.chaos)
 
 
 ONE_NODE = FaultLayout(2)
