@@ -361,7 +361,7 @@ __device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t*
 // prefix[0..E] = the exclusive prefix over experts of how many of the n top-k entries chose each (prefix[E]: the
 // valid entries), from one pass with shared-memory atomics and a block scan: the cell of expert e at its rank
 // starts prefix[e] - prefix[first local expert of e's rank] into the block this rank owns there. Once per block,
-// not per token, and in no registers (the per-token count below holds 2 x 16 counters per thread and spills).
+// not per token, and with no counters in registers.
 __device__ void expert_prefix(const TopkIdx& topk, int n, int E, int* prefix, int* warp_sums) {
     for (int e = threadIdx.x; e < E; e += blockDim.x) prefix[e] = 0;
     __syncthreads();
