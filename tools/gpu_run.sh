@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, ll_profile (LIMIT_PROFILE, NCU), exp_ll (EXP_CUBINS), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, on_h200, ll_profile (LIMIT_PROFILE, NCU), exp_ll (EXP_CUBINS), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -225,6 +225,12 @@ step() {  # one named step; returns 3 for a name it does not know
     retest) run retest "${LIMIT_RETEST:-300}" python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
+    # Issue 23 item 6's machine is an H200, and a call that names no kind may get either card: bench_cli and
+    # host_profile there, and on any other GPU a summary line that says they did not run.
+    on_h200) [ "$DRY" = 1 ] && return 0
+             gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+             if [[ $gpu == *H200* ]]; then step bench_cli; step host_profile
+             else say "=== on_h200: bench_cli and host_profile not run: the GPU is $gpu"; fi ;;
     bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$LOGS/bench_cli.json" ;;
     # Issue 22 item 4 for the packed LL layout: the LL bench on the default and the packed cubins, alternated twice
     # (each JSON names the variant that ran, ll_variant, and the buffer the hint sized, ll_rdma_bytes).
@@ -235,10 +241,12 @@ step() {  # one named step; returns 3 for a name it does not know
              done ;;
     # Where the packed dispatch's extra time goes (docs/LL_PACKED_DESIGN.md, "Speed"): the LL dispatch kernels (the
     # one-kernel call, the hook's send and receive) of the default and packed variants under Nsight Compute, one
-    # rank, `bench --ll-only` (NCU: the ncu to use). Kernel replay restores memory, so a receive finds its signals.
-    ll_profile) for v in default packed; do
+    # rank, `bench --ll-only` (NCU: the ncu to use; clocks left as they are, as the device notes ask). Kernel replay
+    # restores memory, so a receive finds its signals.
+    ll_profile) NCU_BIN=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+             for v in default packed; do
                run "ll_profile_$v" "${LIMIT_PROFILE:-240}" env EP_RT_LL_PACKED=$([ "$v" = packed ] && echo 1 || echo 0) \
-                 "${NCU:-ncu}" --target-processes all -k "regex:^ep_rt_ll_dispatch" --launch-skip 40 --launch-count 12 \
+                 "$NCU_BIN" --clock-control none --target-processes all -k "regex:^ep_rt_ll_dispatch" --launch-skip 40 --launch-count 12 \
                  --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
                  --section SchedulerStats --section MemoryWorkloadAnalysis --page details \
                  python3 -m ep_rt bench --ll-only --json "$LOGS/ll_profile_$v.json"
