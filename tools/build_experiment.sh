@@ -6,7 +6,7 @@
 #
 # Usage:  bash tools/build_experiment.sh PATCH FAMILY [OUT]      OUT default .scratch/exp (gitignored)
 #   e.g.  bash tools/build_experiment.sh docs/experiments/ll_packed_scanless.patch low_latency
-#         then carry .scratch/exp/cubins and run STEPS=exp_ll (EXP_CUBINS=.scratch/exp/cubins)
+#         then carry .scratch/exp/delta and run STEPS=exp_ll (EXP_DELTA=.scratch/exp/delta)
 # Prints which cubins differ from the shipped ones (only those are the experiment).
 set -euo pipefail
 [ $# -ge 2 ] || { sed -n '7,10p' "$0" >&2; exit 2; }
@@ -20,7 +20,12 @@ ln -s "$REPO/docs" "$OUT/docs"  # the hardware marks name their logs under docs/
 (cd "$OUT" && patch -p1 --quiet < "$PATCH")
 python3 tools/build_cubins.py --src "$OUT/kernels_src" --out "$OUT/cubins" --family "$FAMILY" > "$OUT/build.log" 2>&1 ||
   { tail -20 "$OUT/build.log" >&2; exit 1; }
-echo "experiment cubins in $OUT/cubins; differing from cubins/:"
+# The cubins that differ and the manifest, also in $OUT/delta: what the device call carries (the whole folder beside
+# the tracked tree passes the device tool's 64 MiB); exp_ll lays it over a copy of the shipped cubins/ there.
+mkdir -p "$OUT/delta" && cp "$OUT/cubins/manifest.json" "$OUT/delta/"
+echo "experiment cubins in $OUT/cubins; differing from cubins/ (copied to $OUT/delta):"
 (cd cubins && find . -name '*.cubin' | sort) | while read -r f; do
-  cmp -s "cubins/$f" "$OUT/cubins/$f" || echo "  ${f#./}"
+  if ! cmp -s "cubins/$f" "$OUT/cubins/$f"; then
+    echo "  ${f#./}"; mkdir -p "$OUT/delta/$(dirname "$f")" && cp "$OUT/cubins/$f" "$OUT/delta/$f"
+  fi
 done
