@@ -358,24 +358,53 @@ __device__ void count_earlier_choices(const TopkIdx& topk, int n, const int64_t*
 }
 
 #if EP_RT_LL_PACKED
-// prefix[0..E] = the exclusive prefix over experts of how many of the n top-k entries chose each (prefix[E]: the
-// valid entries), from one pass with shared-memory atomics and a block scan: the cell of expert e at its rank
-// starts prefix[e] - prefix[first local expert of e's rank] into the block this rank owns there. Once per block,
-// not per token, and with no counters in registers.
-__device__ void expert_prefix(const TopkIdx& topk, int n, int E, int* prefix, int* warp_sums) {
-    for (int e = threadIdx.x; e < E; e += blockDim.x) prefix[e] = 0;
-    __syncthreads();
-    constexpr int kUnroll = 4;
-    for (int j0 = threadIdx.x; j0 < n; j0 += blockDim.x * kUnroll) {
-        int64_t v[kUnroll];
+// The packed send's per-block facts, up to kShareTileCells experts, without a block-wide scan: each thread holds
+// up to kPackedPreload of the N x K top-k ids in registers (loaded before the first message build, so their latency
+// hides behind it); the block's histogram of them over the experts (hist, shared atomics, once per block) gives a
+// cell's start as a sum over the lower local experts of its rank, which one warp per choice adds up.
+constexpr int kPackedPreload = 4;
+
+struct PreloadedIds {
+    int64_t v[kPackedPreload];
+    bool all;  // every id is in some thread's registers (n <= kPackedPreload x blockDim.x)
+};
+
+__device__ __forceinline__ PreloadedIds preload_ids(const TopkIdx& topk, int n) {
+    PreloadedIds ids;
+    ids.all = n <= kPackedPreload * int(blockDim.x);
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) v[u] = j0 + u * int(blockDim.x) < n ? topk[j0 + u * blockDim.x] : -1;
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
-            if (v[u] >= 0 && v[u] < E) atomicAdd(prefix + v[u], 1);  // out of range: reported by the send, not placed
+    for (int u = 0; u < kPackedPreload; ++u) {
+        const int j = int(threadIdx.x) + u * int(blockDim.x);
+        ids.v[u] = ids.all && j < n ? topk[j] : -1;
     }
-    __syncthreads();
-    block_exclusive_scan(prefix, E, warp_sums);
+    return ids;
+}
+
+// id j of the n, from registers when preloaded (this thread's j only: j = threadIdx.x + u * blockDim.x)
+template <typename Visit>
+__device__ __forceinline__ void for_my_ids(const PreloadedIds& ids, const TopkIdx& topk, int n, Visit visit) {
+    if (ids.all) {
+#pragma unroll
+        for (int u = 0; u < kPackedPreload; ++u) {
+            const int j = int(threadIdx.x) + u * int(blockDim.x);
+            if (j < n) visit(j, ids.v[u]);
+        }
+    } else {
+        for (int j = threadIdx.x; j < n; j += blockDim.x) visit(j, topk[j]);
+    }
+}
+
+// cell_start[k] = hist summed over [lower[k], expert[k]): one warp per choice k (K <= the block's warps).
+__device__ __forceinline__ void cell_starts_from_hist(const int* hist, const int64_t* expert, const int64_t* lower,
+                                                      int* cell_start, int K, int E) {
+    const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize;
+    if (warp >= K) return;
+    const int64_t e = expert[warp];
+    int sum = 0;
+    if (e >= 0 && e < E)
+        for (int64_t v = lower[warp] + lane; v < e; v += kWarpSize) sum += hist[v];
+    sum = __reduce_add_sync(0xffffffffu, sum);
+    if (lane == 0) cell_start[warp] = sum;
 }
 
 // The packed position of token t's choices k (experts expert[k]; lower[k] = the first local expert of expert[k]'s
@@ -428,13 +457,15 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
 #if EP_RT_LL_PACKED
     __shared__ int cell_start[EP_RT_LL_MAX_TOPK];  // where the cell of expert[k] starts in our block at its rank
     __shared__ int64_t lower[EP_RT_LL_MAX_TOPK];  // the first local expert of expert[k]'s rank
-    // Up to kShareTileCells experts, every cell start from one histogram of the block (expert_prefix); with more,
-    // counted per token (count_packed_positions).
-    __shared__ int prefix[kShareTileCells + 1];
-    __shared__ int warp_sums[32];
-    const bool by_prefix = p.num_experts <= kShareTileCells;
-    if (by_prefix && int(blockIdx.x) < p.num_tokens)
-        expert_prefix(topk, p.num_tokens * K, p.num_experts, prefix, warp_sums);
+    // Up to kShareTileCells experts (and K <= the block's warps), every cell start from one histogram of the block
+    // (hist) and the earlier choices from the ids in registers; beyond, counted per token (count_packed_positions).
+    __shared__ int hist[kShareTileCells];
+    const int n_ids = p.num_tokens * K;
+    const bool by_hist = p.num_experts <= kShareTileCells && K <= num_warps;
+    const PreloadedIds ids = preload_ids(topk, by_hist && int(blockIdx.x) < p.num_tokens ? n_ids : 0);
+    if (by_hist)
+        for (int e = threadIdx.x; e < p.num_experts; e += blockDim.x) hist[e] = 0;  // ordered by the first sync
+    bool hist_done = false;  // block-uniform
     const int64_t block_slots = int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L);
     const int64_t stride = min(EP_RT_LL_MAX_TOPK, p.num_experts);  // staged copies per token (the host: K <= it)
 #endif
@@ -446,12 +477,18 @@ __device__ void dispatch_send(const LL& ll, int4* message) {
         build_message(ll, t, reinterpret_cast<uint8_t*>(message));
         __syncthreads();
 #if EP_RT_LL_PACKED
-        if (by_prefix) {
-            if (int(threadIdx.x) < K) {
-                const int64_t e = expert[threadIdx.x];
-                if (e >= 0 && e < p.num_experts) cell_start[threadIdx.x] = prefix[e] - prefix[lower[threadIdx.x]];
-            }
-            count_earlier_choices(topk, t * K, expert, before, K);
+        if (by_hist) {
+            const int n_before = t * K, E = p.num_experts;
+            for_my_ids(ids, topk, n_ids, [&](int j, int64_t v) {
+                if (v < 0 || v >= E) return;  // out of range: reported by the send, not placed
+                if (!hist_done) atomicAdd(hist + v, 1);
+                if (j < n_before)
+                    for (int kk = 0; kk < K; ++kk)
+                        if (v == expert[kk]) atomicAdd(before + kk, 1);
+            });
+            hist_done = true;
+            __syncthreads();
+            cell_starts_from_hist(hist, expert, lower, cell_start, K, E);
         } else {
             count_packed_positions(topk, p.num_tokens * K, t * K, expert, lower, before, cell_start, K);
         }
@@ -567,8 +604,8 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch_send(const L
 // cell_base(c) of its source's block, and the header's word 1 (the choice's k) goes to plane 1 of src_info.
 // (The default build keeps its own signature: the same cubin bytes as before the packed variants.)
 #if EP_RT_LL_PACKED
-template <typename CellBase>
-__device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb, CellBase cell_base) {
+template <typename CellCount>
+__device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb, CellCount cell_count) {
 #else
 __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb) {
 #endif
@@ -579,11 +616,30 @@ __device__ void copy_out_messages(const LL& ll, const ShareBatch& batch, int nb)
     __shared__ int64_t msg_off[kShareBatch];  // the message, from the symmetric base
     __shared__ int expert_row[kShareBatch];  // its row within its local expert
     __shared__ int expert_of[kShareBatch];
+#if EP_RT_LL_PACKED
+    // Where each cell of the batch starts in its source's block: that source's counts to the lower local experts,
+    // added by one warp per cell (a batch's messages come in runs of one cell; the first of each run sums).
+    __shared__ int cell_base[kShareBatch];
+    {
+        const int lane = threadIdx.x % kWarpSize, warp = threadIdx.x / kWarpSize, num_warps = blockDim.x / kWarpSize;
+        for (int q = warp; q < nb; q += num_warps) {
+            const int c = batch.cell[q], l = c / R, s = c % R;
+            if (q > 0 && batch.cell[q - 1] == c) continue;  // (warp-uniform)
+            int sum = 0;
+            for (int m = lane; m < l; m += kWarpSize) sum += cell_count(m * R + s);
+            sum = __reduce_add_sync(0xffffffffu, sum);
+            if (lane == 0) cell_base[q] = sum;
+        }
+        __syncthreads();
+    }
+#endif
     if (int(threadIdx.x) < nb) {
         const int c = batch.cell[threadIdx.x], i = batch.index[threadIdx.x];
 #if EP_RT_LL_PACKED
+        int first = threadIdx.x;  // the run's first message, which holds the cell's base
+        while (first > 0 && batch.cell[first - 1] == c) --first;
         const int64_t block_slots = int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L);
-        msg_off[threadIdx.x] = p.recv_off + (int64_t(c % R) * block_slots + cell_base(c) + i) * p.msg_bytes;
+        msg_off[threadIdx.x] = p.recv_off + (int64_t(c % R) * block_slots + cell_base[first] + i) * p.msg_bytes;
 #else
         msg_off[threadIdx.x] = p.recv_off + (int64_t(c) * p.max_tokens + i) * p.msg_bytes;
 #endif
@@ -690,12 +746,8 @@ __device__ void all_blocks_arrive(const LL& ll, int phase) {
 // Dispatch, receive half. Cells are (local expert l, source s), c = l * R + s; messages are placed expert by
 // expert, sources ascending, so the layout is deterministic. Each block first waits for the count signals of
 // its own cells (b, b + G, ...), then, once every block has, takes an even share of all messages.
-// Packed: `bases` (kShareTileCells + 1 words of shared memory) holds where each cell starts in its source's block.
-#if EP_RT_LL_PACKED
-__device__ void dispatch_recv(const LL& ll, int32_t* early, int32_t* bases, ShareSmem& share) {
-#else
+// Packed: each cell starts where its source's counts to the lower local experts end (copy_out_messages adds them up).
 __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
-#endif
     const LowLatencyParams& p = ll.p;
     const int R = p.num_ranks, E = p.num_experts;
     const int32_t tag = ll.tag;
@@ -732,24 +784,6 @@ __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
         const int n = early_count >= 0 ? early_count : arrived_count(c);
         return max(n, 0);
     };
-#if EP_RT_LL_PACKED
-    // Cell (l, s) starts after source s's messages to the lower local experts (the sender's base): a scan of the
-    // counts in source-major order, bases[s * L + l], when they fit in shared memory; else a sum per message.
-    const int L = ll.L;
-    const bool scanned = E <= kShareTileCells;
-    if (scanned) {
-        for (int q = threadIdx.x; q < E; q += blockDim.x) bases[q] = count((q % L) * R + q / L);
-        __syncthreads();
-        block_exclusive_scan(bases, E, share.warp_sums);
-    }
-    auto cell_base = [&](int c) -> int {
-        const int l = c / R, s = c % R;
-        if (scanned) return bases[s * L + l] - bases[s * L];
-        int sum = 0;
-        for (int m = 0; m < l; ++m) sum += count(m * R + s);
-        return sum;
-    };
-#endif
     // Per-cell outputs, each cell by one block: layout_range, the expert's count, the cumulative stats.
     auto cell_outputs = [&](int c0, int n, const int* start) {
         for (int c = threadIdx.x; c < n; c += blockDim.x) {
@@ -763,7 +797,7 @@ __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
     };
     for_each_share_batch(share, E, R, count, cell_outputs,
 #if EP_RT_LL_PACKED
-                         [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb, cell_base); });
+                         [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb, count); });
 #else
                          [&](int nb, const ShareBatch& batch) { copy_out_messages(ll, batch, nb); });
 #endif
@@ -775,12 +809,7 @@ __device__ void dispatch_recv(const LL& ll, int32_t* early, ShareSmem& share) {
 extern "C" __global__ void __launch_bounds__(256) ep_rt_ll_dispatch_recv(const LowLatencyParams p) {
     __shared__ int32_t early[kShareTileCells];
     __shared__ ShareSmem share;
-#if EP_RT_LL_PACKED
-    __shared__ int32_t bases[kShareTileCells + 1];
-    dispatch_recv(LL(p), early, bases, share);
-#else
     dispatch_recv(LL(p), early, share);
-#endif
 }
 
 // One kernel per dispatch (no receive hook): every block sends its tokens, then takes its share of the receive.
@@ -792,9 +821,6 @@ union DispatchSmem {
     struct {
         int32_t early[kShareTileCells];
         ShareSmem share;
-#if EP_RT_LL_PACKED
-        int32_t bases[kShareTileCells + 1];
-#endif
     } recv;
 };
 
@@ -803,11 +829,7 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_ll_dispatch(const LowLat
     const LL ll(p);
     dispatch_send(ll, smem.message);
     __syncthreads();  // every thread is done with the message before the receive's tiles overwrite it
-#if EP_RT_LL_PACKED
-    dispatch_recv(ll, smem.recv.early, smem.recv.bases, smem.recv.share);
-#else
     dispatch_recv(ll, smem.recv.early, smem.recv.share);
-#endif
 }
 
 // ------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 # device step exp_ll (tools/gpu_run.sh) then loads them with EP_RT_CUBIN_DIR from the carried folder.
 #
 # Usage:  bash tools/build_experiment.sh PATCH FAMILY [OUT]      OUT default .scratch/exp (gitignored)
-#   e.g.  bash tools/build_experiment.sh docs/experiments/ll_packed_scanless.patch low_latency
+#   e.g.  bash tools/build_experiment.sh docs/experiments/NAME.patch low_latency
 #         then carry .scratch/exp/delta and run STEPS=exp_ll (EXP_DELTA=.scratch/exp/delta)
 # Prints which cubins differ from the shipped ones (only those are the experiment).
 set -euo pipefail

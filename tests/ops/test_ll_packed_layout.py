@@ -99,17 +99,19 @@ def test_the_kernels_slot_arithmetic_is_the_models():
     assert code.count("int64_t(p.max_tokens) * min(EP_RT_LL_MAX_TOPK, ll.L)") == 2  # dispatch send and receive
     assert code.count("min(EP_RT_LL_MAX_TOPK, p.num_experts)") == 3  # dispatch staging, combine send and receive
     assert "(int64_t(me) * block_slots + pos) * p.msg_bytes" in code  # the sender's slot in its block
-    assert "(int64_t(c % R) * block_slots + cell_base(c) + i) * p.msg_bytes" in code  # the receiver's
+    assert "(int64_t(c % R) * block_slots + cell_base[first] + i) * p.msg_bytes" in code  # the receiver's
     assert "(t * stride + k) * p.msg_bytes" in code and "(t * stride + kk) * p.msg_bytes" in code
     assert "(t * min(EP_RT_LL_MAX_TOPK, p.num_experts) + k) * p.msg_bytes" in code  # combine receive
     assert "if (i == 0) v.y = k;" in code and "if (i == 0) v.y = kk;" in code  # k in header word 1, both paths
-    # the receiver rebuilds each cell's start from the counts, source-major: bases[s * L + l] - bases[s * L]
-    assert "bases[q] = count((q % L) * R + q / L)" in code and "return bases[s * L + l] - bases[s * L];" in code
-    # the sender's, up to kShareTileCells experts: the exclusive prefix of its own choices over experts, taken from
-    # the first expert of the cell's rank (lower = expert / L * L); with more experts, counted per token
-    assert "cell_start[threadIdx.x] = prefix[e] - prefix[lower[threadIdx.x]]" in code
+    # the receiver rebuilds a cell's start from the counts: source s's messages to the lower local experts m < l,
+    # summed per cell of a batch (its first message in the run holds it)
+    assert "for (int m = lane; m < l; m += kWarpSize) sum += cell_count(m * R + s);" in code
+    assert "const int c = batch.cell[q], l = c / R, s = c % R;" in code
+    # the sender's, up to kShareTileCells experts: its own choices of the experts from the first of the cell's rank
+    # (lower = expert / L * L) up to the cell's, from one histogram per block; with more, counted per token
+    assert "for (int64_t v = lower[warp] + lane; v < e; v += kWarpSize) sum += hist[v];" in code
     assert "lower[threadIdx.x] = expert[threadIdx.x] / ll.L * ll.L" in code
-    assert "const bool by_prefix = p.num_experts <= kShareTileCells;" in code
+    assert "const bool by_hist = p.num_experts <= kShareTileCells && K <= num_warps;" in code
     assert "c += v >= 0 && v >= lo && v < e;" in code  # count_packed_positions: the lower experts of e's rank
 
 
