@@ -408,7 +408,7 @@ __device__ __forceinline__ void cell_starts_from_hist(const int* hist, const int
 }
 
 // The packed position of token t's choices k (experts expert[k]; lower[k] = the first local expert of expert[k]'s
-// rank; n_before = the entries of the tokens before t), for more experts than expert_prefix holds: before[k] as
+// rank; n_before = the entries of the tokens before t), for more experts than the histogram holds: before[k] as
 // count_earlier_choices, and start[k] = how many of all n entries chose one of expert[k]'s rank's lower local
 // experts, [lower[k], expert[k]). A pass over the entries per k (L1 serves the passes after the first), each
 // thread's counts added per warp: two counters live at a time, not 2 x 16 (which spilled).

@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, on_h200, ll_profile (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -251,14 +251,28 @@ step() {  # one named step; returns 3 for a name it does not know
                  --section SchedulerStats --section MemoryWorkloadAnalysis --page details \
                  python3 -m ep_rt bench --ll-only --json "$LOGS/ll_profile_$v.json"
              done ;;
+    # Where inside the LL dispatch's send and receive kernels the time goes, per SASS instruction: Nsight Compute's
+    # warp-state samples (SourceCounters) on two launches of each split kernel, default then packed, kept as a report
+    # (.ncu-rep in the logs) and printed as the source page, SASS, in CSV (LIMIT_PROFILE, NCU).
+    ll_profile_sass) NCU_BIN=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+             for v in default packed; do
+               run "ll_sass_$v" "${LIMIT_PROFILE:-240}" env EP_RT_LL_PACKED=$([ "$v" = packed ] && echo 1 || echo 0) \
+                 "$NCU_BIN" --clock-control none --target-processes all -k "regex:^ep_rt_ll_dispatch_(send|recv)$" \
+                 --launch-skip 20 --launch-count 2 --section SpeedOfLight --section WarpStateStats \
+                 --section SourceCounters --export "$LOGS/ll_sass_$v" --force-overwrite \
+                 python3 -m ep_rt bench --ll-only --json "$LOGS/ll_sass_$v.json"
+               run "ll_sass_${v}_page" 120 sh -c "\"\$0\" -i \"\$1\" --page source --print-source sass --csv > \"\$2\"" \
+                 "$NCU_BIN" "$LOGS/ll_sass_$v.ncu-rep" "$LOGS/ll_sass_$v.csv"
+             done ;;
     # An experiment's cubins (EXP_DELTA, the carried delta folder tools/build_experiment.sh makes, laid over a copy
     # of cubins/), loaded with EP_RT_CUBIN_DIR: first the packed LL suite on them (bit-exact before any timing counts; the pools assert the
     # variant), then `bench --ll-only` alternating the shipped cubins and the experiment's, EP_RT_LL_PACKED=1 in both.
-    exp_ll) [ "$DRY" = 1 ] && return 0
-             EXP=/tmp/ep_rt_exp_cubins DELTA=${EXP_DELTA:-.scratch/exp/delta}
-             [ -f "$DELTA/manifest.json" ] || { say "=== exp_ll: no experiment in $DELTA (carry it)"; return 1; }
-             rm -rf "$EXP" && cp -r cubins "$EXP" && cp -r "$DELTA/." "$EXP/"
-             say "=== exp_ll: the experiment's cubins (the shipped ones with $DELTA laid over): $(cd "$DELTA" && find . -name '*.cubin' | sort | tr '\n' ' ')"
+    exp_ll) EXP=/tmp/ep_rt_exp_cubins DELTA=${EXP_DELTA:-.scratch/exp/delta}
+             # (a recorded step: a missing delta fails the attempt, and an earlier attempt's folder never stays)
+             run exp_ll_cubins 60 sh -c 'rm -rf "$2" && test -f "$1/manifest.json" && cp -r cubins "$2" &&
+               cp -r "$1/." "$2/" && echo "the shipped cubins with $1 laid over:" && (cd "$1" && find . -name "*.cubin" | sort)' \
+               sh "$DELTA" "$EXP"
+             [ "$DRY" = 1 ] || [ -f "$EXP/manifest.json" ] || return 0
              run exp_ll_suite "${LIMIT_PACKED:-420}" env EP_RT_CUBIN_DIR="$EXP" python3 -m pytest -q -rs \
                --durations=20 -m "ll_packed and not eight_ranks and not sixteen" tests/gpu/test_low_latency_packed_gpu.py
              for i in 1 2; do

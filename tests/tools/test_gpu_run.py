@@ -164,3 +164,29 @@ def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
     assert "[ep_rt] FAILED test_x.py::test_fails (call" in out and "the reason it failed" in out, out
     assert "[ep_rt] PASSED test_x.py::test_passes (call" in out, out
     assert "a rank said this" in out.split("[ep_rt] FAILED")[1], out  # a child process's stderr, with the failure
+
+
+def test_exp_ll_without_its_delta_fails_and_runs_nothing_of_the_experiment(tmp_path):
+    stale = Path("/tmp/ep_rt_exp_cubins")  # where exp_ll lays the experiment out; never an earlier attempt's
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="exp_ll", EXP_DELTA=str(tmp_path / "no_delta"))
+    assert rc == 1, text
+    (attempt,) = _attempts(tmp_path)
+    summary = (attempt / "summary.txt").read_text()
+    assert re.search(r"=== exp_ll_cubins: FAILED \(exit 1\)", summary), summary
+    assert "exp_ll_suite" not in summary and "exp_ab_" not in summary
+    assert "result: failed or timed out: exp_ll_cubins (of 1 steps)" in summary
+    assert not stale.exists()
+
+
+def test_on_h200_says_it_ran_nothing_on_another_card(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"  # every query answers with this card's name
+    smi.write_text('#!/bin/sh\necho "NVIDIA H100 80GB HBM3"\n')
+    smi.chmod(0o755)
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="on_h200")
+    assert rc == 0, text
+    (attempt,) = _attempts(tmp_path)
+    summary = (attempt / "summary.txt").read_text()
+    assert "=== on_h200: bench_cli and host_profile not run: the GPU is NVIDIA H100 80GB HBM3" in summary
+    assert "=== bench_cli" not in summary and "=== host_profile" not in summary
