@@ -265,8 +265,9 @@ step() {  # one named step; returns 3 for a name it does not know
                  "$NCU_BIN" "$LOGS/ll_sass_$v.ncu-rep" "$LOGS/ll_sass_$v.csv"
              done ;;
     # An experiment's cubins (EXP_DELTA, the carried delta folder tools/build_experiment.sh makes, laid over a copy
-    # of cubins/), loaded with EP_RT_CUBIN_DIR: first the packed LL suite on them (bit-exact before any timing counts; the pools assert the
-    # variant), then `bench --ll-only` alternating the shipped cubins and the experiment's, EP_RT_LL_PACKED=1 in both.
+    # of cubins/), loaded with EP_RT_CUBIN_DIR: first the packed LL suite on them (bit-exact before any timing
+    # counts; the pools assert the variant), then `bench --ll-only` alternating the shipped cubins and the
+    # experiment's, EP_RT_LL_PACKED=1 in both.
     exp_ll) EXP=/tmp/ep_rt_exp_cubins DELTA=${EXP_DELTA:-.scratch/exp/delta}
              # (a recorded step: a missing delta fails the attempt, and an earlier attempt's folder never stays)
              run exp_ll_cubins 60 sh -c 'rm -rf "$2" && test -f "$1/manifest.json" && cp -r cubins "$2" &&
