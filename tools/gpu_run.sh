@@ -123,6 +123,10 @@ internode_ids() {  # the internode GPU test ids but the 16-process one, fault te
   { echo "$ids" | grep -E 'killed|missing'; echo "$ids" | grep -vE 'killed|missing'; } | tr '\n' ' '
 }
 
+ncu_bin() {  # Nsight Compute: $NCU, else the one on PATH, else one under /opt/nvidia/nsight-compute
+  echo "${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}"
+}
+
 step() {  # one named step; returns 3 for a name it does not know
   case $1 in
     # Steps pick tests by marker (pyproject.toml lists them) or node id, never by -k name fragments. A -m replaces
@@ -243,7 +247,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # one-kernel call, the hook's send and receive) of the default and packed variants under Nsight Compute, one
     # rank, `bench --ll-only` (NCU: the ncu to use; clocks left as they are, as the device notes ask). Kernel replay
     # restores memory, so a receive finds its signals.
-    ll_profile) NCU_BIN=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+    ll_profile) NCU_BIN=$(ncu_bin)
              for v in default packed; do
                run "ll_profile_$v" "${LIMIT_PROFILE:-240}" env EP_RT_LL_PACKED=$([ "$v" = packed ] && echo 1 || echo 0) \
                  "$NCU_BIN" --clock-control none --target-processes all -k "regex:^ep_rt_ll_dispatch" --launch-skip 40 --launch-count 12 \
@@ -254,7 +258,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # Where inside the LL dispatch's send and receive kernels the time goes, per SASS instruction: Nsight Compute's
     # warp-state samples (SourceCounters) on two launches of each split kernel, default then packed, kept as a report
     # (.ncu-rep in the logs) and printed as the source page, SASS, in CSV (LIMIT_PROFILE, NCU).
-    ll_profile_sass) NCU_BIN=${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}
+    ll_profile_sass) NCU_BIN=$(ncu_bin)
              for v in default packed; do
                run "ll_sass_$v" "${LIMIT_PROFILE:-240}" env EP_RT_LL_PACKED=$([ "$v" = packed ] && echo 1 || echo 0) \
                  "$NCU_BIN" --clock-control none --target-processes all -k "regex:^ep_rt_ll_dispatch_(send|recv)$" \
