@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -269,22 +269,29 @@ step() {  # one named step; returns 3 for a name it does not know
                  "$NCU_BIN" "$LOGS/ll_sass_$v.ncu-rep" "$LOGS/ll_sass_$v.csv"
              done ;;
     # An experiment's cubins (EXP_DELTA, the carried delta folder tools/build_experiment.sh makes, laid over a copy
-    # of cubins/), loaded with EP_RT_CUBIN_DIR: first the packed LL suite on them (bit-exact before any timing
-    # counts; the pools assert the variant), then `bench --ll-only` alternating the shipped cubins and the
-    # experiment's, EP_RT_LL_PACKED=1 in both.
+    # of cubins/), loaded with EP_RT_CUBIN_DIR: first the LL suite of the variant it changes on them (EXP_VARIANT:
+    # packed, the default, with the packed pools, which assert the variant; or default, the LL case module),
+    # bit-exact before any timing counts; then `bench --ll-only` alternating the shipped cubins and the experiment's,
+    # with EP_RT_LL_PACKED set for that variant in both.
     exp_ll) EXP=/tmp/ep_rt_exp_cubins DELTA=${EXP_DELTA:-.scratch/exp/delta}
+             case ${EXP_VARIANT:-packed} in
+               packed) packed=1 suite=(-m "ll_packed and not eight_ranks and not sixteen"
+                                       tests/gpu/test_low_latency_packed_gpu.py) ;;
+               default) packed=0 suite=(tests/gpu/test_low_latency_cases_gpu.py) ;;
+               *) echo "EXP_VARIANT must be packed or default, not '$EXP_VARIANT'" >&2; return 2 ;;
+             esac
              # (a recorded step: a missing delta fails the attempt, and an earlier attempt's folder never stays)
              run exp_ll_cubins 60 sh -c 'rm -rf "$2" && test -f "$1/manifest.json" && cp -r cubins "$2" &&
                cp -r "$1/." "$2/" && echo "the shipped cubins with $1 laid over:" && (cd "$1" && find . -name "*.cubin" | sort)' \
                sh "$DELTA" "$EXP"
              [ "$DRY" = 1 ] || [ -f "$EXP/manifest.json" ] || return 0
              run exp_ll_suite "${LIMIT_PACKED:-420}" env EP_RT_CUBIN_DIR="$EXP" python3 -m pytest -q -rs \
-               --durations=20 -m "ll_packed and not eight_ranks and not sixteen" tests/gpu/test_low_latency_packed_gpu.py
+               --durations=20 "${suite[@]}"  # (the pools set EP_RT_LL_PACKED for their ranks)
              for i in 1 2; do
-               run "exp_ab_shipped$i" 180 env EP_RT_LL_PACKED=1 python3 -m ep_rt bench --ll-only \
+               run "exp_ab_shipped$i" 180 env EP_RT_LL_PACKED=$packed python3 -m ep_rt bench --ll-only \
                  --json "$LOGS/exp_ab_shipped$i.json"
-               run "exp_ab_experiment$i" 180 env EP_RT_LL_PACKED=1 EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt bench \
-                 --ll-only --json "$LOGS/exp_ab_experiment$i.json"
+               run "exp_ab_experiment$i" 180 env EP_RT_LL_PACKED=$packed EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt \
+                 bench --ll-only --json "$LOGS/exp_ab_experiment$i.json"
              done ;;
     # Issue 22 item 4: the cost of a round: the HT bench with an NVL buffer of 1/2 and 1/4 of the 4096-token hint.
     bench_rounds) run bench_rounds2 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.5 --json "$LOGS/bench_rounds2.json"

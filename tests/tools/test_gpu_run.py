@@ -190,3 +190,8 @@ def test_on_h200_says_it_ran_nothing_on_another_card(tmp_path):
     summary = (attempt / "summary.txt").read_text()
     assert "=== on_h200: bench_cli and host_profile not run: the GPU is NVIDIA H100 80GB HBM3" in summary
     assert "=== bench_cli" not in summary and "=== host_profile" not in summary
+
+
+def test_exp_ll_refuses_an_unknown_variant_before_any_step(tmp_path):
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="exp_ll", EXP_VARIANT="fast")
+    assert rc == 2 and "step 'exp_ll'" in text and "EXP_VARIANT must be packed or default" in text
