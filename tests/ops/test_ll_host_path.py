@@ -135,8 +135,8 @@ def test_a_dispatch_handle_carries_the_facts_handle_facts_of_would_give(ll):
 def test_packed_combine_checks_the_src_info_plane_only_for_handles_without_facts(monkeypatch):
     """The packed layout's combine needs the dispatch's own src_info view (plane 0 of [2, L, R*T]). The handle the
     dispatch returned carries facts that the combine checks first (same Buffer, same tensors), so the plane check is
-    skipped for it (2.6 us a call, timed alone on the CPU machine); a rebuilt tuple has no facts and still gets the plane check, which refuses a
-    copied src_info."""
+    skipped for it (2.6 us a call, timed alone on the CPU machine); a rebuilt tuple has no facts and still gets the
+    plane check, which refuses a copied src_info."""
     from ep_rt.ops import low_latency as ll_ops
 
     seen = []
