@@ -822,8 +822,8 @@ def test_repo_cubins_are_current():
 # The shipped cubins whose bytes ran on a GPU (cubins/hardware_runs.json says how each was traced to a run).
 # (Every LL cubin was rebuilt on 2026-12-07, twenty-ninth session: the default build's staging after the credit
 # check, the packed send's cell starts from one histogram; the eight sm_90 ones ran at c0ad898. The four packed
-# ones again on 2026-12-07, thirtieth session: the scanless build, whose cu13 bytes ran as the experiment at c3b5026;
-# the cu12 packed bytes have not run.)
+# ones again on 2026-12-07, thirtieth session: the scanless build, whose cu13 bytes ran as the experiment at c3b5026
+# and whose cu12 bytes ran at b95848c, thirty-first session.)
 REPO_MARKED = {
     "cu13/sm_90/default/low_latency.cubin",
     "cu12/sm_90/default/low_latency.cubin",
@@ -831,6 +831,8 @@ REPO_MARKED = {
     "cu12/sm_90/chaos/low_latency.cubin",
     "cu13/sm_90/packed/low_latency.cubin",
     "cu13/sm_90/packed_chaos/low_latency.cubin",
+    "cu12/sm_90/packed/low_latency.cubin",
+    "cu12/sm_90/packed_chaos/low_latency.cubin",
     "cu12/sm_90/aggressive/intranode.cubin",
     "cu12/sm_90/default/layout.cubin",
     "cu12/sm_90/safe/intranode.cubin",
