@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab, on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -237,11 +237,13 @@ step() {  # one named step; returns 3 for a name it does not know
              else say "=== on_h200: bench_cli and host_profile not run: the GPU is $gpu"; fi ;;
     bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$LOGS/bench_cli.json" ;;
     # Issue 22 item 4 for the packed LL layout: the LL bench on the default and the packed cubins, alternated twice
-    # (each JSON names the variant that ran, ll_variant, and the buffer the hint sized, ll_rdma_bytes).
+    # (each JSON names the variant that ran, ll_variant, and the buffer the hint sized, ll_rdma_bytes). LL_EXPERTS
+    # (e.g. "288,36"): the rows' expert counts; on one rank 36 has EP8's 36 local experts at 288.
     ll_packed_ab) for i in 1 2; do
-               run "ll_ab_default$i" 180 python3 -m ep_rt bench --ll-only --json "$LOGS/ll_ab_default$i.json"
+               run "ll_ab_default$i" 180 python3 -m ep_rt bench --ll-only ${LL_EXPERTS:+--ll-experts "$LL_EXPERTS"} \
+                 --json "$LOGS/ll_ab_default$i.json"
                run "ll_ab_packed$i" 180 env EP_RT_LL_PACKED=1 python3 -m ep_rt bench --ll-only \
-                 --json "$LOGS/ll_ab_packed$i.json"
+                 ${LL_EXPERTS:+--ll-experts "$LL_EXPERTS"} --json "$LOGS/ll_ab_packed$i.json"
              done ;;
     # Where the packed dispatch's extra time goes (docs/LL_PACKED_DESIGN.md, "Speed"): the LL dispatch kernels (the
     # one-kernel call, the hook's send and receive) of the default and packed variants under Nsight Compute, one

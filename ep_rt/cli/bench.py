@@ -20,7 +20,7 @@ import sys
 
 from .. import __version__
 from ..testing import bench as bench_mod
-from ..testing.bench_main import FORMULAS
+from ..testing.bench_main import FORMULAS, LL_EXPERTS
 from . import plot
 
 
@@ -79,6 +79,26 @@ def bandwidth_series(doc: dict):
     return labels, series
 
 
+def _expert_counts(text: str) -> tuple:
+    """--ll-experts: comma-separated expert counts, each in [1, 65536] (the LL kernels' most experts), no repeats."""
+    try:
+        counts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 288,36, got {text!r}") from None
+    bad = [e for e in counts if not 1 <= e <= 65536]
+    if bad:
+        raise argparse.ArgumentTypeError(f"expert counts must be in [1, 65536], got {bad}")
+    if len(set(counts)) != len(counts):
+        raise argparse.ArgumentTypeError(f"an expert count twice in {text!r}")
+    return counts
+
+
+def _check_experts_per_rank(parser, experts, num_ranks: int) -> None:
+    uneven = [e for e in experts if e % num_ranks]
+    if uneven:
+        parser.error(f"--ll-experts: {uneven} not a multiple of the {num_ranks} ranks (each rank holds E / ranks)")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ep_rt bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -113,6 +133,14 @@ def main(argv=None) -> int:
         help="with --internode: an RDMA buffer of F times its one-pass hint for 4096 tokens, so calls go in rounds "
         "(the cost of a round across nodes; default 1)",
     )
+    parser.add_argument(
+        "--ll-experts",
+        type=_expert_counts,
+        default=None,
+        metavar="E1,E2,...",
+        help="the LL rows' expert counts (default 288,256; each a multiple of the ranks, at most 65536); e.g. 36 on one "
+        "rank has the 36 local experts per rank of EP8 at 288",
+    )
     parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="PNG", default=None, help="draw bandwidth per workload and rank")
     args = parser.parse_args(argv)
@@ -123,6 +151,10 @@ def main(argv=None) -> int:
         parser.error("--nvl-fraction is for the high-throughput benchmarks (one node, or --internode)")
     if args.rdma_fraction != 1.0 and not args.internode:
         parser.error("--rdma-fraction is for the internode benchmark (--internode G)")
+    if args.ll_experts is not None and (args.ht_only or args.internode):
+        parser.error("--ll-experts is for the low-latency benchmark (not with --ht-only or --internode)")
+    if args.ll_experts is not None and args.ranks:
+        _check_experts_per_rank(parser, args.ll_experts, args.ranks)
 
     import torch
 
@@ -137,6 +169,8 @@ def main(argv=None) -> int:
 
     num_gpus = torch.cuda.device_count()
     num_ranks = args.ranks or num_gpus
+    ll_experts = args.ll_experts or LL_EXPERTS
+    _check_experts_per_rank(parser, ll_experts, num_ranks)
     if num_ranks > num_gpus:
         print(
             f"bench: warning: {num_ranks} ranks on {num_gpus} GPUs share GPUs; the times are not those of "
@@ -154,6 +188,7 @@ def main(argv=None) -> int:
             bool(args.internode),
             args.nvl_fraction,
             args.rdma_fraction,
+            ll_experts,
         ),
         timeout_s=3600,
         env=env,

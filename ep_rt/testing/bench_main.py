@@ -40,16 +40,17 @@ FORMULAS = {
     "(the chaos delays and charged sweeps included)",
 }
 LL_SHAPE = (128, 7168, 288)  # DeepEP's LL reference workload: tokens per rank, hidden, experts (top-8)
+LL_EXPERTS = (288, 256)  # the expert counts of the LL rows: DeepEP's, and the other count peers publish
 
 
 def ht_round(buffer, num_sms: int) -> list:
     return bench.bench_ht(buffer, num_sms=num_sms)
 
 
-def ll_round(buffer) -> list:
-    """The LL reference workload at 288 experts, and at 256 (the other count peers publish); both timed before
-    either is profiled (bench_ll_shapes)."""
-    return bench.bench_ll_shapes(buffer, (288, 256))
+def ll_round(buffer, experts=LL_EXPERTS) -> list:
+    """The LL reference workload at each expert count (default 288, and 256, the other count peers publish); all
+    timed before any is profiled (bench_ll_shapes)."""
+    return bench.bench_ll_shapes(buffer, tuple(experts))
 
 
 def ht_buffer(num_ranks: int, num_sms: int, nvl_fraction: float = 1.0):
@@ -61,11 +62,13 @@ def ht_buffer(num_ranks: int, num_sms: int, nvl_fraction: float = 1.0):
     return Buffer(dist.group.WORLD, _fraction_of(hint, nvl_fraction), explicitly_destroy=True)
 
 
-def ll_buffer(num_ranks: int):
-    """The LL benchmark's Buffer, sized for LL_SHAPE, with DeepEP's num_qps_per_rank (experts per rank)."""
+def ll_buffer(num_ranks: int, experts=LL_EXPERTS):
+    """The LL benchmark's Buffer, sized for LL_SHAPE's tokens and hidden at the largest of the expert counts (the
+    hint grows with the expert count in both layouts), with DeepEP's num_qps_per_rank (experts per rank)."""
     from .. import Buffer
 
-    T, H, E = LL_SHAPE
+    T, H, _ = LL_SHAPE
+    E = max(experts)
     return Buffer(
         dist.group.WORLD,
         0,
@@ -104,6 +107,7 @@ def bench_rank(
     internode: bool = False,
     nvl_fraction: float = 1.0,
     rdma_fraction: float = 1.0,
+    ll_experts=LL_EXPERTS,
 ) -> dict:
     """One rank of `python -m ep_rt bench`: the HT rows (dicts of bench.BenchRow), the LL rows, and with `internode`
     (ranks on several nodes, real or emulated) only the internode rows. nvl_fraction < 1: the HT Buffer's NVL
@@ -123,9 +127,9 @@ def bench_rank(
         out["ht"] = [asdict(r) for r in ht_round(buffer, num_sms)]
         buffer.destroy()
     if ll:
-        buffer = ll_buffer(num_ranks)
+        buffer = ll_buffer(num_ranks, ll_experts)
         # which LL cubin ran (EP_RT_LL_PACKED: "packed") and the buffer the hint sized for it
         out["ll_variant"], out["ll_rdma_bytes"] = buffer.low_latency_variant, buffer.num_rdma_bytes
-        out["ll"] = ll_round(buffer)
+        out["ll"] = ll_round(buffer, ll_experts)
         buffer.destroy()
     return out

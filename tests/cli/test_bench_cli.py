@@ -183,3 +183,46 @@ def test_the_internode_bench_buffers_are_the_fractions_of_their_one_pass_hints(m
     assert made[0] == (nvl, rdma)
     assert made[1] == (-(-(nvl // 2) // 128) * 128, -(-(rdma // 4) // 128) * 128)
     assert all(size % 128 == 0 for pair in made for size in pair)
+
+
+@pytest.mark.parametrize(
+    "argv,message",
+    [
+        (["--ll-experts", "288,x"], "comma-separated integers"),
+        (["--ll-experts", "0"], "in \\[1, 65536\\]"),
+        (["--ll-experts", "65537"], "in \\[1, 65536\\]"),
+        (["--ll-experts", "36,36"], "twice"),
+        (["--ll-experts", "36", "--ht-only"], "low-latency benchmark"),
+        (["--ll-experts", "36", "--internode", "2"], "low-latency benchmark"),
+        (["--ll-experts", "288,36", "--ranks", "8"], "\\[36\\] not a multiple of the 8 ranks"),
+    ],
+)
+def test_ll_experts_refuses_what_no_ll_call_takes(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(argv)
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_the_ll_bench_buffer_is_sized_for_its_largest_expert_count(monkeypatch):
+    import ep_rt
+    from ep_rt.testing import bench_main
+
+    made = []
+
+    class FakeBuffer:
+        def __init__(self, group, nvl, rdma, **kw):
+            made.append((nvl, rdma, kw["num_qps_per_rank"]))
+
+        get_low_latency_rdma_size_hint = staticmethod(ep_rt.Buffer.get_low_latency_rdma_size_hint)
+
+    monkeypatch.setattr(ep_rt, "Buffer", FakeBuffer)
+    bench_main.ll_buffer(1)
+    bench_main.ll_buffer(1, (36, 288))
+    bench_main.ll_buffer(2, (36,))
+    hint = ep_rt.Buffer.get_low_latency_rdma_size_hint
+    assert made == [
+        (0, hint(128, 7168, 1, 288), 288),
+        (0, hint(128, 7168, 1, 288), 288),
+        (0, hint(128, 7168, 2, 36), 18),
+    ]
+    assert hint(128, 7168, 2, 36) < hint(128, 7168, 2, 288)  # the default rows' buffer is not taken for a small count
