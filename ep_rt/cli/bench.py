@@ -21,6 +21,7 @@ import sys
 from .. import __version__
 from ..testing import bench as bench_mod
 from ..testing.bench_main import FORMULAS, LL_EXPERTS
+from ..transport.ll_layout import MAX_SIGNALS
 from . import plot
 
 
@@ -80,14 +81,15 @@ def bandwidth_series(doc: dict):
 
 
 def _expert_counts(text: str) -> tuple:
-    """--ll-experts: comma-separated expert counts, each in [1, 65536] (the LL kernels' most experts), no repeats."""
+    """--ll-experts: comma-separated expert counts, each in [1, MAX_SIGNALS] (the LL kernels' most experts), no
+    repeats."""
     try:
         counts = tuple(int(v) for v in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 288,36, got {text!r}") from None
-    bad = [e for e in counts if not 1 <= e <= 65536]
+    bad = [e for e in counts if not 1 <= e <= MAX_SIGNALS]
     if bad:
-        raise argparse.ArgumentTypeError(f"expert counts must be in [1, 65536], got {bad}")
+        raise argparse.ArgumentTypeError(f"expert counts must be in [1, {MAX_SIGNALS}], got {bad}")
     if len(set(counts)) != len(counts):
         raise argparse.ArgumentTypeError(f"an expert count twice in {text!r}")
     return counts
