@@ -124,6 +124,10 @@ class FakeModule:
         return name
 
     def global_address(self, name):
+        if name.endswith("_dynamic_smem"):  # modules.requested_dynamic_smem: no shipped kernel declares one
+            from ep_rt.errors import CudaDriverError
+
+            raise CudaDriverError(f"cuModuleGetGlobal({name}) failed: CUDA_ERROR_NOT_FOUND (named symbol not found)")
         raise AssertionError("the default variant has no chaos counters")
 
 

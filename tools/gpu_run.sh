@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT), exp_ht (EXP_DELTA, LIMIT_SUITE), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -125,6 +125,18 @@ internode_ids() {  # the internode GPU test ids but the 16-process one, fault te
 
 ncu_bin() {  # Nsight Compute: $NCU, else the one on PATH, else one under /opt/nvidia/nsight-compute
   echo "${NCU:-$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -1)}"
+}
+
+# An experiment's cubins: the carried delta ($EXP_DELTA, from tools/build_experiment.sh) laid over a copy of cubins/
+# at $EXP, as a recorded step named $1 (a missing delta fails the attempt, and an earlier attempt's folder never
+# stays); returns non-zero when there is nothing to run the experiment's steps on.
+EXP=/tmp/ep_rt_exp_cubins
+lay_experiment() {
+  local delta=${EXP_DELTA:-.scratch/exp/delta}
+  run "$1" 60 sh -c 'rm -rf "$2" && test -f "$1/manifest.json" && cp -r cubins "$2" &&
+    cp -r "$1/." "$2/" && echo "the shipped cubins with $1 laid over:" && (cd "$1" && find . -name "*.cubin" | sort)' \
+    sh "$delta" "$EXP"
+  [ "$DRY" = 1 ] || [ -f "$EXP/manifest.json" ]
 }
 
 step() {  # one named step; returns 3 for a name it does not know
@@ -275,18 +287,13 @@ step() {  # one named step; returns 3 for a name it does not know
     # packed, the default, with the packed pools, which assert the variant; or default, the LL case module),
     # bit-exact before any timing counts; then `bench --ll-only` alternating the shipped cubins and the experiment's,
     # with EP_RT_LL_PACKED set for that variant in both.
-    exp_ll) EXP=/tmp/ep_rt_exp_cubins DELTA=${EXP_DELTA:-.scratch/exp/delta}
-             case ${EXP_VARIANT:-packed} in
+    exp_ll) case ${EXP_VARIANT:-packed} in
                packed) packed=1 suite=(-m "ll_packed and not eight_ranks and not sixteen"
                                        tests/gpu/test_low_latency_packed_gpu.py) ;;
                default) packed=0 suite=(tests/gpu/test_low_latency_cases_gpu.py) ;;
                *) echo "EXP_VARIANT must be packed or default, not '$EXP_VARIANT'" >&2; return 2 ;;
              esac
-             # (a recorded step: a missing delta fails the attempt, and an earlier attempt's folder never stays)
-             run exp_ll_cubins 60 sh -c 'rm -rf "$2" && test -f "$1/manifest.json" && cp -r cubins "$2" &&
-               cp -r "$1/." "$2/" && echo "the shipped cubins with $1 laid over:" && (cd "$1" && find . -name "*.cubin" | sort)' \
-               sh "$DELTA" "$EXP"
-             [ "$DRY" = 1 ] || [ -f "$EXP/manifest.json" ] || return 0
+             lay_experiment exp_ll_cubins || return 0
              run exp_ll_suite "${LIMIT_PACKED:-420}" env EP_RT_CUBIN_DIR="$EXP" python3 -m pytest -q -rs \
                --durations=20 "${suite[@]}"  # (the pools set EP_RT_LL_PACKED for their ranks)
              for i in 1 2; do
@@ -294,6 +301,21 @@ step() {  # one named step; returns 3 for a name it does not know
                  --json "$LOGS/exp_ab_shipped$i.json"
                run "exp_ab_experiment$i" 180 env EP_RT_LL_PACKED=$packed EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt \
                  bench --ll-only --json "$LOGS/exp_ab_experiment$i.json"
+             done ;;
+    # An experiment on the intranode family's tma variant (EXP_DELTA; tools/build_experiment.sh PATCH intranode):
+    # the tma items of the intranode case module on the experiment's cubins first, bit-exact; then issue 23 item 5's
+    # A/B on one rank, `bench --ht-only` at 4, 8, 16 and 24 SMs: the plain build (EP_RT_TMA=0), the shipped tma
+    # cubin and the experiment's. (One rank's rows go to itself: its send half runs, its receive half has nothing.)
+    exp_ht) lay_experiment exp_ht_cubins || return 0
+             run exp_ht_suite "${LIMIT_SUITE:-300}" env EP_RT_CUBIN_DIR="$EXP" python3 -m pytest -q -rs --durations=10 \
+               -m tma tests/gpu/test_intranode_cases_gpu.py
+             for sms in 4 8 16 24; do
+               run "exp_ht_plain$sms" 180 env EP_RT_TMA=0 python3 -m ep_rt bench --ht-only --num-sms $sms \
+                 --json "$LOGS/exp_ht_plain$sms.json"
+               run "exp_ht_shipped$sms" 180 env EP_RT_TMA=1 python3 -m ep_rt bench --ht-only --num-sms $sms \
+                 --json "$LOGS/exp_ht_shipped$sms.json"
+               run "exp_ht_experiment$sms" 180 env EP_RT_TMA=1 EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt bench --ht-only \
+                 --num-sms $sms --json "$LOGS/exp_ht_experiment$sms.json"
              done ;;
     # Issue 22 item 4: the cost of a round: the HT bench with an NVL buffer of 1/2 and 1/4 of the 4096-token hint.
     bench_rounds) run bench_rounds2 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.5 --json "$LOGS/bench_rounds2.json"

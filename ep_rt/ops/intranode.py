@@ -64,7 +64,9 @@ class IntranodeOp:
         self.nvl = nvl
         module = modules.load_family(nvl.device_index, "intranode")
         self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
-        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams)
+        # (a build whose dispatch sends rows through the copy engine asks for per-warp stages: requested_dynamic_smem)
+        dispatch_smem = modules.requested_dynamic_smem(module, "ep_rt_intranode_dispatch")
+        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=dispatch_smem)
         self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams)
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):
             nvl.fill_common(k.params)

@@ -190,6 +190,14 @@ def module_global(module, name: str) -> tuple[int, int]:
     return int(ptr), int(size)
 
 
+def memcpy_dtoh(ptr: int, nbytes: int) -> bytes:
+    """nbytes of device memory at `ptr` (a module's __constant__ or __device__ variable), copied to the host;
+    synchronous."""
+    buf = (ctypes.c_uint8 * nbytes)()
+    check(_cu().cuMemcpyDtoH(ctypes.addressof(buf), ptr, nbytes), "cuMemcpyDtoH")
+    return bytes(buf)
+
+
 def module_function(module, name: str):
     return check(_cu().cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
 

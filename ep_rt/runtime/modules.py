@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import env
-from ..errors import CubinNotFoundError
+from ..errors import CubinNotFoundError, CudaDriverError
 from . import choice, driver
 from .manifest import ManifestError, load_manifest
 from .manifest import kernel_block as _kernel_block
@@ -127,6 +127,22 @@ class LoadedModule:
     def global_address(self, name: str) -> tuple[int, int]:
         """(device address, bytes) of one of the module's __device__ variables (the chaos build's counters)."""
         return driver.module_global(self.handle, name)
+
+
+def requested_dynamic_smem(module: "LoadedModule", kernel: str) -> int:
+    """The dynamic shared memory (bytes) kernel `kernel` asks its launches for: the u32 `<kernel>_dynamic_smem`
+    that its source declares beside a path that needs it (a kernel that finds less at run time takes its plain
+    path), or 0 when the module has no such symbol, as for every shipped kernel so far."""
+    name = f"{kernel}_dynamic_smem"
+    try:
+        ptr, size = module.global_address(name)
+    except CudaDriverError as e:
+        if "CUDA_ERROR_NOT_FOUND" in str(e):
+            return 0
+        raise
+    if size != 4:
+        raise CubinNotFoundError(f"{module.entry['path']}: {name} has {size} bytes, expected a u32 (4)")
+    return int.from_bytes(driver.memcpy_dtoh(ptr, 4), "little")
 
 
 _lock = threading.Lock()

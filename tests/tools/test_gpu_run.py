@@ -166,15 +166,18 @@ def test_a_gpu_test_failure_is_in_the_log_even_when_the_run_is_killed(tmp_path):
     assert "a rank said this" in out.split("[ep_rt] FAILED")[1], out  # a child process's stderr, with the failure
 
 
-def test_exp_ll_without_its_delta_fails_and_runs_nothing_of_the_experiment(tmp_path):
-    stale = Path("/tmp/ep_rt_exp_cubins")  # where exp_ll lays the experiment out; never an earlier attempt's
-    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="exp_ll", EXP_DELTA=str(tmp_path / "no_delta"))
+@pytest.mark.parametrize(
+    "step,later", [("exp_ll", ("exp_ll_suite", "exp_ab_")), ("exp_ht", ("exp_ht_suite", "exp_ht_p"))]
+)
+def test_an_experiment_without_its_delta_fails_and_runs_nothing_of_it(tmp_path, step, later):
+    stale = Path("/tmp/ep_rt_exp_cubins")  # where the experiment is laid out; never an earlier attempt's
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS=step, EXP_DELTA=str(tmp_path / "no_delta"))
     assert rc == 1, text
     (attempt,) = _attempts(tmp_path)
     summary = (attempt / "summary.txt").read_text()
-    assert re.search(r"=== exp_ll_cubins: FAILED \(exit 1\)", summary), summary
-    assert "exp_ll_suite" not in summary and "exp_ab_" not in summary
-    assert "result: failed or timed out: exp_ll_cubins (of 1 steps)" in summary
+    assert re.search(rf"=== {step}_cubins: FAILED \(exit 1\)", summary), summary
+    assert not any(name in summary for name in later)
+    assert f"result: failed or timed out: {step}_cubins (of 1 steps)" in summary
     assert not stale.exists()
 
 

@@ -1,0 +1,88 @@
+"""modules.requested_dynamic_smem: a kernel's dynamic shared memory comes from its module's `<kernel>_dynamic_smem`
+(a u32 the source declares beside a path that needs it), 0 when the module has none (the driver's
+CUDA_ERROR_NOT_FOUND), and any other driver error or a wrong size is raised, never read as 0; the intranode op
+launches its dispatch with what the module asks for, and the Launcher raises the kernel's limit above 48 KiB."""
+
+import pytest
+
+from ep_rt.errors import CubinNotFoundError, CudaDriverError
+from ep_rt.runtime import abi, driver, launch, modules
+
+
+class _Module:
+    def __init__(self, globals_):
+        self.entry = {"path": "x.cubin", "blocks": {"ep_rt_intranode_dispatch": 512}}
+        self.globals = globals_
+
+    def global_address(self, name):
+        if name not in self.globals:
+            raise CudaDriverError(f"cuModuleGetGlobal({name}) failed: CUDA_ERROR_NOT_FOUND (named symbol not found)")
+        return self.globals[name]
+
+    def function(self, name):
+        return f"function {name}"
+
+
+def test_a_module_without_the_symbol_asks_for_none(monkeypatch):
+    monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n: pytest.fail("nothing to read"))
+    assert modules.requested_dynamic_smem(_Module({}), "ep_rt_intranode_dispatch") == 0
+
+
+def test_the_value_is_read_from_the_module(monkeypatch):
+    read = []
+    monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n: read.append((ptr, n)) or (131072).to_bytes(4, "little"))
+    module = _Module({"ep_rt_intranode_dispatch_dynamic_smem": (0x7000, 4)})
+    assert modules.requested_dynamic_smem(module, "ep_rt_intranode_dispatch") == 131072
+    assert read == [(0x7000, 4)]
+
+
+def test_a_wrong_size_or_another_driver_error_is_raised():
+    with pytest.raises(CubinNotFoundError, match="has 8 bytes, expected a u32"):
+        modules.requested_dynamic_smem(_Module({"k_dynamic_smem": (0x7000, 8)}), "k")
+
+    class Broken(_Module):
+        def global_address(self, name):
+            raise CudaDriverError("cuModuleGetGlobal(k_dynamic_smem) failed: CUDA_ERROR_INVALID_CONTEXT (invalid)")
+
+    with pytest.raises(CudaDriverError, match="INVALID_CONTEXT"):
+        modules.requested_dynamic_smem(Broken({}), "k")
+
+
+def test_the_launcher_raises_the_limit_for_more_than_48_kib(monkeypatch):
+    raised = []
+    monkeypatch.setattr(driver, "set_max_dynamic_smem", lambda f, n: raised.append((f, n)))
+    module = _Module({})
+    small = launch.Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=0)
+    big = launch.Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=131072)
+    assert (small.smem, big.smem) == (0, 131072)
+    assert raised == [("function ep_rt_intranode_dispatch", 131072)]
+
+
+def test_the_intranode_op_launches_its_dispatch_with_what_the_module_asks(monkeypatch):
+    from ep_rt.ops import intranode
+
+    class Nvl:
+        device_index = 0
+
+        def fill_common(self, params):
+            pass
+
+    asked = {}
+    for value, globals_ in ((0, {}), (131072, {"ep_rt_intranode_dispatch_dynamic_smem": (0x9000, 4)})):
+        module = _Module(globals_)
+        module.entry["blocks"].update(ep_rt_intranode_notify=1024, ep_rt_intranode_combine=512)
+        monkeypatch.setattr(modules, "load_family", lambda device, family, m=module: m)
+        monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n, v=value: v.to_bytes(4, "little"))
+        monkeypatch.setattr(driver, "set_max_dynamic_smem", lambda f, n: None)
+        op = intranode.IntranodeOp(Nvl())
+        asked[value] = (op.dispatch_kernel.smem, op.combine_kernel.smem, op.notify.smem)
+    assert asked == {0: (0, 0, 0), 131072: (131072, 0, 0)}
+
+
+def test_no_shipped_cubin_asks_for_dynamic_smem_this_way():
+    """So every shipped launch is as before this lookup: the symbol's name is in no shipped cubin."""
+    from ..repo import REPO
+
+    cubins = sorted((REPO / "cubins").rglob("*.cubin"))
+    assert cubins
+    assert [c for c in cubins if b"_dynamic_smem" in c.read_bytes()] == []
