@@ -64,8 +64,11 @@ class IntranodeOp:
         self.nvl = nvl
         module = modules.load_family(nvl.device_index, "intranode")
         self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
-        # (a build whose dispatch sends rows through the copy engine asks for per-warp stages: requested_dynamic_smem)
-        dispatch_smem = modules.requested_dynamic_smem(module, "ep_rt_intranode_dispatch")
+        # A tma build whose dispatch sends rows through the copy engine asks for per-warp stages
+        # (requested_dynamic_smem). Only the tma variant is asked: no other cubin declares it, and the lookup has not
+        # run on a GPU yet (docs/experiments/ht_tma_send.patch).
+        is_tma = module.entry.get("variant") == "tma"
+        dispatch_smem = modules.requested_dynamic_smem(module, "ep_rt_intranode_dispatch") if is_tma else 0
         self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=dispatch_smem)
         self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams)
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):

@@ -70,6 +70,7 @@ def test_the_intranode_op_launches_its_dispatch_with_what_the_module_asks(monkey
     asked = {}
     for value, globals_ in ((0, {}), (131072, {"ep_rt_intranode_dispatch_dynamic_smem": (0x9000, 4)})):
         module = _Module(globals_)
+        module.entry["variant"] = "tma"
         module.entry["blocks"].update(ep_rt_intranode_notify=1024, ep_rt_intranode_combine=512)
         monkeypatch.setattr(modules, "load_family", lambda device, family, m=module: m)
         monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n, v=value: v.to_bytes(4, "little"))
@@ -77,6 +78,27 @@ def test_the_intranode_op_launches_its_dispatch_with_what_the_module_asks(monkey
         op = intranode.IntranodeOp(Nvl())
         asked[value] = (op.dispatch_kernel.smem, op.combine_kernel.smem, op.notify.smem)
     assert asked == {0: (0, 0, 0), 131072: (131072, 0, 0)}
+
+
+def test_only_the_tma_variant_is_asked(monkeypatch):
+    from ep_rt.ops import intranode
+
+    class Nvl:
+        device_index = 0
+
+        def fill_common(self, params):
+            pass
+
+    class Untouchable(_Module):
+        def global_address(self, name):
+            raise AssertionError(f"a {self.entry['variant']} module was asked for {name}")
+
+    for variant in ("safe", "aggressive"):
+        module = Untouchable({})
+        module.entry.update(variant=variant)
+        module.entry["blocks"].update(ep_rt_intranode_notify=1024, ep_rt_intranode_combine=512)
+        monkeypatch.setattr(modules, "load_family", lambda device, family, m=module: m)
+        assert intranode.IntranodeOp(Nvl()).dispatch_kernel.smem == 0
 
 
 def test_no_shipped_cubin_asks_for_dynamic_smem_this_way():
