@@ -140,8 +140,8 @@ def main(argv=None) -> int:
         type=_expert_counts,
         default=None,
         metavar="E1,E2,...",
-        help="the LL rows' expert counts (default 288,256; each a multiple of the ranks, at most 65536); e.g. 36 on one "
-        "rank has the 36 local experts per rank of EP8 at 288",
+        help=f"the LL rows' expert counts (default {','.join(map(str, LL_EXPERTS))}; each a multiple of the ranks, at "
+        f"most {MAX_SIGNALS}); e.g. 36 on one rank has the 36 local experts per rank of EP8 at 288",
     )
     parser.add_argument("--json", metavar="PATH", default=None, help="write the results as JSON ('-': stdout)")
     parser.add_argument("--plot", metavar="PNG", default=None, help="draw bandwidth per workload and rank")

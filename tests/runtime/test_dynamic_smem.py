@@ -23,6 +23,23 @@ class _Module:
         return f"function {name}"
 
 
+class _Nvl:
+    device_index = 0
+
+    def fill_common(self, params):
+        pass
+
+
+def _intranode_op(monkeypatch, module):
+    """IntranodeOp over `module` (an intranode entry with the three kernels' blocks), no GPU."""
+    from ep_rt.ops import intranode
+
+    module.entry["blocks"].update(ep_rt_intranode_notify=1024, ep_rt_intranode_combine=512)
+    monkeypatch.setattr(modules, "load_family", lambda device, family: module)
+    monkeypatch.setattr(driver, "set_max_dynamic_smem", lambda f, n: None)
+    return intranode.IntranodeOp(_Nvl())
+
+
 def test_a_module_without_the_symbol_asks_for_none(monkeypatch):
     monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n: pytest.fail("nothing to read"))
     assert modules.requested_dynamic_smem(_Module({}), "ep_rt_intranode_dispatch") == 0
@@ -59,36 +76,17 @@ def test_the_launcher_raises_the_limit_for_more_than_48_kib(monkeypatch):
 
 
 def test_the_intranode_op_launches_its_dispatch_with_what_the_module_asks(monkeypatch):
-    from ep_rt.ops import intranode
-
-    class Nvl:
-        device_index = 0
-
-        def fill_common(self, params):
-            pass
-
     asked = {}
     for value, globals_ in ((0, {}), (131072, {"ep_rt_intranode_dispatch_dynamic_smem": (0x9000, 4)})):
         module = _Module(globals_)
         module.entry["variant"] = "tma"
-        module.entry["blocks"].update(ep_rt_intranode_notify=1024, ep_rt_intranode_combine=512)
-        monkeypatch.setattr(modules, "load_family", lambda device, family, m=module: m)
         monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n, v=value: v.to_bytes(4, "little"))
-        monkeypatch.setattr(driver, "set_max_dynamic_smem", lambda f, n: None)
-        op = intranode.IntranodeOp(Nvl())
+        op = _intranode_op(monkeypatch, module)
         asked[value] = (op.dispatch_kernel.smem, op.combine_kernel.smem, op.notify.smem)
     assert asked == {0: (0, 0, 0), 131072: (131072, 0, 0)}
 
 
 def test_only_the_tma_variant_is_asked(monkeypatch):
-    from ep_rt.ops import intranode
-
-    class Nvl:
-        device_index = 0
-
-        def fill_common(self, params):
-            pass
-
     class Untouchable(_Module):
         def global_address(self, name):
             raise AssertionError(f"a {self.entry['variant']} module was asked for {name}")
@@ -96,9 +94,7 @@ def test_only_the_tma_variant_is_asked(monkeypatch):
     for variant in ("safe", "aggressive"):
         module = Untouchable({})
         module.entry.update(variant=variant)
-        module.entry["blocks"].update(ep_rt_intranode_notify=1024, ep_rt_intranode_combine=512)
-        monkeypatch.setattr(modules, "load_family", lambda device, family, m=module: m)
-        assert intranode.IntranodeOp(Nvl()).dispatch_kernel.smem == 0
+        assert _intranode_op(monkeypatch, module).dispatch_kernel.smem == 0
 
 
 def test_no_shipped_cubin_asks_for_dynamic_smem_this_way():
