@@ -65,8 +65,8 @@ class IntranodeOp:
         module = modules.load_family(nvl.device_index, "intranode")
         self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
         # A tma build whose dispatch sends rows through the copy engine asks for per-warp stages
-        # (requested_dynamic_smem). Only the tma variant is asked: no other cubin declares it, and the lookup has not
-        # run on a GPU yet (docs/experiments/ht_tma_send.patch).
+        # (requested_dynamic_smem). Only the tma variant is asked: no other cubin declares it (the shipped tma cubin
+        # does not either; docs/experiments/rejected/ht_tma_send.patch did, and ran on one H100 at c7b3601).
         is_tma = module.entry.get("variant") == "tma"
         dispatch_smem = modules.requested_dynamic_smem(module, "ep_rt_intranode_dispatch") if is_tma else 0
         self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=dispatch_smem)
