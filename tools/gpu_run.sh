@@ -307,6 +307,13 @@ step() {  # one named step; returns 3 for a name it does not know
     # A/B on one rank, `bench --ht-only` at 4, 8, 16 and 24 SMs: the plain build (EP_RT_TMA=0), the shipped tma
     # cubin and the experiment's. (One rank's rows go to itself: its send half runs, its receive half has nothing.)
     exp_ht) lay_experiment exp_ht_cubins || return 0
+             # What the experiment's kernels ask their launches for (modules.requested_dynamic_smem; 0: the module
+             # declares nothing, and the kernel takes its plain path), so the log shows whether a bulk path can run.
+             run exp_ht_smem 120 env EP_RT_TMA=1 EP_RT_CUBIN_DIR="$EXP" python3 -c 'if True:
+               from ep_rt.runtime import modules as m
+               mod = m.load_family(0, "intranode")
+               print(mod.entry["variant"], mod.entry["path"], {k: m.requested_dynamic_smem(mod, k)
+                     for k in ("ep_rt_intranode_dispatch", "ep_rt_intranode_combine")})'
              run exp_ht_suite "${LIMIT_SUITE:-300}" env EP_RT_CUBIN_DIR="$EXP" python3 -m pytest -q -rs --durations=10 \
                -m tma tests/gpu/test_intranode_cases_gpu.py
              for sms in 4 8 16 24; do

@@ -64,13 +64,21 @@ class IntranodeOp:
         self.nvl = nvl
         module = modules.load_family(nvl.device_index, "intranode")
         self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
-        # A tma build whose dispatch sends rows through the copy engine asks for per-warp stages
-        # (requested_dynamic_smem). Only the tma variant is asked: no other cubin declares it (the shipped tma cubin
-        # does not either; docs/experiments/rejected/ht_tma_send.patch did, and ran on one H100 at c7b3601).
+        # A tma build whose kernels stage rows in per-warp shared memory asks for it per kernel
+        # (requested_dynamic_smem: `<kernel>_dynamic_smem` in the module). Only the tma variant is asked: no other
+        # cubin declares it, and no shipped cubin does either (docs/experiments/: rejected/ht_tma_send.patch for the
+        # dispatch, ht_tma_combine.patch for the combine).
         is_tma = module.entry.get("variant") == "tma"
-        dispatch_smem = modules.requested_dynamic_smem(module, "ep_rt_intranode_dispatch") if is_tma else 0
-        self.dispatch_kernel = Launcher(module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=dispatch_smem)
-        self.combine_kernel = Launcher(module, "ep_rt_intranode_combine", abi.CombineParams)
+
+        def smem_of(kernel: str) -> int:
+            return modules.requested_dynamic_smem(module, kernel) if is_tma else 0
+
+        self.dispatch_kernel = Launcher(
+            module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=smem_of("ep_rt_intranode_dispatch")
+        )
+        self.combine_kernel = Launcher(
+            module, "ep_rt_intranode_combine", abi.CombineParams, smem=smem_of("ep_rt_intranode_combine")
+        )
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):
             nvl.fill_common(k.params)
         self.serial = next_serial()  # the owner its handles name

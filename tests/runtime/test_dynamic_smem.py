@@ -1,7 +1,7 @@
 """modules.requested_dynamic_smem: a kernel's dynamic shared memory comes from its module's `<kernel>_dynamic_smem`
 (a u32 the source declares beside a path that needs it), 0 when the module has none (the driver's
 CUDA_ERROR_NOT_FOUND), and any other driver error or a wrong size is raised, never read as 0; the intranode op
-launches its dispatch with what the module asks for, and the Launcher raises the kernel's limit above 48 KiB."""
+launches each of its kernels with what the module asks for it, and the Launcher raises the kernel's limit above 48 KiB."""
 
 import pytest
 
@@ -75,15 +75,34 @@ def test_the_launcher_raises_the_limit_for_more_than_48_kib(monkeypatch):
     assert raised == [("function ep_rt_intranode_dispatch", 131072)]
 
 
-def test_the_intranode_op_launches_its_dispatch_with_what_the_module_asks(monkeypatch):
+def test_the_intranode_op_launches_each_kernel_with_what_the_module_asks_for_it(monkeypatch):
+    """Each kernel gets its own `<kernel>_dynamic_smem` (the value read from the symbol's address), and a kernel
+    without one gets none, whatever its neighbours ask."""
+    values = {0x9000: 131072, 0xA000: 196608}
+    monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n: values[ptr].to_bytes(4, "little"))
     asked = {}
-    for value, globals_ in ((0, {}), (131072, {"ep_rt_intranode_dispatch_dynamic_smem": (0x9000, 4)})):
+    for case, globals_ in (
+        ("none", {}),
+        ("dispatch", {"ep_rt_intranode_dispatch_dynamic_smem": (0x9000, 4)}),
+        ("combine", {"ep_rt_intranode_combine_dynamic_smem": (0xA000, 4)}),
+        (
+            "both",
+            {
+                "ep_rt_intranode_dispatch_dynamic_smem": (0x9000, 4),
+                "ep_rt_intranode_combine_dynamic_smem": (0xA000, 4),
+            },
+        ),
+    ):
         module = _Module(globals_)
         module.entry["variant"] = "tma"
-        monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n, v=value: v.to_bytes(4, "little"))
         op = _intranode_op(monkeypatch, module)
-        asked[value] = (op.dispatch_kernel.smem, op.combine_kernel.smem, op.notify.smem)
-    assert asked == {0: (0, 0, 0), 131072: (131072, 0, 0)}
+        asked[case] = (op.dispatch_kernel.smem, op.combine_kernel.smem, op.notify.smem)
+    assert asked == {
+        "none": (0, 0, 0),
+        "dispatch": (131072, 0, 0),
+        "combine": (0, 196608, 0),
+        "both": (131072, 196608, 0),
+    }
 
 
 def test_only_the_tma_variant_is_asked(monkeypatch):
@@ -94,7 +113,8 @@ def test_only_the_tma_variant_is_asked(monkeypatch):
     for variant in ("safe", "aggressive"):
         module = Untouchable({})
         module.entry.update(variant=variant)
-        assert _intranode_op(monkeypatch, module).dispatch_kernel.smem == 0
+        op = _intranode_op(monkeypatch, module)
+        assert (op.dispatch_kernel.smem, op.combine_kernel.smem) == (0, 0)
 
 
 def test_no_shipped_cubin_asks_for_dynamic_smem_this_way():
