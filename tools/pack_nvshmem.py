@@ -2,8 +2,8 @@
 """Pack an NVSHMEM host library wheel into a folder small enough to carry to the GPU machine (which has no network),
 the inverse of tools/unpack_nvshmem.py (HARDWARE_REACH.md section 6): FOLDER gets libnvshmem_host.so.3.xz (xz with
 the x86 branch filter and a 128 MiB dictionary at the strongest preset: the cu12 3.4.5 library goes from 160 MB to
-about 20 MB, which leaves room beside the tracked tree under the device tool's 64 MiB), nvshmem_bootstrap_uid.so.3 and the
-wheel's .dist-info, so that the unpacked files are checked against the wheel's RECORD.
+about 20 MB, which leaves room beside the tracked tree under the device tool's 64 MiB), nvshmem_bootstrap_uid.so.3
+and the wheel's .dist-info, so that the unpacked files are checked against the wheel's RECORD.
 
     python3 tools/pack_nvshmem.py WHEEL FOLDER
     e.g. pip download --no-deps nvidia-nvshmem-cu12==3.4.5 -d /tmp/w && \\

@@ -1,7 +1,8 @@
 """modules.requested_dynamic_smem: a kernel's dynamic shared memory comes from its module's `<kernel>_dynamic_smem`
 (a u32 the source declares beside a path that needs it), 0 when the module has none (the driver's
 CUDA_ERROR_NOT_FOUND), and any other driver error or a wrong size is raised, never read as 0; the intranode op
-launches each of its kernels with what the module asks for it, and the Launcher raises the kernel's limit above 48 KiB."""
+launches each of its kernels with what the module asks for it, and the Launcher raises the kernel's limit above
+48 KiB."""
 
 import pytest
 
