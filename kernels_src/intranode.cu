@@ -467,6 +467,86 @@ extern "C" __global__ void __launch_bounds__(512) ep_rt_intranode_dispatch(const
 // ------------------------------------------------------------------------------------------------
 // Combine: block c sends the rows it holds for channel c of every source back to that source,
 // then reduces channel c of its own tokens: bias first, then ranks in ascending order, in f32.
+#if EP_RT_TMA
+// The reduction's row loads through the copy engine (tma variant; docs/experiments/applied/ht_tma_combine.patch,
+// measured in docs/GPU_RESULTS.md): each warp's lane 0 loads a chunk of every source row of the warp's token into one
+// of the warp's two shared stages with bulk loads completed on the warp's mbarrier, the lanes reduce the chunk from
+// shared memory while the next chunk loads.
+// A warp so keeps up to 2 x kCombineStageBytes of rows in flight where its lanes' own loads keep 2 KB (4 int4 a
+// lane), which is what bounds the reduction when few SMs run it. Used only when the launch gives the dynamic shared
+// memory (kCombineSmem; the runtime reads the size below), else the warps load as in the plain build.
+constexpr int kCombineStages = 2;
+constexpr int kCombineStageBytes = 6144;
+constexpr int kCombineWarps = 16;  // the kernel's 512 threads
+constexpr uint32_t kCombineSmem = uint32_t(kCombineWarps) * kCombineStages * kCombineStageBytes;
+
+// The dynamic shared memory the combine asks its launches for (modules.requested_dynamic_smem).
+extern "C" __constant__ uint32_t ep_rt_intranode_combine_dynamic_smem = kCombineSmem;
+
+// One token's hidden row reduced from its sources' rows (row[r] >= 0) through the warp's stages; the sum's order is
+// the plain path's (bias0, bias1, then the sources by rank), so the result is the same bit for bit. Called by the
+// whole warp; `parity` (the same in every lane) tracks the phases of the warp's two mbarriers across tokens.
+__device__ __forceinline__ void reduce_row_bulk(const int4* (&src_rows)[EP_RT_MAX_NVL_RANKS],
+                                                const int (&row)[EP_RT_MAX_NVL_RANKS], int n_src, int hidden_int4,
+                                                const int4* bias0, const int4* bias1, int4* out, uint8_t* stage,
+                                                uint64_t* bar, uint32_t& parity, int lane) {
+    // Chunk: a multiple of 32 int4 (each lane the same count), as much of every source row as fits in one stage.
+    int chunk = (kCombineStageBytes / 16 / n_src) / kWarpSize * kWarpSize;
+    if (chunk < kWarpSize) chunk = kWarpSize;
+    const int chunks = (hidden_int4 + chunk - 1) / chunk;
+    auto issue = [&](int k) {  // lane 0
+        const int s = k % kCombineStages, first = k * chunk;
+        const int n = min(chunk, hidden_int4 - first);
+        tma::arrive_expect_tx(bar + s, uint32_t(n_src) * uint32_t(n) * 16u);
+        int j = 0;
+#pragma unroll
+        for (int r = 0; r < EP_RT_MAX_NVL_RANKS; ++r) {
+            if (row[r] < 0) continue;
+            tma::load_1d(stage + s * kCombineStageBytes + j * chunk * 16, src_rows[r] + first, uint32_t(n) * 16u,
+                         bar + s);
+            ++j;
+        }
+    };
+    __syncwarp();  // every lane is done with the stages (the previous token's chunks)
+    if (lane == 0) {
+        tma::fence_shared_to_async();
+        issue(0);
+    }
+    for (int k = 0; k < chunks; ++k) {
+        const int s = k % kCombineStages, first = k * chunk;
+        const int n = min(chunk, hidden_int4 - first);
+        if (k + 1 < chunks) {
+            __syncwarp();  // every lane is done with chunk k - 1, the last use of stage (k + 1) % 2
+            if (lane == 0) {
+                tma::fence_shared_to_async();
+                issue(k + 1);
+            }
+        }
+        tma::wait_phase(bar + s, (parity >> s) & 1u);
+        parity ^= 1u << s;
+        const int4* staged = reinterpret_cast<const int4*>(stage + s * kCombineStageBytes);
+        for (int i = lane; i < n; i += kWarpSize) {
+            float acc[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[e] = 0.0f;
+            auto accumulate = [&](const int4 v) {
+                const __nv_bfloat16* h = reinterpret_cast<const __nv_bfloat16*>(&v);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) acc[e] += __bfloat162float(h[e]);
+            };
+            if (bias0) accumulate(ld_input_v4(bias0 + first + i));
+            if (bias1) accumulate(ld_input_v4(bias1 + first + i));
+            for (int j = 0; j < n_src; ++j) accumulate(staged[j * chunk + i]);
+            int4 packed;
+            __nv_bfloat16* h = reinterpret_cast<__nv_bfloat16*>(&packed);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) h[e] = __float2bfloat16_rn(acc[e]);
+            st_na_v4(out + first + i, packed);
+        }
+    }
+}
+#endif
+
 __device__ void run_combine(const CombineParams& p, int64_t seq) {
     const int me = p.rank, R = p.num_ranks, C = p.num_channels, c = blockIdx.x;
     const uint64_t local = p.peer_buffers[me];
@@ -532,6 +612,20 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
     const uint64_t data = local + p.ctrl.data;
     const int32_t* send_pos = reinterpret_cast<const int32_t*>(p.send_pos);
     const int hidden_int4 = H / 8;
+#if EP_RT_TMA
+    extern __shared__ __align__(128) uint8_t combine_stage[];  // kCombineSmem when the launch gives it
+    __shared__ __align__(8) uint64_t combine_bar[kCombineWarps * kCombineStages];
+    const bool bulk = tma::dynamic_smem_bytes() >= ep_rt_intranode_combine_dynamic_smem && num_warps <= kCombineWarps &&
+                      ((reinterpret_cast<uintptr_t>(p.x) | (data + p.region.x)) & 15) == 0;  // block-uniform
+    uint8_t* warp_stage = combine_stage + warp * kCombineStages * kCombineStageBytes;
+    uint64_t* warp_bar = combine_bar + warp * kCombineStages;
+    uint32_t bulk_parity = 0;  // the same in every lane of the warp
+    if (bulk && lane == 0) {
+        for (int s = 0; s < kCombineStages; ++s) tma::mbar_init(warp_bar + s, 1);
+        tma::fence_mbar_init();
+        tma::fence_global_to_async();  // the peers' rows, acquired above, before the bulk loads read them
+    }
+#endif
     for (int t = begin + warp; t < end; t += num_warps) {
         const int my_pos = lane < R ? send_pos[int64_t(t) * R + lane] : -1;
         int row[EP_RT_MAX_NVL_RANKS];
@@ -549,7 +643,20 @@ __device__ void run_combine(const CombineParams& p, int64_t seq) {
         int4* out = reinterpret_cast<int4*>(p.combined_x) + int64_t(t) * hidden_int4;
         // kChunks int4 per lane in flight per rank: the reduction is bound by load latency otherwise.
         constexpr int kChunks = 4;
+#if EP_RT_TMA
+        int first_plain = lane;  // where the plain loop starts (past the row when the bulk path reduced it)
+        int n_src = 0;
+#pragma unroll
+        for (int r = 0; r < EP_RT_MAX_NVL_RANKS; ++r) n_src += row[r] >= 0;
+        if (bulk && n_src > 0) {
+            reduce_row_bulk(src_rows, row, n_src, hidden_int4, bias0, bias1, out, warp_stage, warp_bar, bulk_parity,
+                            lane);
+            first_plain = hidden_int4;
+        }
+        for (int i0 = first_plain; i0 < hidden_int4; i0 += kWarpSize * kChunks) {
+#else
         for (int i0 = lane; i0 < hidden_int4; i0 += kWarpSize * kChunks) {
+#endif
             float acc[kChunks][8];
 #pragma unroll
             for (int u = 0; u < kChunks; ++u)

@@ -124,7 +124,8 @@ class FakeModule:
         return name
 
     def global_address(self, name):
-        if name.endswith("_dynamic_smem"):  # modules.requested_dynamic_smem: no shipped kernel declares one
+        # modules.requested_dynamic_smem: the traced variants declare none (only the tma combine does)
+        if name.endswith("_dynamic_smem"):
             from ep_rt.errors import CudaDriverError
 
             raise CudaDriverError(f"cuModuleGetGlobal({name}) failed: CUDA_ERROR_NOT_FOUND (named symbol not found)")

@@ -66,8 +66,8 @@ class IntranodeOp:
         self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
         # A tma build whose kernels stage rows in per-warp shared memory asks for it per kernel
         # (requested_dynamic_smem: `<kernel>_dynamic_smem` in the module). Only the tma variant is asked: no other
-        # cubin declares it, and no shipped cubin does either (docs/experiments/: rejected/ht_tma_send.patch for the
-        # dispatch, ht_tma_combine.patch for the combine).
+        # cubin declares it. The shipped tma cubins declare it for the combine's bulk loads (192 KiB;
+        # docs/experiments/applied/ht_tma_combine.patch), not for the dispatch.
         is_tma = module.entry.get("variant") == "tma"
 
         def smem_of(kernel: str) -> int:

@@ -1,7 +1,9 @@
 // Bulk copies through the copy engine of sm_90 (cp.async.bulk, the "TMA" of the 1-D kind, with mbarriers), for
-// the tma variant (EP_RT_TMA=1; issue 23 item 5). One thread of the block drives a two-stage pipeline: a bulk
-// load of a chunk from global memory into shared memory, completed on an mbarrier, then a bulk store of it back
-// to global memory, while the next chunk loads. Warps 1.. copy the small arrays meanwhile (side_copy).
+// the tma variant (EP_RT_TMA=1; issue 23 item 5). Two users: the dispatch's receive (Copier below: one thread of
+// the block drives a two-stage pipeline, a bulk load of a chunk from global memory into shared memory, completed
+// on an mbarrier, then a bulk store of it back to global memory, while the next chunk loads; warps 1.. copy the
+// small arrays meanwhile, side_copy), and the combine's reduction (intranode.cu, reduce_row_bulk: each warp's
+// lane 0 bulk-loads its token's source rows into the warp's own two stages, which the lanes sum from).
 //
 // Ordering (PTX ISA, "Memory consistency model", proxies): the bulk copies are async-proxy operations. The data
 // they read was written by peers and made visible to this block by the generic-proxy acquire of its flag (then a
@@ -33,6 +35,17 @@ __device__ __forceinline__ void fence_mbar_init() { asm volatile("fence.mbarrier
 
 // Generic-proxy view of global memory (a peer's data, acquired through its flag) before async-proxy reads of it.
 __device__ __forceinline__ void fence_global_to_async() { asm volatile("fence.proxy.async.global;" ::: "memory"); }
+
+// The lanes' generic-proxy reads of a shared stage ordered before the async proxy's next writes into it (a bulk
+// load that refills the stage).
+__device__ __forceinline__ void fence_shared_to_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// The dynamic shared memory this launch got (a kernel whose stages live there takes its plain path with less).
+__device__ __forceinline__ uint32_t dynamic_smem_bytes() {
+    uint32_t v;
+    asm volatile("mov.u32 %0, %%dynamic_smem_size;" : "=r"(v));
+    return v;
+}
 
 __device__ __forceinline__ void arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
