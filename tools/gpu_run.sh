@@ -139,6 +139,16 @@ lay_experiment() {
   [ "$DRY" = 1 ] || [ -f "$EXP/manifest.json" ]
 }
 
+# In the check before any step: a marker and files that select no test would be a step that runs nothing (pytest's
+# exit 5; attempt 20261207T232243Z spent a machine call on one), so the attempt is refused first.
+selects_some() {  # MARK FILES...
+  [ "$DRY" = 1 ] || return 0
+  local mark=$1; shift
+  python3 -m pytest -q --collect-only -p no:cacheprovider -m "$mark" "$@" > /dev/null 2>&1 && return 0
+  echo "-m \"$mark\" selects no test in $*" >&2
+  return 4
+}
+
 step() {  # one named step; returns 3 for a name it does not know
   case $1 in
     # Steps pick tests by marker (pyproject.toml lists them) or node id, never by -k name fragments. A -m replaces
@@ -449,7 +459,9 @@ step() {  # one named step; returns 3 for a name it does not know
     # cu12_marked: the per-case modules' pools selected by a marker expression (CU12_MARK, e.g. "sixteen and chaos")
     # in CU12_FILES under the cu12 flavour with the carried cu12 host library: the emulated layouts and variants in
     # the cu12 flavour without one pool start per case (issue 21 asks for both flavours on every layout).
-    cu12_marked) run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
+    cu12_marked) selects_some "${CU12_MARK:?cu12_marked needs CU12_MARK}" ${CU12_FILES:?cu12_marked needs CU12_FILES} \
+               || return 4
+             run cu12_unpack 120 python3 tools/unpack_nvshmem.py "${CU12_NVSHMEM:-.cu12nvshmem}" /tmp/ep_rt_cu12_site
              run cu12_marked "${LIMIT_CU12:-540}" env PYTHONPATH="$PWD:/tmp/ep_rt_cu12_site" EP_RT_CUBIN_FLAVOUR=cu12 \
                EP_RT_NVSHMEM_HOST_LIBRARY=/tmp/ep_rt_cu12_site/nvidia/nvshmem/lib/libnvshmem_host.so.3 \
                python3 -m pytest -q -rs --durations=10 -m "${CU12_MARK:?cu12_marked needs CU12_MARK}" \

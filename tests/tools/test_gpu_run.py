@@ -198,3 +198,34 @@ def test_on_h200_says_it_ran_nothing_on_another_card(tmp_path):
 def test_exp_ll_refuses_an_unknown_variant_before_any_step(tmp_path):
     rc, text = _run(tmp_path, "abc1234", _here(), STEPS="exp_ll", EXP_VARIANT="fast")
     assert rc == 2 and "step 'exp_ll'" in text and "EXP_VARIANT must be packed or default" in text
+
+
+def test_cu12_marked_refuses_a_marker_that_selects_no_test_before_any_step(tmp_path):
+    """Attempt 20261207T232243Z spent a machine call on a marker that selected nothing in its module (pytest exit
+    5); the check before any step now collects the selection and refuses an empty one, naming marker and files."""
+    files = "tests/gpu/test_internode_cases_gpu.py"
+    rc, text = _run(
+        tmp_path,
+        "abc1234",
+        _here(),
+        STEPS="cu12_marked",
+        CU12_FILES=files,
+        CU12_MARK="sixteen and not aggressive and not chaos",
+    )
+    assert rc == 2 and "step 'cu12_marked'" in text and f"selects no test in {files}" in text
+    assert "=== cu12_unpack" not in text
+
+
+def test_cu12_marked_with_a_selection_goes_on_to_its_steps(tmp_path):
+    """The same check lets a marker that selects tests through: the attempt starts its steps (here the unpack fails
+    at once, for want of the carried library in a missing folder)."""
+    rc, text = _run(
+        tmp_path,
+        "abc1234",
+        _here(),
+        STEPS="cu12_marked",
+        CU12_MARK="sixteen and not aggressive",
+        CU12_FILES="tests/gpu/test_internode_cases_gpu.py tests/gpu/test_internode_gpu.py",
+        CU12_NVSHMEM=str(tmp_path / "no_such_folder"),
+    )
+    assert "REFUSED" not in text and "=== cu12_unpack" in text and "FAILED" in text
