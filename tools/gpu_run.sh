@@ -144,7 +144,7 @@ lay_experiment() {
 selects_some() {  # MARK FILES...
   [ "$DRY" = 1 ] || return 0
   local mark=$1; shift
-  python3 -m pytest -q --collect-only -p no:cacheprovider -m "$mark" "$@" > /dev/null 2>&1 && return 0
+  python3 -m pytest -q --collect-only -p no:cacheprovider -m "${mark}" "$@" > /dev/null 2>&1 && return 0
   echo "-m \"$mark\" selects no test in $*" >&2
   return 4
 }

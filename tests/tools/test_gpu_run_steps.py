@@ -36,7 +36,7 @@ def keyword_options(command: str) -> list[str]:
 
 def marker_names(command: str) -> set[str]:
     """The names in each -m expression of one command; an expression the caller gives at run time ("${CU12_MARK:?...}")
-    has none to check here (an unknown marker there selects no test, and pytest's exit 5 fails the step)."""
+    has none to check here (one that selects no test is refused before any step: selects_some in the script)."""
     names = set()
     for quoted2, quoted1, bare in re.findall(r"(?<!\S)-m\s+(?:\"([^\"]*)\"|'([^']*)'|(\S+))", command):
         if (quoted2 or quoted1 or bare).startswith("${"):
