@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT), exp_ht (EXP_DELTA, LIMIT_SUITE), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT, LL_EXPERTS), exp_ht (EXP_DELTA, LIMIT_SUITE), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -296,7 +296,7 @@ step() {  # one named step; returns 3 for a name it does not know
     # of cubins/), loaded with EP_RT_CUBIN_DIR: first the LL suite of the variant it changes on them (EXP_VARIANT:
     # packed, the default, with the packed pools, which assert the variant; or default, the LL case module),
     # bit-exact before any timing counts; then `bench --ll-only` alternating the shipped cubins and the experiment's,
-    # with EP_RT_LL_PACKED set for that variant in both.
+    # with EP_RT_LL_PACKED set for that variant in both (LL_EXPERTS: the rows' expert counts, as in ll_packed_ab).
     exp_ll) case ${EXP_VARIANT:-packed} in
                packed) packed=1 suite=(-m "ll_packed and not eight_ranks and not sixteen"
                                        tests/gpu/test_low_latency_packed_gpu.py) ;;
@@ -308,9 +308,9 @@ step() {  # one named step; returns 3 for a name it does not know
                --durations=20 "${suite[@]}"  # (the pools set EP_RT_LL_PACKED for their ranks)
              for i in 1 2; do
                run "exp_ab_shipped$i" 180 env EP_RT_LL_PACKED=$packed python3 -m ep_rt bench --ll-only \
-                 --json "$LOGS/exp_ab_shipped$i.json"
+                 ${LL_EXPERTS:+--ll-experts "$LL_EXPERTS"} --json "$LOGS/exp_ab_shipped$i.json"
                run "exp_ab_experiment$i" 180 env EP_RT_LL_PACKED=$packed EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt \
-                 bench --ll-only --json "$LOGS/exp_ab_experiment$i.json"
+                 bench --ll-only ${LL_EXPERTS:+--ll-experts "$LL_EXPERTS"} --json "$LOGS/exp_ab_experiment$i.json"
              done ;;
     # An experiment on the intranode family's tma variant (EXP_DELTA; tools/build_experiment.sh PATCH intranode):
     # the tma items of the intranode case module on the experiment's cubins first, bit-exact; then issue 23 item 5's
