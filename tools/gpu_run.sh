@@ -21,7 +21,7 @@
 #          megatron (wheels in MEGATRON_WHEELS, default .scratch/megatron_wheels: carry that folder), internode internode16
 #          internode_cases (LIMIT_CASES) internode_rounds (LIMIT_ROUNDS) internode_variants (LIMIT_VARIANTS) internode16_aggressive internode16_chaos internode_each
 #          cu12_internode_each (LIMIT_EACH, INTERNODE_IDS, LIMIT_CASES), cu12_marked (CU12_MARK, CU12_FILES, LIMIT_CU12), internode_main internode_aggressive
-#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT, LL_EXPERTS), exp_ht (EXP_DELTA, LIMIT_SUITE), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
+#          internode_chaos, ll_nodes (LIMIT_LLN; or in three: ll_nodes41 ll_nodes41_chaos ll_nodes_faults), ll_packed (LIMIT_PACKED), ll_packed8 (LIMIT_PACKED8) ll_packed16 ll_packed_faults soak_packed soak_packed_emul, ll_packed_ab (LL_EXPERTS), on_h200, ll_profile ll_profile_sass (LIMIT_PROFILE, NCU), exp_ll (EXP_DELTA, EXP_VARIANT, LL_EXPERTS), exp_ht (EXP_DELTA, EXP_VARIANT, LIMIT_SUITE), ll_nodes8 (LIMIT_LLN8) ll16 ll16_chaos (LIMIT_LL16), reference_devices, bench). An unknown step refuses the whole run.
 #   SKIP   carried paths that only .git/info/exclude ignores on the CPU side, left out of the digest (".gl .whl");
 #          paths under .gitignore's folders (.scratch/, .whl/, .venv/) need no SKIP
 #   OUT    where the results go (default /tmp/ep_rt_gpu_run)
@@ -312,27 +312,37 @@ step() {  # one named step; returns 3 for a name it does not know
                run "exp_ab_experiment$i" 180 env EP_RT_LL_PACKED=$packed EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt \
                  bench --ll-only ${LL_EXPERTS:+--ll-experts "$LL_EXPERTS"} --json "$LOGS/exp_ab_experiment$i.json"
              done ;;
-    # An experiment on the intranode family's tma variant (EXP_DELTA; tools/build_experiment.sh PATCH intranode):
-    # the tma items of the intranode case module on the experiment's cubins first, bit-exact; then issue 23 item 5's
-    # A/B on one rank, `bench --ht-only` at 4, 8, 16 and 24 SMs: the plain build (EP_RT_TMA=0), the shipped tma
-    # cubin and the experiment's. (One rank's rows go to itself: its send half runs, its receive half has nothing.)
-    exp_ht) lay_experiment exp_ht_cubins || return 0
+    # An experiment on the intranode family (EXP_DELTA; tools/build_experiment.sh PATCH intranode), on the variant
+    # it changes (EXP_VARIANT: tma, the default, or safe: the safe and aggressive builds): that variant's items of
+    # the intranode case module on the experiment's cubins first, bit-exact; then issue 23 item 5's A/B on one rank,
+    # `bench --ht-only` at 4, 8, 16 and 24 SMs: the plain build (EP_RT_TMA=0), the shipped tma cubin and the
+    # experiment's (with EP_RT_TMA=1 for a tma experiment, 0 for a safe one). (One rank's rows go to itself: its
+    # send half runs, its receive half has nothing.)
+    exp_ht) case ${EXP_VARIANT:-tma} in
+               tma) tma=1 marker=tma ;;
+               safe) tma=0 marker="suite and not tma" ;;
+               *) echo "EXP_VARIANT for exp_ht must be tma or safe, not '$EXP_VARIANT'" >&2; return 2 ;;
+             esac
+             lay_experiment exp_ht_cubins || return 0
              # What the experiment's kernels ask their launches for (modules.requested_dynamic_smem; 0: the module
              # declares nothing, and the kernel takes its plain path), so the log shows whether a bulk path can run.
-             run exp_ht_smem 120 env EP_RT_TMA=1 EP_RT_CUBIN_DIR="$EXP" python3 -c 'if True:
-               from ep_rt.runtime import modules as m
-               mod = m.load_family(0, "intranode")
-               print(mod.entry["variant"], mod.entry["path"], {k: m.requested_dynamic_smem(mod, k)
-                     for k in ("ep_rt_intranode_dispatch", "ep_rt_intranode_combine")})'
+             for v in "EP_RT_TMA=$tma" "EP_RT_TMA=$tma EP_RT_AGGRESSIVE_PTX=$((1 - tma))"; do
+               run exp_ht_smem 120 env $v EP_RT_CUBIN_DIR="$EXP" python3 -c 'if True:
+                 from ep_rt.runtime import modules as m
+                 mod = m.load_family(0, "intranode")
+                 print(mod.entry["variant"], mod.entry["path"], {k: m.requested_dynamic_smem(mod, k)
+                       for k in ("ep_rt_intranode_dispatch", "ep_rt_intranode_combine")})'
+               [ "$tma" = 1 ] && break  # (the tma variant has no aggressive form)
+             done
              run exp_ht_suite "${LIMIT_SUITE:-300}" env EP_RT_CUBIN_DIR="$EXP" python3 -m pytest -q -rs --durations=10 \
-               -m tma tests/gpu/test_intranode_cases_gpu.py
+               -m "${marker}" tests/gpu/test_intranode_cases_gpu.py
              for sms in 4 8 16 24; do
                run "exp_ht_plain$sms" 180 env EP_RT_TMA=0 python3 -m ep_rt bench --ht-only --num-sms $sms \
                  --json "$LOGS/exp_ht_plain$sms.json"
                run "exp_ht_shipped$sms" 180 env EP_RT_TMA=1 python3 -m ep_rt bench --ht-only --num-sms $sms \
                  --json "$LOGS/exp_ht_shipped$sms.json"
-               run "exp_ht_experiment$sms" 180 env EP_RT_TMA=1 EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt bench --ht-only \
-                 --num-sms $sms --json "$LOGS/exp_ht_experiment$sms.json"
+               run "exp_ht_experiment$sms" 180 env EP_RT_TMA=$tma EP_RT_CUBIN_DIR="$EXP" python3 -m ep_rt bench \
+                 --ht-only --num-sms $sms --json "$LOGS/exp_ht_experiment$sms.json"
              done ;;
     # Issue 22 item 4: the cost of a round: the HT bench with an NVL buffer of 1/2 and 1/4 of the 4096-token hint.
     bench_rounds) run bench_rounds2 300 python3 -m ep_rt bench --ht-only --nvl-fraction 0.5 --json "$LOGS/bench_rounds2.json"

@@ -64,14 +64,14 @@ class IntranodeOp:
         self.nvl = nvl
         module = modules.load_family(nvl.device_index, "intranode")
         self.notify = Launcher(module, "ep_rt_intranode_notify", abi.NotifyParams)
-        # A tma build whose kernels stage rows in per-warp shared memory asks for it per kernel
-        # (requested_dynamic_smem: `<kernel>_dynamic_smem` in the module). Only the tma variant is asked: no other
-        # cubin declares it. The shipped tma cubins declare it for the combine's bulk loads (192 KiB;
-        # docs/experiments/applied/ht_tma_combine.patch), not for the dispatch.
-        is_tma = module.entry.get("variant") == "tma"
+        # A build whose kernels stage rows in per-warp shared memory asks for it per kernel
+        # (requested_dynamic_smem: `<kernel>_dynamic_smem` in the module; 0 where the module declares none). The
+        # shipped sm_90 tma cubins declare it for the combine's bulk loads (192 KiB;
+        # docs/experiments/applied/ht_tma_combine.patch); every variant is asked, so a build that moves those loads
+        # into another variant needs no change here.
 
         def smem_of(kernel: str) -> int:
-            return modules.requested_dynamic_smem(module, kernel) if is_tma else 0
+            return modules.requested_dynamic_smem(module, kernel)
 
         self.dispatch_kernel = Launcher(
             module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=smem_of("ep_rt_intranode_dispatch")

@@ -108,16 +108,20 @@ def test_the_intranode_op_launches_each_kernel_with_what_the_module_asks_for_it(
     }
 
 
-def test_only_the_tma_variant_is_asked(monkeypatch):
-    class Untouchable(_Module):
-        def global_address(self, name):
-            raise AssertionError(f"a {self.entry['variant']} module was asked for {name}")
-
+def test_every_variant_is_asked_and_one_without_the_symbol_gets_none(monkeypatch):
+    """The safe and aggressive builds are asked too (a build that moves the bulk loads there needs no runtime
+    change); the shipped ones declare nothing, so their launches get no dynamic shared memory."""
+    values = {0xA000: 196608}
+    monkeypatch.setattr(driver, "memcpy_dtoh", lambda ptr, n: values[ptr].to_bytes(4, "little"))
     for variant in ("safe", "aggressive"):
-        module = Untouchable({})
+        module = _Module({})
         module.entry.update(variant=variant)
         op = _intranode_op(monkeypatch, module)
         assert (op.dispatch_kernel.smem, op.combine_kernel.smem) == (0, 0)
+        module = _Module({"ep_rt_intranode_combine_dynamic_smem": (0xA000, 4)})
+        module.entry.update(variant=variant)
+        op = _intranode_op(monkeypatch, module)
+        assert (op.dispatch_kernel.smem, op.combine_kernel.smem) == (0, 196608)
 
 
 def _elf_sections_and_symbols(data: bytes):

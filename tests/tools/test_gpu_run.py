@@ -229,3 +229,8 @@ def test_cu12_marked_with_a_selection_goes_on_to_its_steps(tmp_path):
         CU12_NVSHMEM=str(tmp_path / "no_such_folder"),
     )
     assert "REFUSED" not in text and "=== cu12_unpack" in text and "FAILED" in text
+
+
+def test_exp_ht_refuses_an_unknown_variant_before_any_step(tmp_path):
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="exp_ht", EXP_VARIANT="aggressive")
+    assert rc == 2 and "step 'exp_ht'" in text and "EXP_VARIANT for exp_ht must be tma or safe" in text
