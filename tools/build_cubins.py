@@ -231,41 +231,64 @@ SHT_SYMTAB, SHT_NOBITS, STT_FUNC, STB_GLOBAL, SHN_UNDEF = 2, 8, 2, 1, 0
 STO_CUDA_ENTRY = 0x10  # st_other bit of a __global__ function; rdc device functions are global FUNCs too
 
 
-def kernel_symbols(cubin):
-    """Sorted names of the kernels (__global__ functions) defined in a cubin's ELF symbol table."""
+def elf_section_headers(cubin):
+    """[(name, sh_type, offset, size, link)] of an ELF64 little-endian file's sections, in index order."""
     if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
         raise BuildError("not a 64-bit little-endian ELF file")
     (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names = set()
-    for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    raw = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    names_at = raw[shstrndx][4] if shstrndx < shnum else 0
+    return [
+        (cubin[names_at + n : cubin.index(b"\0", names_at + n)].decode(), t, offset, size, link)
+        for n, t, _, _, offset, size, link, *_ in raw
+    ]
+
+
+def _symbol_entries(cubin, headers):
+    """(name, st_info, st_other, st_shndx, st_value, st_size) of every symbol-table entry."""
+    for _, sh_type, offset, size, link in headers:
         if sh_type != SHT_SYMTAB:
             continue
-        strtab = sections[link][4]
-        for pos in range(offset, offset + size, entsize or 24):
-            st_name, st_info, st_other, st_shndx, _, _ = struct.unpack_from("<IBBHQQ", cubin, pos)
-            if (
-                st_info & 0xF == STT_FUNC
-                and st_info >> 4 == STB_GLOBAL
-                and st_shndx != SHN_UNDEF
-                and st_other & STO_CUDA_ENTRY
-            ):
-                name = cubin[strtab + st_name : cubin.index(b"\0", strtab + st_name)].decode()
-                if name:
-                    names.add(name)
-    return sorted(names)
+        strtab = headers[link][2]
+        for pos in range(offset, offset + size, 24):
+            st_name, st_info, st_other, st_shndx, value, st_size = struct.unpack_from("<IBBHQQ", cubin, pos)
+            name = cubin[strtab + st_name : cubin.index(b"\0", strtab + st_name)].decode()
+            yield name, st_info, st_other, st_shndx, value, st_size
+
+
+def kernel_symbols(cubin):
+    """Sorted names of the kernels (__global__ functions) defined in a cubin's ELF symbol table."""
+    headers = elf_section_headers(cubin)
+    return sorted(
+        {
+            name
+            for name, st_info, st_other, st_shndx, _, _ in _symbol_entries(cubin, headers)
+            if name
+            and st_info & 0xF == STT_FUNC
+            and st_info >> 4 == STB_GLOBAL
+            and st_shndx != SHN_UNDEF
+            and st_other & STO_CUDA_ENTRY
+        }
+    )
+
+
+def elf_symbols(cubin):
+    """{name: (section name, st_value, st_size)} of the symbols defined in a section (a data symbol's bytes are
+    its section's bytes from st_value on)."""
+    headers = elf_section_headers(cubin)
+    return {
+        name: (headers[shndx][0], value, size)
+        for name, _, _, shndx, value, size in _symbol_entries(cubin, headers)
+        if name and 0 < shndx < len(headers)
+    }
 
 
 def elf_sections(cubin):
     """{section name: bytes} of an ELF file (NOBITS sections as empty bytes; a repeated name gets a #n suffix)."""
-    (shoff,) = struct.unpack_from("<Q", cubin, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
-    names_at = sections[shstrndx][4]
     out = {}
-    for name_off, sh_type, _, _, offset, size, *_ in sections:
-        name = cubin[names_at + name_off : cubin.index(b"\0", names_at + name_off)].decode() or "(null)"
+    for name, sh_type, offset, size, _ in elf_section_headers(cubin):
+        name = name or "(null)"
         key, n = name, 1
         while key in out:
             n += 1
@@ -371,7 +394,7 @@ def section_differences(a, b):
     are compared with nvcc's module id masked (_INTERNAL_*_), so a changed id shows as .strtab / .shstrtab only."""
     try:
         sa, sb = ({MODULE_ID.sub("_INTERNAL_*_", k): v for k, v in elf_sections(c).items()} for c in (a, b))
-    except (struct.error, ValueError):
+    except (struct.error, ValueError, BuildError):
         return ["(not ELF files)"]
     names = [n for n in sorted(sa.keys() | sb.keys()) if sa.get(n) != sb.get(n)]
     return names or (["ELF header"] if a[:64] != b[:64] else ["layout only (same sections, other offsets)"])

@@ -69,15 +69,12 @@ class IntranodeOp:
         # shipped sm_90 tma cubins declare it for the combine's bulk loads (192 KiB;
         # docs/experiments/applied/ht_tma_combine.patch); every variant is asked, so a build that moves those loads
         # into another variant needs no change here.
-
-        def smem_of(kernel: str) -> int:
-            return modules.requested_dynamic_smem(module, kernel)
-
+        smem_of = modules.requested_dynamic_smem
         self.dispatch_kernel = Launcher(
-            module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=smem_of("ep_rt_intranode_dispatch")
+            module, "ep_rt_intranode_dispatch", abi.DispatchParams, smem=smem_of(module, "ep_rt_intranode_dispatch")
         )
         self.combine_kernel = Launcher(
-            module, "ep_rt_intranode_combine", abi.CombineParams, smem=smem_of("ep_rt_intranode_combine")
+            module, "ep_rt_intranode_combine", abi.CombineParams, smem=smem_of(module, "ep_rt_intranode_combine")
         )
         for k in (self.notify, self.dispatch_kernel, self.combine_kernel):
             nvl.fill_common(k.params)

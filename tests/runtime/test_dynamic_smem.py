@@ -4,8 +4,6 @@ CUDA_ERROR_NOT_FOUND), and any other driver error or a wrong size is raised, nev
 launches each of its kernels with what the module asks for it, and the Launcher raises the kernel's limit above
 48 KiB."""
 
-import struct
-
 import pytest
 
 from ep_rt.errors import CubinNotFoundError, CudaDriverError
@@ -124,29 +122,6 @@ def test_every_variant_is_asked_and_one_without_the_symbol_gets_none(monkeypatch
         assert (op.dispatch_kernel.smem, op.combine_kernel.smem) == (0, 196608)
 
 
-def _elf_sections_and_symbols(data: bytes):
-    """({section name: (type, offset, size)}, {symbol name: (section name, value, size)}) of an ELF64 file (a
-    cubin), read with struct alone."""
-    shoff = struct.unpack_from("<Q", data, 0x28)[0]
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    heads = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-
-    def string(table, at):
-        start = heads[table][4] + at
-        return data[start : data.index(b"\0", start)].decode()
-
-    names = [string(shstrndx, h[0]) for h in heads]
-    sections = {n: (h[1], h[4], h[5]) for n, h in zip(names, heads)}
-    symbols = {}
-    for h in heads:
-        if h[1] == 2:  # SHT_SYMTAB; its strings in section sh_link
-            for j in range(h[5] // 24):
-                st_name, _, _, shndx, value, size = struct.unpack_from("<IBBHQQ", data, h[4] + j * 24)
-                if 0 < shndx < len(heads):
-                    symbols[string(h[6], st_name)] = (names[shndx], value, size)
-    return sections, symbols
-
-
 SM90_MAX_SMEM_PER_BLOCK = 232448  # 227 KiB: what an sm_90 block may opt in to (static + dynamic)
 
 
@@ -155,19 +130,24 @@ def test_only_the_tma_combine_asks_for_dynamic_smem_and_sm90_can_give_it():
     combine's bulk-load stages (docs/experiments/applied/ht_tma_combine.patch): a u32 of 196608 bytes in constant
     memory, which with the kernel's static shared memory stays within what sm_90 gives one block (else the launch
     would fail). Every other cubin's launches get no dynamic shared memory this way."""
-    from ..repo import REPO
+    from ..repo import REPO, load_tool
 
+    elf = load_tool("build_cubins.py", "_build_cubins_smem")
     asked = {}
     for cubin in sorted((REPO / "cubins").rglob("*.cubin")):
-        sections, symbols = _elf_sections_and_symbols(cubin.read_bytes())
-        for name, (section, value, size) in symbols.items():
+        data = cubin.read_bytes()
+        headers = {name: (offset, size) for name, _, offset, size, _ in elf.elf_section_headers(data)}
+        for name, (section, value, size) in elf.elf_symbols(data).items():
             if name.endswith("_dynamic_smem"):
                 assert size == 4 and section.startswith(".nv.constant"), (cubin, name, section, size)
-                _, offset, _ = sections[section]
-                data = cubin.read_bytes()[offset + value : offset + value + 4]
+                offset = headers[section][0] + value
                 kernel = name[: -len("_dynamic_smem")]
-                static = sections.get(f".nv.shared.{kernel}", (8, 0, 0))[2]  # NOBITS: its size is the static smem
-                asked[str(cubin.relative_to(REPO / "cubins"))] = (kernel, int.from_bytes(data, "little"), static)
+                static = headers.get(f".nv.shared.{kernel}", (0, 0))[1]  # NOBITS: its size is the static smem
+                asked[str(cubin.relative_to(REPO / "cubins"))] = (
+                    kernel,
+                    int.from_bytes(data[offset : offset + 4], "little"),
+                    static,
+                )
     assert sorted(asked) == ["cu12/sm_90/tma/intranode.cubin", "cu13/sm_90/tma/intranode.cubin"]
     for path, (kernel, dynamic, static) in asked.items():
         assert (kernel, dynamic) == ("ep_rt_intranode_combine", 196608), path
