@@ -251,12 +251,13 @@ step() {  # one named step; returns 3 for a name it does not know
     retest) run retest "${LIMIT_RETEST:-300}" python3 -m pytest -q -rs ${RETEST:?retest needs RETEST} ;;
     doctor) run doctor 300 python3 -m ep_rt doctor ;;
     cli)   run cli 900 python3 -m pytest -q -rs tests/gpu/test_cli_gpu.py tests/gpu/test_topk_idx_bits_gpu.py ;;
-    # Issue 23 item 6's machine is an H200, and a call that names no kind may get either card: bench_cli and
-    # host_profile there, and on any other GPU a summary line that says they did not run.
+    # Issue 23 item 6's machine is an H200, and a call that names no kind may get either card: bench_cli,
+    # host_profile and the call soak (memory flat over a million LL and 100,000 HT calls, one rank) there, and on
+    # any other GPU a summary line that says they did not run.
     on_h200) [ "$DRY" = 1 ] && return 0
              gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-             if [[ $gpu == *H200* ]]; then step bench_cli; step host_profile
-             else say "=== on_h200: bench_cli and host_profile not run: the GPU is $gpu"; fi ;;
+             if [[ $gpu == *H200* ]]; then step bench_cli; step host_profile; LIMIT_CALLS=${LIMIT_CALLS:-300} step soak_calls
+             else say "=== on_h200: bench_cli, host_profile and soak_calls not run: the GPU is $gpu"; fi ;;
     bench_cli) run bench_cli 600 python3 -m ep_rt bench --json "$LOGS/bench_cli.json" ;;
     # Issue 22 item 4 for the packed LL layout: the LL bench on the default and the packed cubins, alternated twice
     # (each JSON names the variant that ran, ll_variant, and the buffer the hint sized, ll_rdma_bytes). LL_EXPERTS

@@ -25,12 +25,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(tmp_path, *args, **env):
-    """The script in this checkout, python3 being this interpreter, results under tmp_path."""
+def _run(tmp_path, *args, python3_head="", **env):
+    """The script in this checkout, python3 being this interpreter, results under tmp_path. python3_head: shell
+    lines the python3 wrapper runs first (to answer some commands itself)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
     wrapper = bin_dir / "python3"  # (a symlink would lose the virtual environment)
-    wrapper.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\n{python3_head}exec "{sys.executable}" "$@"\n')
     wrapper.chmod(0o755)
     full_env = {
         **os.environ,
@@ -191,8 +192,31 @@ def test_on_h200_says_it_ran_nothing_on_another_card(tmp_path):
     assert rc == 0, text
     (attempt,) = _attempts(tmp_path)
     summary = (attempt / "summary.txt").read_text()
-    assert "=== on_h200: bench_cli and host_profile not run: the GPU is NVIDIA H100 80GB HBM3" in summary
-    assert "=== bench_cli" not in summary and "=== host_profile" not in summary
+    assert "=== on_h200: bench_cli, host_profile and soak_calls not run: the GPU is NVIDIA H100 80GB HBM3" in summary
+    assert not any(f"=== {name}" in summary for name in ("bench_cli", "host_profile", "soak_calls"))
+
+
+def test_on_h200_runs_the_benches_and_the_call_soak_on_an_h200(tmp_path):
+    """On an H200 the step runs issue 23 item 6's three measurements (here answered by a stand-in python3 that
+    logs its arguments), the soak under a limit of its own."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text('#!/bin/sh\necho "NVIDIA H200"\n')
+    smi.chmod(0o755)
+    head = 'case "$1 $2" in "-m ep_rt"|"-m pytest"|"tools/host_profile.py "*) echo "stand-in: $*"; exit 0;; esac\n'
+    rc, text = _run(tmp_path, "abc1234", _here(), STEPS="on_h200", python3_head=head)
+    assert rc == 0, text
+    (attempt,) = _attempts(tmp_path)
+    summary = (attempt / "summary.txt").read_text()
+    assert "not run: the GPU is" not in summary
+    assert re.search(r"=== bench_cli: python3 -m ep_rt bench --json \S+ \(limit 600 s", summary), summary
+    assert re.search(r"=== host_profile: python3 tools/host_profile.py --json \S+ \(limit 300 s", summary), summary
+    assert re.search(
+        r"=== soak_calls: python3 -m pytest -q -rs -s -m soak tests/gpu/test_call_soak_gpu.py \(limit 300 s", summary
+    )
+    for name in ("bench_cli", "host_profile", "soak_calls"):
+        assert f"=== {name}: ok after" in summary, summary
 
 
 def test_exp_ll_refuses_an_unknown_variant_before_any_step(tmp_path):
