@@ -214,7 +214,7 @@ def test_on_h200_runs_the_benches_and_the_call_soak_on_an_h200(tmp_path):
     assert re.search(r"=== host_profile: python3 tools/host_profile.py --json \S+ \(limit 300 s", summary), summary
     assert re.search(
         r"=== soak_calls: python3 -m pytest -q -rs -s -m soak tests/gpu/test_call_soak_gpu.py \(limit 300 s", summary
-    )
+    ), summary
     for name in ("bench_cli", "host_profile", "soak_calls"):
         assert f"=== {name}: ok after" in summary, summary
 
