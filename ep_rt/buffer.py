@@ -331,6 +331,7 @@ class Buffer:
             control_start=buffer_memory.shared_symmetric_layout(self.num_rdma_bytes, topo.num_ranks, topo.num_nodes)[0]
             if setup.plan.shared_symmetric
             else None,
+            allow_nvlink=setup.plan.nvshmem_allow_nvlink,
         )
 
     def _symmetric(self, session, topo, family: str):
@@ -349,7 +350,6 @@ class Buffer:
                         session,
                         buffer_memory.shared_symmetric_layout(self.num_rdma_bytes, topo.num_ranks, topo.num_nodes)[1],
                         R,
-                        self.device,
                         error_slot=(buffer_plan.INTERNODE, buffer_plan.LOW_LATENCY),
                     )
                 )
@@ -359,7 +359,7 @@ class Buffer:
             if family == buffer_plan.INTERNODE
             else LowLatencyOp.symmetric_bytes(self.num_rdma_bytes, R)
         )
-        return self._own(SymmetricBuffer(session, nbytes, R, self.device, error_slot=family))
+        return self._own(SymmetricBuffer(session, nbytes, R, error_slot=family))
 
     # ---- lifetime -------------------------------------------------------------------------------
     @call_guard.one_at_a_time(None)

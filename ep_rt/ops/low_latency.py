@@ -10,6 +10,7 @@ synchronises with the host, so the calls can be captured in CUDA graphs.
 from __future__ import annotations
 
 import ctypes
+import warnings
 
 import torch
 
@@ -23,7 +24,7 @@ from ..runtime.launch import Launcher
 from ..transport import ll_layout, net_stats
 from ..transport.device_view import device_tensor
 from ..transport.error_record import ErrorRecords
-from ..transport.symmetric import SymmetricBuffer
+from ..transport.symmetric import SymmetricBuffer, ll_peer_bases, unmapped_node_peers_warning
 from ..transport.topology import Topology
 
 _MAX_EXPERTS = abi.EP_RT_LL_MAX_SIGNALS
@@ -128,9 +129,11 @@ class LowLatencyOp:
         errors: ErrorRecords,
         enable_shrink: bool,
         control_start: int | None = None,
+        allow_nvlink: bool = True,
     ):
         """control_start: where this op's control area starts in `sym` (default: right after num_rdma_bytes); the
-        Buffer whose two modes share one symmetric buffer puts it after the internode op's control area."""
+        Buffer whose two modes share one symmetric buffer puts it after the internode op's control area.
+        allow_nvlink: the Buffer's allow_nvlink_for_low_latency_mode (False: node peers unmapped on purpose)."""
         self.rank, self.num_ranks = topology.rank, topology.num_ranks
         if self.num_ranks > 256:
             raise NotImplementedError("ep_rt's low-latency kernels serve at most 256 ranks")
@@ -152,15 +155,12 @@ class LowLatencyOp:
         self.packed = module.entry.get("variant") in ("packed", "packed_chaos")  # the buffer layout its kernels use
         # The chaos variant counts its network operations and charges each quiet a sweep (transport.net_stats).
         self.net_stats = net_stats.charged(module, self.device, topology.num_ranks)
-        self.peer_bases = sym.peer_bases.clone()
-        if topology.emulated:
-            # Emulated nodes (EP_RT_RANKS_PER_NODE): peers on other nodes take the NVSHMEM put path, as they would
-            # on a real cluster, although NVSHMEM could map them here. (On a real cluster nvshmem_ptr is already 0
-            # for them, unless MNNVL maps them, and then NVLink stores are what DeepEP uses too.)
-            for r in range(self.num_ranks):
-                if topology.node_of(r) != topology.node:
-                    self.peer_bases[r] = 0
-        self.nvlink_peers = int((self.peer_bases != 0).sum())
+        # Who is reached by NVLink stores and who by NVSHMEM operations (never this rank itself; symmetric.py).
+        bases, unmapped = ll_peer_bases(sym.mapped_bases, topology, sym.ptr)
+        if unmapped and allow_nvlink:
+            warnings.warn(unmapped_node_peers_warning(self.rank, unmapped), stacklevel=2)
+        self.peer_bases = torch.tensor(bases, dtype=torch.int64, device=self.device)
+        self.nvlink_peers = sum(1 for b in bases if b != 0)
         # Per buffer: a receive hook handed out and not yet called. The next call on that buffer would wait for a
         # receive that cannot run before it, so it is refused on the host instead.
         self.pending_recv = [False, False]

@@ -4,8 +4,6 @@ PEs of the world at all: the node peers in a rail world). Used by the low-latenc
 
 from __future__ import annotations
 
-import torch
-
 from ..runtime import driver
 from . import nvshmem
 from .nvshmem import NvshmemSession
@@ -15,9 +13,7 @@ class SymmetricBuffer:
     """A transport part: `error_slot` is the slot of the op that uses it (low_latency or internode), whose failure
     means the peers may be anywhere, so that destroy(collective) never frees collectively then."""
 
-    def __init__(
-        self, session: NvshmemSession, nbytes: int, num_ranks: int, device: torch.device, error_slot: str | None = None
-    ):
+    def __init__(self, session: NvshmemSession, nbytes: int, num_ranks: int, error_slot: str | None = None):
         self.session = session
         self.error_slot = error_slot
         self.nbytes = nbytes
@@ -27,10 +23,8 @@ class SymmetricBuffer:
         driver.ctx_synchronize()
         nvshmem.barrier_all()
         pes = [session.pe_of_rank(r) for r in range(num_ranks)]
-        self.peer_bases = torch.tensor(
-            [nvshmem.peer_ptr(self.ptr, pe) if pe is not None else 0 for pe in pes], dtype=torch.int64, device=device
-        )
-        self.nvlink_peers = int((self.peer_bases != 0).sum())
+        # Per rank, the buffer's address mapped here by NVSHMEM (NVLink peers), else 0 (ll_peer_bases below).
+        self.mapped_bases = [nvshmem.peer_ptr(self.ptr, pe) if pe is not None else 0 for pe in pes]
 
     @property
     def pe_base(self) -> int:
@@ -49,3 +43,39 @@ class SymmetricBuffer:
         ptr, self.ptr = self.ptr, 0
         if collective:
             nvshmem.free(ptr)
+
+
+def ll_peer_bases(mapped: list, topology, own_base: int) -> tuple[list, list]:
+    """The low-latency kernels' base per rank (NVLink stores where non-zero, NVSHMEM operations where 0) from what
+    nvshmem_ptr mapped, and the ranks of this node it left unmapped.
+
+    - This rank is always its own buffer, whatever nvshmem_ptr says (with NVSHMEM_DISABLE_P2P too, as DeepEP's
+      kernels special-case themselves): an NVSHMEM operation to oneself may go through the NIC (NETWORK.md §4).
+    - Emulated nodes (EP_RT_RANKS_PER_NODE): ranks of other nodes take the NVSHMEM path, as on a cluster, although
+      NVSHMEM could map them here. (On a real cluster nvshmem_ptr is already 0 for them, unless MNNVL maps them, and
+      then NVLink stores are what DeepEP uses too.)
+    - A rank of this node that NVSHMEM did not map (P2P disabled or unavailable) is reached through NVSHMEM's
+      remote transport: correct, but through the NIC. The caller says so when NVLink was allowed."""
+    bases = [int(b) for b in mapped]
+    if len(bases) != topology.num_ranks:
+        raise ValueError(f"{len(bases)} mapped bases for {topology.num_ranks} ranks")
+    bases[topology.rank] = int(own_base)
+    unmapped = []
+    for r in range(topology.num_ranks):
+        if topology.node_of(r) != topology.node:
+            if topology.emulated:
+                bases[r] = 0
+        elif bases[r] == 0:
+            unmapped.append(r)
+    return bases, unmapped
+
+
+def unmapped_node_peers_warning(rank: int, unmapped: list) -> str:
+    """What a user reads when NVSHMEM mapped some ranks of this rank's node for NVLink stores and not others."""
+    return (
+        f"ep_rt: rank {rank}: NVSHMEM gave no NVLink mapping of the low-latency buffer of rank(s) "
+        f"{', '.join(map(str, unmapped))} on this node (P2P unavailable between these GPUs, or NVSHMEM_DISABLE_P2P "
+        f"set outside ep_rt), so low-latency traffic to them goes through NVSHMEM's remote transport (the NIC): "
+        f"correct, but slower than NVLink. Pass allow_nvlink_for_low_latency_mode=False to mean that, or check "
+        f"`python -m ep_rt doctor` for this node's NVLink."
+    )

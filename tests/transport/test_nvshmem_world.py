@@ -210,9 +210,9 @@ def test_symmetric_buffer_memset_finishes_before_the_barrier(monkeypatch):
         def pe_of_rank(self, r):
             return self.world.pe_of_rank(r)
 
-    sym = symmetric.SymmetricBuffer(Session(), 4096, 16, torch.device("cpu"))
+    sym = symmetric.SymmetricBuffer(Session(), 4096, 16)
     assert events == ["align", "memset", "synchronize", "barrier"]
-    bases = sym.peer_bases.tolist()
+    bases = sym.mapped_bases
     assert bases[1] == 0x1000 and bases[9] == 0x1001  # PE 0 and PE 1 of the rail
     assert all(b == 0 for r, b in enumerate(bases) if r not in (1, 9))  # node peers and other rails: not PEs
     assert (sym.pe_base, sym.pe_stride) == (0, 1)
